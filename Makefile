@@ -1,0 +1,38 @@
+# The two commands a fresh machine needs: `make run` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.tandem-installed
+
+.PHONY: run test bench lint format clean
+
+# torch is installed first and pinned: a bare `torch` would pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(PY) examples/digits.py
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+bench: $(STAMP)
+	$(PY) -m pip install -q -e ".[bench]"
+	$(PY) benchmarks/overhead.py
+	$(PY) benchmarks/ddp.py
+
+lint: $(STAMP)
+	$(PY) -m ruff format --check .
+	$(PY) -m ruff check .
+
+format: $(STAMP)
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,85 @@
+"""Shared fixtures. `dist_run` runs a module-level function on N gloo processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue: Any) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+    )
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        result = fn(rank, world_size, *args)
+        buf = io.BytesIO()
+        torch.save(result, buf)  # bytes, not shared-memory tensors: the child exits right after
+        queue.put((rank, "ok", buf.getvalue()))
+    except BaseException:  # report every failure to the parent, then let the rank die
+        queue.put((rank, "error", traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_distributed(fn: Callable, *args: Any, world_size: int = 2, timeout: float = 120.0) -> list[Any]:
+    """Run fn(rank, world_size, *args) on `world_size` processes; return the results by rank.
+
+    A rank that raises fails the test with that rank's traceback; nothing waits past `timeout`.
+    """
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue), daemon=True)
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    try:
+        for _ in range(world_size):
+            rank, status, payload = queue.get(timeout=timeout)
+            if status == "error":
+                raise AssertionError(f"rank {rank} failed:\n{payload}")
+            results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+    return [results[r] for r in range(world_size)]
+
+
+@pytest.fixture
+def dist_run() -> Callable[..., list[Any]]:
+    """Fixture form of run_distributed: dist_run(fn, *args, world_size=2)."""
+    return run_distributed
