@@ -1,0 +1,58 @@
+"""Walking nested batches: tuples, lists, dicts, dataclasses and namedtuples of tensors."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+
+def apply_to_tensors(data: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """Return `data` with `fn` applied to every tensor inside it, keeping the container types."""
+    if isinstance(data, torch.Tensor):
+        return fn(data)
+    if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
+        return type(data)(*(apply_to_tensors(x, fn) for x in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(apply_to_tensors(x, fn) for x in data)
+    if isinstance(data, Mapping):
+        return type(data)({k: apply_to_tensors(v, fn) for k, v in data.items()})
+    if dataclasses.is_dataclass(data) and not isinstance(data, type):
+        changes = {f.name: apply_to_tensors(getattr(data, f.name), fn) for f in dataclasses.fields(data) if f.init}
+        return dataclasses.replace(data, **changes)
+    return data
+
+
+def first_tensor(data: Any) -> torch.Tensor | None:
+    """The first tensor found in a nested batch, or None."""
+    if isinstance(data, torch.Tensor):
+        return data
+    if isinstance(data, Mapping):
+        data = list(data.values())
+    elif dataclasses.is_dataclass(data) and not isinstance(data, type):
+        data = [getattr(data, f.name) for f in dataclasses.fields(data)]
+    if isinstance(data, (list, tuple)):
+        for item in data:
+            found = first_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
+def batch_size_of(batch: Any) -> int:
+    """Length along dim 0 of the first tensor in the batch (1 when there is none)."""
+    t = first_tensor(batch)
+    return int(t.shape[0]) if t is not None and t.ndim > 0 else 1
+
+
+def move_to_device(batch: Any, device: torch.device, dtype: torch.dtype | None = None) -> Any:
+    """Move every tensor to `device`; floating tensors are cast to `dtype` when given (precision "64")."""
+
+    def move(t: torch.Tensor) -> torch.Tensor:
+        if dtype is not None and t.is_floating_point():
+            return t.to(device=device, dtype=dtype, non_blocking=True)
+        return t.to(device, non_blocking=True)
+
+    return apply_to_tensors(batch, move)

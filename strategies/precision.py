@@ -1,0 +1,94 @@
+"""Numerical precision: full 32/64-bit, bf16 autocast, fp16 autocast with a gradient scaler."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from trainer.errors import ConfigError, choose
+
+# Lightning's names and their short aliases.
+_ALIASES = {
+    "32": "32-true",
+    "32-true": "32-true",
+    "64": "64-true",
+    "64-true": "64-true",
+    "bf16": "bf16-mixed",
+    "bf16-mixed": "bf16-mixed",
+    "16": "16-mixed",
+    "16-mixed": "16-mixed",
+}
+PRECISIONS = ("32-true", "64-true", "bf16-mixed", "16-mixed", "32", "64", "bf16", "16")
+
+
+class Precision:
+    """Autocast, loss scaling and parameter dtype for one precision setting.
+
+    Example: ``Precision("16-mixed").setup(torch.device("cpu"))`` then use ``autocast()``, ``backward``,
+    ``unscale`` and ``step``.
+    """
+
+    def __init__(self, precision: str | int = "32-true") -> None:
+        name = str(precision)
+        choose("precision", name, PRECISIONS)
+        self.name = _ALIASES[name]
+        self.device = torch.device("cpu")
+        self.scaler: torch.amp.GradScaler | None = None
+        self._autocast: Callable[[], Any] = contextlib.nullcontext
+
+    @property
+    def param_dtype(self) -> torch.dtype | None:
+        """The dtype parameters and float inputs are converted to, or None to leave them."""
+        return torch.float64 if self.name == "64-true" else None
+
+    def setup(self, device: torch.device) -> None:
+        """Check the device can run this precision and build the autocast context and scaler."""
+        self.device = device
+        if self.name == "bf16-mixed":
+            if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+                raise ConfigError(
+                    f"precision='bf16-mixed' needs a GPU with bfloat16 support; {torch.cuda.get_device_name(device)}"
+                    " has none. Use precision='16-mixed' or '32-true'."
+                )
+            self._autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16)
+        elif self.name == "16-mixed":
+            if device.type not in ("cuda", "cpu", "mps"):
+                raise ConfigError(f"precision='16-mixed' is not supported on {device.type}; use '32-true'.")
+            self._autocast = lambda: torch.autocast(device.type, dtype=torch.float16)
+            if self.scaler is None:
+                self.scaler = torch.amp.GradScaler(device.type)
+
+    def autocast(self) -> Any:
+        """Context manager for the forward pass."""
+        return self._autocast()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward, scaling the loss first under 16-mixed."""
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
+        loss.backward()
+
+    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        """Bring gradients back to their true scale so hooks and clipping see real values."""
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+
+    def step(self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None) -> Any:
+        """Optimizer step; under 16-mixed the scaler skips it when a gradient is inf/nan."""
+        if self.scaler is None:
+            return optimizer.step(closure) if closure is not None else optimizer.step()
+        if closure is not None:
+            raise ConfigError("precision='16-mixed' does not support optimizers that need a closure (e.g. LBFGS).")
+        out = self.scaler.step(optimizer)
+        self.scaler.update()
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scaler": self.scaler.state_dict()} if self.scaler is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])

@@ -1,0 +1,366 @@
+"""Reference tests of the bucketed-overlap Reducer against torch DDP and a single process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from strategies.reducer import Reducer, assign_buckets
+from trainer.errors import DistributedError
+
+VOCAB, TOKENS, BATCH = 16, 5, 6  # BATCH rows per rank
+CAP_MB = 0.0003  # ~300-byte buckets: many buckets on these tiny models
+
+
+class Mixed(nn.Module):
+    """Many small params, a float64 param, tied weights, a frozen layer, a layer used twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.late = nn.Linear(8, 8)  # defined first, used last: the rebuild must reorder buckets
+        self.embed = nn.Embedding(VOCAB, 8)
+        self.blocks = nn.ModuleList(nn.Linear(8, 8) for _ in range(5))
+        self.frozen = nn.Linear(8, 8).requires_grad_(False)
+        self.twice = nn.Linear(8, 8)
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, 8, dtype=torch.float64))
+        self.head = nn.Linear(8, VOCAB, bias=False)
+        self.head.weight = self.embed.weight  # tied
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.embed(tokens).mean(1)
+        for block in self.blocks:
+            h = torch.tanh(block(h))
+        h = self.twice(torch.relu(self.twice(self.frozen(h))))
+        h = (h.double() * self.scale).float()
+        return self.head(torch.tanh(self.late(h)))
+
+
+class WithBatchNorm(nn.Module):
+    """A model whose BatchNorm running stats differ per rank unless broadcast."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, VOCAB))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.net(F.one_hot(tokens, VOCAB).float()[:, :, :8].mean(1))
+
+
+class Branchy(nn.Module):
+    """`unused` never runs; `sometimes` runs only when asked (on rank 0 in the tests)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.unused, self.sometimes, self.out = (nn.Linear(8, 8) for _ in range(4))
+
+    def forward(self, x: torch.Tensor, use_sometimes: bool) -> torch.Tensor:
+        h = torch.relu(self.first(x))
+        return self.out(h + self.sometimes(h) if use_sometimes else h)
+
+
+def make(cls: type[nn.Module], seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return cls()
+
+
+def batch(step: int, rank: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch of `step`, or rank's half of it (rank=None: all of it)."""
+    g = torch.Generator().manual_seed(100 + step)
+    x = torch.randint(0, VOCAB, (2 * BATCH, TOKENS), generator=g)
+    y = torch.randint(0, VOCAB, (2 * BATCH,), generator=g)
+    if rank is None:
+        return x, y
+    return x[rank * BATCH : (rank + 1) * BATCH], y[rank * BATCH : (rank + 1) * BATCH]
+
+
+def grads(model: nn.Module) -> dict[str, torch.Tensor | None]:
+    return {n: None if p.grad is None else p.grad.detach().clone() for n, p in model.named_parameters()}
+
+
+def ours_step(model: nn.Module, reducer: Reducer, opt: torch.optim.Optimizer, *inputs: object) -> dict:
+    """One synchronised step through the Reducer, returning the reduced grads."""
+    x, y = inputs[0], inputs[1]
+    opt.zero_grad(set_to_none=True)
+    reducer.sync_buffers()
+    loss = F.cross_entropy(model(x, *inputs[2:]), y)
+    reducer.prepare_for_backward(loss)
+    loss.backward()
+    reducer.finalize()
+    result = grads(model)
+    opt.step()
+    return result
+
+
+def ddp_step(ddp: DDP, opt: torch.optim.Optimizer, *inputs: object) -> dict:
+    x, y = inputs[0], inputs[1]
+    opt.zero_grad(set_to_none=True)
+    F.cross_entropy(ddp(x, *inputs[2:]), y).backward()
+    result = grads(ddp.module)
+    opt.step()
+    return result
+
+
+def gathered(obj: object) -> list[object]:
+    out: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def assert_grads_close(a: dict, b: dict, atol: float = 1e-6, rtol: float = 0.0, what: str = "") -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        if a[name] is None or b[name] is None:
+            assert a[name] is None and b[name] is None, f"{what} {name}: {a[name]} vs {b[name]}"
+        else:
+            torch.testing.assert_close(a[name], b[name], atol=atol, rtol=rtol, msg=lambda m: f"{what} {name}: {m}")
+
+
+# ---------------------------------------------------------------- gradients == torch DDP == one process
+
+
+def _reference(rank: int, world_size: int) -> dict:
+    out: dict = {}
+    for view in (True, False):
+        ours = make(Mixed)
+        reducer = Reducer(ours, bucket_cap_mb=CAP_MB, gradient_as_bucket_view=view)
+        ddp = DDP(make(Mixed), bucket_cap_mb=CAP_MB, gradient_as_bucket_view=view)
+        single = make(Mixed)
+        opts = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (ours, ddp, single)]
+        runs: dict[str, list] = {"ours": [], "ddp": [], "single": [], "buckets": [], "stats": [], "is_view": []}
+        for step in range(2):
+            runs["buckets"].append(gathered(reducer.bucket_indices))
+            runs["ours"].append(ours_step(ours, reducer, opts[0], *batch(step, rank)))
+            runs["stats"].append(list(reducer.stats))
+            runs["is_view"].append([p.grad._base is not None for p in reducer.params])
+            runs["ddp"].append(ddp_step(ddp, opts[1], *batch(step, rank)))
+            opts[2].zero_grad(set_to_none=True)
+            F.cross_entropy(single(batch(step, None)[0]), batch(step, None)[1]).backward()
+            runs["single"].append(grads(single))
+            opts[2].step()
+        runs["buckets"].append(gathered(reducer.bucket_indices))
+        runs["sizes"] = [p.numel() * p.element_size() for p in reducer.params]
+        runs["numel"] = {str(dt): sum(p.numel() for p in reducer.params if p.dtype == dt) for dt in (torch.float32, torch.float64)}
+        out[f"view={view}"] = runs
+
+    # BatchNorm: buffers broadcast at construction and before each forward, as torch DDP does.
+    ours, theirs = make(WithBatchNorm), make(WithBatchNorm)
+    for m in (ours, theirs):
+        m.net[1].running_mean.fill_(float(rank))  # differs per rank until broadcast
+    reducer = Reducer(ours, bucket_cap_mb=CAP_MB)
+    out["bn_after_init"] = ours.net[1].running_mean.clone()
+    ddp = DDP(theirs, bucket_cap_mb=CAP_MB)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (ours, theirs)]
+    out["bn"] = [(ours_step(ours, reducer, opts[0], *batch(s, rank)), ddp_step(ddp, opts[1], *batch(s, rank))) for s in range(2)]
+    out["bn_buffers"] = ({k: v.clone() for k, v in ours.state_dict().items()}, {k: v.clone() for k, v in theirs.state_dict().items()})
+    reducer.sync_buffers()
+    out["bn_synced"] = ours.net[1].running_var.clone()
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(request: pytest.FixtureRequest) -> list[dict]:
+    from conftest import run_distributed  # module scope: one spawn shared by the tests below
+
+    return run_distributed(_reference)
+
+
+@pytest.mark.parametrize("view", [True, False])
+def test_grads_match_ddp_and_single_process(reference: list[dict], view: bool) -> None:
+    for rank, result in enumerate(reference):
+        runs = result[f"view={view}"]
+        for step in range(2):
+            assert_grads_close(runs["ours"][step], runs["ddp"][step], what=f"rank {rank} step {step} vs DDP")
+            assert_grads_close(runs["ours"][step], runs["single"][step], what=f"rank {rank} step {step} vs single")
+            assert all(runs["is_view"][step]) == view  # .grad aliases the bucket only in view mode
+        assert runs["ours"][0]["frozen.weight"] is None and "head.weight" not in runs["ours"][0]
+
+
+def test_bucket_assignment_identical_across_ranks_and_capped(reference: list[dict]) -> None:
+    runs = reference[0]["view=True"]
+    before, after = runs["buckets"][0], runs["buckets"][2]
+    assert before[0] == before[1] and after[0] == after[1]  # every rank, before and after the rebuild
+    assert before[0] != after[0], "the rebuild should follow the gradient-ready order"
+    assert runs["buckets"][1] == runs["buckets"][2], "buckets are rebuilt once only"
+    sizes, cap = runs["sizes"], int(CAP_MB * 1024 * 1024)
+    for buckets in (before[0], after[0]):
+        assert sorted(i for b in buckets for i in b) == list(range(len(sizes)))
+        assert len(buckets) > 5
+        for b in buckets:
+            assert len(b) == 1 or sum(sizes[i] for i in b) <= cap
+
+
+def test_stats_sane(reference: list[dict]) -> None:
+    runs = reference[0]["view=False"]
+    for stats in runs["stats"]:
+        assert [s.index for s in stats] == list(range(len(stats)))
+        for s in stats:
+            assert 0.0 <= s.ready_s <= s.launch_s <= s.done_s and s.wait_s >= 0.0
+            assert s.nbytes == s.numel * s.dtype.itemsize and s.param_names
+        for dtype, numel in runs["numel"].items():
+            assert sum(s.numel for s in stats if str(s.dtype) == dtype) == numel
+
+
+def test_batchnorm_buffers_follow_rank0(reference: list[dict]) -> None:
+    assert all(torch.equal(r["bn_after_init"], torch.zeros(8)) for r in reference)
+    for rank, result in enumerate(reference):
+        for step, (ours, theirs) in enumerate(result["bn"]):
+            assert_grads_close(ours, theirs, what=f"rank {rank} step {step} BatchNorm vs DDP")
+        mine, ddp_buffers = result["bn_buffers"]
+        for key in ("net.1.running_mean", "net.1.running_var", "net.1.num_batches_tracked"):
+            torch.testing.assert_close(mine[key], ddp_buffers[key], atol=1e-6, rtol=0)
+    assert not torch.equal(reference[0]["bn_buffers"][0]["net.1.running_var"], reference[1]["bn_buffers"][0]["net.1.running_var"])
+    assert torch.equal(reference[0]["bn_synced"], reference[1]["bn_synced"])
+
+
+# ---------------------------------------------------------------- unused parameters, mismatched ranks
+
+
+def _unused_and_mismatch(rank: int, world_size: int) -> dict:
+    out: dict = {}
+    x, y = torch.randn(2 * BATCH, 8, generator=torch.Generator().manual_seed(3)), torch.arange(2 * BATCH) % 2
+    x, y = x[rank * BATCH : (rank + 1) * BATCH], y[rank * BATCH : (rank + 1) * BATCH]
+    model = make(Branchy)
+    reducer = Reducer(model, bucket_cap_mb=CAP_MB)
+    try:
+        ours_step(model, reducer, torch.optim.SGD(model.parameters(), lr=0.1), x, y, True)
+        out["error"] = None
+    except DistributedError as e:
+        out["error"] = str(e)
+    for view, pass_outputs in ((True, True), (False, True), (True, False)):
+        ours, theirs = make(Branchy), make(Branchy)
+        reducer = Reducer(ours, bucket_cap_mb=CAP_MB, gradient_as_bucket_view=view, find_unused_parameters=True)
+        if not pass_outputs:  # then unused parameters are only found in finalize
+            reducer.prepare_for_backward = lambda outputs=None, f=reducer.prepare_for_backward: f(None)  # type: ignore[method-assign]
+        ddp = DDP(theirs, bucket_cap_mb=CAP_MB, gradient_as_bucket_view=view, find_unused_parameters=True)
+        opts = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (ours, theirs)]
+        out[(view, pass_outputs)] = [
+            (ours_step(ours, reducer, opts[0], x, y, rank == 0), ddp_step(ddp, opts[1], x, y, rank == 0)) for _ in range(2)
+        ]
+    try:
+        Reducer(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 3 + rank)))
+        out["mismatch"] = None
+    except DistributedError as e:
+        out["mismatch"] = str(e)
+    return out
+
+
+@pytest.fixture(scope="module")
+def unused(request: pytest.FixtureRequest) -> list[dict]:
+    from conftest import run_distributed
+
+    return run_distributed(_unused_and_mismatch)
+
+
+def test_unused_parameter_error_names_it(unused: list[dict]) -> None:
+    for result in unused:
+        assert result["error"] is not None and "'unused.weight'" in result["error"]
+        assert "find_unused_parameters=True" in result["error"] and "first.weight" not in result["error"]
+
+
+@pytest.mark.parametrize("variant", [(True, True), (False, True), (True, False)])
+def test_find_unused_parameters_matches_ddp(unused: list[dict], variant: tuple[bool, bool]) -> None:
+    for rank, result in enumerate(unused):
+        for step, (ours, theirs) in enumerate(result[variant]):
+            assert_grads_close(ours, theirs, what=f"rank {rank} step {step}")
+            assert ours["unused.weight"] is None and ours["sometimes.weight"] is not None
+
+
+def test_mismatched_shapes_fail_at_construction(unused: list[dict]) -> None:
+    for result in unused:
+        assert result["mismatch"] is not None and "'1.weight'" in result["mismatch"]
+        assert "[3, 4]" in result["mismatch"] and "[4, 4]" in result["mismatch"]
+
+
+# ---------------------------------------------------------------- no_sync and compression hooks
+
+
+def _no_sync_and_hooks(rank: int, world_size: int, k: int) -> dict:
+    out: dict = {}
+    for view in (True, False):
+        ours, theirs = make(Mixed), make(Mixed)
+        reducer = Reducer(ours, bucket_cap_mb=CAP_MB, gradient_as_bucket_view=view)
+        ddp = DDP(theirs, bucket_cap_mb=CAP_MB, gradient_as_bucket_view=view)
+        runs = []
+        for window in range(2):
+            micro = [batch(10 * window + j, rank) for j in range(k)]
+            for m in (ours, theirs):
+                m.zero_grad(set_to_none=True)
+            with reducer.no_sync(), ddp.no_sync():
+                for x, y in micro[:-1]:
+                    F.cross_entropy(ours(x), y).backward()
+                    F.cross_entropy(ddp(x), y).backward()
+            loss = F.cross_entropy(ours(micro[-1][0]), micro[-1][1])
+            reducer.prepare_for_backward(loss)
+            loss.backward()
+            reducer.finalize()
+            F.cross_entropy(ddp(micro[-1][0]), micro[-1][1]).backward()
+            runs.append((grads(ours), grads(theirs)))
+        out[view] = runs
+    # torch's bf16 hook needs NCCL, so bf16 is compared with uncompressed DDP (within bf16 tolerance).
+    for name, hook in (("fp16", default_hooks.fp16_compress_hook), ("bf16", None)):
+        ours, theirs = make(Mixed), make(Mixed)
+        reducer = Reducer(ours, bucket_cap_mb=CAP_MB, comm_hook=name)
+        ddp = DDP(theirs, bucket_cap_mb=CAP_MB)
+        if hook is not None:
+            ddp.register_comm_hook(None, hook)
+        opts = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (ours, theirs)]
+        out[name] = ours_step(ours, reducer, opts[0], *batch(0, rank)), ddp_step(ddp, opts[1], *batch(0, rank))
+    return out
+
+
+def test_no_sync_accumulation_matches_ddp_and_local_sum(dist_run) -> None:
+    k = 3
+    result = dist_run(_no_sync_and_hooks, k)
+    for view in (True, False):
+        for window in range(2):
+            local = make(Mixed)  # every micro-batch of every rank, accumulated locally, averaged over ranks
+            for r in range(2):
+                for j in range(k):
+                    x, y = batch(10 * window + j, r)
+                    (F.cross_entropy(local(x), y) / 2).backward()
+            for rank in range(2):
+                ours, theirs = result[rank][view][window]
+                assert_grads_close(ours, theirs, what=f"view={view} window {window} rank {rank} vs DDP")
+                assert_grads_close(ours, grads(local), atol=1e-5, what=f"view={view} window {window} vs local")
+    for name, dtype, tol in (("fp16", torch.float16, 2e-3), ("bf16", torch.bfloat16, 2e-2)):
+        for rank in range(2):
+            ours, theirs = result[rank][name]
+            assert_grads_close(ours, theirs, atol=tol, rtol=tol, what=f"{name} rank {rank}")
+            for g in ours.values():  # the result came back through the compressed dtype
+                if g is not None and g.dtype == torch.float32:
+                    assert torch.equal(g, g.to(dtype).float())
+
+
+# ---------------------------------------------------------------- bucket assignment, no processes needed
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 3000), st.sampled_from(["f32", "f64", "f16"])), min_size=1, max_size=40),
+    st.integers(1, 2000),
+    st.integers(1, 4000),
+    st.randoms(),
+)
+def test_assign_buckets_respects_caps(params: list, first_cap: int, cap: int, rnd) -> None:
+    sizes, keys = [s for s, _ in params], [k for _, k in params]
+    order = list(range(len(params)))
+    rnd.shuffle(order)
+    buckets = assign_buckets(sizes, keys, order, first_cap, cap)
+    assert sorted(i for b in buckets for i in b) == sorted(order)
+    assert buckets == assign_buckets(sizes, keys, order, first_cap, cap)  # deterministic
+    position = {i: k for k, i in enumerate(order)}
+    assert [position[b[0]] for b in buckets] == sorted(position[b[0]] for b in buckets)
+    seen_keys: set[str] = set()
+    for b in buckets:
+        assert len({keys[i] for i in b}) == 1
+        assert [position[i] for i in b] == sorted(position[i] for i in b)
+        limit = cap if keys[b[0]] in seen_keys else first_cap
+        seen_keys.add(keys[b[0]])
+        assert len(b) == 1 or sum(sizes[i] for i in b) <= limit

@@ -1,0 +1,106 @@
+"""DataLoaders: counting and limiting batches, rebuilding with another sampler, resuming mid-epoch."""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Iterator
+from itertools import islice
+from typing import Any
+
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler
+
+from trainer.errors import ConfigError
+from trainer.seed import worker_init_fn
+
+
+def num_batches(loader: Any, limit: int | float) -> int | float:
+    """How many batches an epoch takes from `loader` under limit_*_batches (inf when unknown)."""
+    try:
+        n: int | float = len(loader)
+    except TypeError:
+        n = float("inf")
+    if isinstance(limit, bool) or limit < 0:
+        raise ConfigError(f"limit_*_batches must be an int >= 0 or a float in [0, 1], got {limit!r}.")
+    if isinstance(limit, int):
+        return min(n, limit)
+    if limit > 1.0:
+        raise ConfigError(f"a fractional limit_*_batches must be in [0, 1], got {limit}; pass an int for a count.")
+    if n == float("inf"):
+        if limit == 1.0:
+            return n
+        raise ConfigError("limit_*_batches as a fraction needs a loader with a length; pass an int instead.")
+    return int(n * limit)
+
+
+def rebuildable(loader: Any) -> bool:
+    """Only plain map-style DataLoaders can be rebuilt faithfully from their attributes."""
+    return type(loader) is DataLoader and not isinstance(loader.dataset, IterableDataset)
+
+
+def rebuild(loader: DataLoader, **overrides: Any) -> DataLoader:
+    """A copy of `loader` with some DataLoader arguments replaced (sampler, batch_sampler, worker_init_fn)."""
+    params = inspect.signature(DataLoader.__init__).parameters
+    kwargs = {k: getattr(loader, k) for k in params if k not in ("self", "shuffle") and hasattr(loader, k)}
+    if loader.batch_size is not None:  # its batch_sampler was built from sampler + batch_size: rebuild it
+        kwargs.pop("batch_sampler", None)
+    kwargs.update(overrides)
+    if kwargs.get("batch_sampler") is not None:  # exclusive with batch_size, sampler and drop_last
+        kwargs.update(batch_size=1, sampler=None, drop_last=False)
+    if kwargs.get("num_workers", 0) == 0:
+        kwargs.pop("prefetch_factor", None)
+        kwargs["persistent_workers"] = False
+    return DataLoader(**kwargs)
+
+
+def with_worker_seeding(loader: Any) -> Any:
+    """Add our worker_init_fn when seed_everything(workers=True) asked for it and none is set."""
+    if (
+        os.environ.get("TANDEM_SEED_WORKERS") == "1"
+        and rebuildable(loader)
+        and loader.num_workers > 0
+        and loader.worker_init_fn is None
+    ):
+        return rebuild(loader, worker_init_fn=worker_init_fn)
+    return loader
+
+
+def set_epoch(loader: Any, epoch: int) -> None:
+    """Tell epoch-aware samplers (DistributedSampler) the epoch so that each epoch shuffles anew."""
+    for sampler in (getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None)):
+        if sampler is not None and hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+        inner = getattr(sampler, "sampler", None)
+        if inner is not None and hasattr(inner, "set_epoch"):
+            inner.set_epoch(epoch)
+
+
+class SkipBatchSampler(Sampler[list[int]]):
+    """Yields the batches of `inner` after the first `skip`, drawing only indices for the skipped ones.
+
+    `prime()` runs the inner sampler up to the first kept batch, so its random draw happens at a moment
+    the caller chooses (right after the DataLoader iterator took its own seed, as in an uninterrupted run).
+    """
+
+    def __init__(self, inner: BatchSampler | Any, skip: int) -> None:
+        self.inner, self.skip = inner, skip
+        self._it: Iterator[list[int]] | None = None
+        self._primed = False
+
+    def __iter__(self) -> Iterator[list[int]]:
+        self._it, self._primed = iter(self.inner), False
+        return self
+
+    def prime(self) -> None:
+        if not self._primed and self._it is not None:
+            for _ in islice(self._it, self.skip):
+                pass
+            self._primed = True
+
+    def __next__(self) -> list[int]:
+        self.prime()
+        assert self._it is not None
+        return next(self._it)
+
+    def __len__(self) -> int:
+        return max(len(self.inner) - self.skip, 0)

@@ -1,0 +1,228 @@
+"""The loops. Training is one visible function, `train_epoch`; evaluation and prediction share `run_eval`."""
+
+from __future__ import annotations
+
+from itertools import islice
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainer.data import SkipBatchSampler, rebuild, rebuildable, set_epoch
+from trainer.errors import TaskError
+from trainer.optim import step_schedulers
+from trainer.seed import get_rng_state, set_rng_state
+
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
+
+
+def fit(trainer: Trainer) -> None:
+    """Sanity-check validation, then epochs until max_epochs, max_steps or a stop request."""
+    t, cfg = trainer, trainer.config
+    t._call("on_fit_start")
+    if cfg.num_sanity_val_steps and t.val_dataloaders:
+        t.sanity_checking = True
+        t._call("on_sanity_check_start")
+        limit = None if cfg.num_sanity_val_steps == -1 else cfg.num_sanity_val_steps
+        run_eval(t, "val", limit=limit)
+        t._call("on_sanity_check_end")
+        t.sanity_checking = False
+        t._metrics.callback_metrics.clear()
+    if t._resume_rng is not None and t.batch_in_epoch == 0:  # resuming at an epoch boundary
+        set_rng_state(t._resume_rng)
+        t._resume_rng = None
+    t._call("on_train_start")
+    while not _done(t):
+        train_epoch(t)
+    t._call("on_train_end")
+    t._call("on_fit_end")
+    t._finalize_loggers("success")
+
+
+def _done(t: Trainer) -> bool:
+    cfg = t.config
+    min_ok = (cfg.min_epochs is None or t.current_epoch >= cfg.min_epochs) and (
+        cfg.min_steps is None or t.global_step >= cfg.min_steps
+    )
+    return (
+        (cfg.max_steps != -1 and t.global_step >= cfg.max_steps)
+        or (cfg.max_epochs != -1 and t.current_epoch >= cfg.max_epochs)
+        or (t.should_stop and min_ok)
+    )
+
+
+def train_epoch(trainer: Trainer) -> None:
+    """One training epoch: the loop every strategy shares (see DESIGN.md, 'How a batch flows')."""
+    t, cfg, strategy, task = trainer, trainer.config, trainer.strategy, trainer.task
+    assert task is not None
+    k, n = cfg.accumulate_grad_batches, t.num_training_batches
+    optimizer = t.optimizers[0] if task.automatic_optimization else None
+    val_every = _val_check_batches(t)
+    set_epoch(t.train_dataloader, t.current_epoch)
+    task.train()
+    t._metrics.reset("train")
+    t._call("on_train_epoch_start")
+    batches, start = _epoch_iterator(t)
+    for batch_idx, batch in enumerate(batches, start=start):
+        if batch_idx >= n:
+            break
+        batch = strategy.batch_to_device(batch)
+        t._metrics.set_batch(batch)
+        if t._call("on_train_batch_start", batch, batch_idx) == -1:
+            break
+        if optimizer is not None:
+            boundary = (batch_idx + 1) % k == 0 or batch_idx + 1 == n
+            with strategy.no_sync(enabled=not boundary):
+                with strategy.precision.autocast():
+                    out = strategy.training_step(task, batch, batch_idx)
+                loss = _loss_of(out)
+                t._call("on_before_backward", loss)
+                strategy.backward(loss / k if k > 1 else loss)
+                t._call("on_after_backward")
+            if boundary:
+                t._optimizer_step(optimizer)
+                t._call("on_before_zero_grad", optimizer)
+                optimizer.zero_grad(set_to_none=True)
+                t.global_step += 1
+                step_schedulers(t, "step")
+        else:  # manual optimization: the task steps its own optimizers
+            with strategy.precision.autocast():
+                out = strategy.training_step(task, batch, batch_idx)
+        t.batch_in_epoch = batch_idx + 1
+        t._call("on_train_batch_end", out, batch, batch_idx)
+        if t.global_step % cfg.log_every_n_steps == 0 and t.global_step != t._last_logged_step:
+            t._last_logged_step = t.global_step
+            t._log(t._metrics.step_metrics())
+        if val_every and (batch_idx + 1) % val_every == 0 and batch_idx + 1 != n:
+            run_eval(t, "val")
+        if t.should_stop or (cfg.max_steps != -1 and t.global_step >= cfg.max_steps):
+            return  # stopped mid-epoch: the epoch is not finished, resume continues it
+    t.epoch_finished = True
+    if _should_validate(t):
+        run_eval(t, "val")
+    t._metrics.in_epoch_hook = True
+    t._call("on_train_epoch_end", monitoring=False)  # the task and plain callbacks may still log
+    t._log(t._metrics.epoch_end())  # so that checkpointing and early stopping see this epoch's aggregates
+    t._call("on_train_epoch_end", monitoring=True)
+    t._metrics.in_epoch_hook = False
+    step_schedulers(t, "epoch")
+    t.current_epoch += 1
+    t.batch_in_epoch, t.epoch_finished = 0, False
+
+
+def _epoch_iterator(t: Trainer) -> tuple[Any, int]:
+    """Iterator over this epoch's batches and the index of its first batch (non-zero when resuming).
+
+    Resuming mid-epoch replays the epoch's random draws from the RNG state saved at its start, then skips
+    the consumed batches in the batch sampler (indices only, no data is read), then restores the RNG
+    state of the moment the checkpoint was taken; the rest of the epoch is identical to an uninterrupted run.
+    """
+    loader, skip = t.train_dataloader, t.batch_in_epoch
+    if not (skip and t._resume_rng is not None and t.epoch_start_rng is not None):
+        t.epoch_start_rng = get_rng_state()
+        return iter(loader), 0
+    set_rng_state(t.epoch_start_rng)
+    if rebuildable(loader) and loader.batch_sampler is not None:
+        sampler = SkipBatchSampler(loader.batch_sampler, skip)
+        it = iter(rebuild(loader, batch_sampler=sampler))
+        sampler.prime()
+    else:  # iterable data sets cannot skip by index: read and drop the consumed batches
+        it = iter(loader)
+        for _ in islice(it, skip):
+            pass
+    set_rng_state(t._resume_rng)
+    t._resume_rng = None
+    return it, skip
+
+
+def _loss_of(out: Any) -> torch.Tensor:
+    loss = out.get("loss") if isinstance(out, dict) else out
+    if not isinstance(loss, torch.Tensor):
+        raise TaskError(
+            f"training_step returned {type(out).__name__}; return the loss tensor or a dict with key 'loss' "
+            "(or set self.automatic_optimization = False and step the optimizer yourself)."
+        )
+    if loss.ndim != 0:
+        raise TaskError(f"training_step returned a loss of shape {tuple(loss.shape)}; reduce it to a scalar (e.g. .mean()).")
+    if not loss.requires_grad:
+        raise TaskError("training_step returned a loss that does not require grad; compute it from the model's output.")
+    return loss
+
+
+def _val_check_batches(t: Trainer) -> int:
+    """Run validation every this many training batches inside the epoch (0: only at the epoch's end)."""
+    v = t.config.val_check_interval
+    if not t.val_dataloaders or (isinstance(v, float) and v == 1.0):
+        return 0
+    if isinstance(v, float):
+        n = t.num_training_batches
+        if n == float("inf"):
+            raise TaskError("val_check_interval as a fraction needs a training loader with a length; pass an int.")
+        return max(1, int(n * v))
+    return int(v)
+
+
+def _should_validate(t: Trainer) -> bool:
+    every = t.config.check_val_every_n_epoch
+    return bool(t.val_dataloaders) and (every is None or (t.current_epoch + 1) % every == 0)
+
+
+def run_eval(t: Trainer, stage: str, limit: int | None = None) -> list[dict[str, float]]:
+    """One pass over the evaluation loaders of `stage` ('val', 'test' or 'predict') without gradients."""
+    task, strategy = t.task, t.strategy
+    assert task is not None
+    loaders = t.val_dataloaders if stage == "val" else t.eval_dataloaders
+    sizes = t.num_val_batches if stage == "val" else t.eval_num_batches
+    hook_stage = {"val": "validation"}.get(stage, stage)
+    step_name = f"{hook_stage}_step"
+    was_training = task.training
+    task.eval()
+    t._metrics.reset(stage)
+    t._call(f"on_{hook_stage}_start")
+    t._call(f"on_{hook_stage}_epoch_start")
+    predictions: list[list[Any]] = []
+    results: list[dict[str, float]] = []
+    with torch.no_grad():
+        for dl_idx, (loader, n) in enumerate(zip(loaders, sizes)):
+            multi = len(loaders) > 1
+            t._metrics.dataloader_suffix = f"/dataloader_idx_{dl_idx}" if multi else ""
+            extra = (dl_idx,) if multi else ()
+            outputs: list[Any] = []
+            n = n if limit is None else min(n, limit)
+            for batch_idx, batch in enumerate(loader):
+                if batch_idx >= n:
+                    break
+                batch = strategy.batch_to_device(batch)
+                t._metrics.set_batch(batch)
+                t._call(f"on_{hook_stage}_batch_start", batch, batch_idx, *extra)
+                with strategy.precision.autocast():
+                    out = strategy.eval_step(task, step_name, batch, batch_idx, dl_idx if multi else 0)
+                if stage == "predict":
+                    outputs.append(out)
+                t._call(f"on_{hook_stage}_batch_end", out, batch, batch_idx, *extra)
+            predictions.append(outputs)
+    t._metrics.dataloader_suffix = ""
+    t._metrics.in_epoch_hook = True
+    t._call(f"on_{hook_stage}_epoch_end")
+    logged = t._metrics.epoch_end()
+    t._metrics.in_epoch_hook = False
+    if not t.sanity_checking:
+        t._log(logged)
+        results = [{k: float(v) for k, v in logged.items()}]
+    t._call(f"on_{hook_stage}_end")
+    task.train(was_training)
+    t._metrics.switch("train")
+    if stage == "predict":
+        return predictions[0] if len(predictions) == 1 else predictions  # type: ignore[return-value]
+    return results
+
+
+def evaluate(trainer: Trainer, stage: str) -> Any:
+    """validate(), test() or predict(): one pass over that stage's loaders."""
+    short = {"validate": "val"}.get(stage, stage)
+    if short == "val":
+        trainer.eval_dataloaders, trainer.eval_num_batches = trainer.val_dataloaders, trainer.num_val_batches
+    out = run_eval(trainer, short)
+    if stage != "predict":
+        trainer._finalize_loggers("success")
+    return out

@@ -1,0 +1,184 @@
+"""self.log: step values and batch-size-weighted epoch aggregates, kept on device until written."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from strategies.batch import batch_size_of
+from trainer.errors import TaskError, choose
+
+REDUCE_FX = ("mean", "sum", "max", "min")
+
+
+def _is_metric(value: Any) -> bool:
+    """A torchmetrics Metric, detected without importing torchmetrics (it is slow to import)."""
+    return hasattr(value, "compute") and hasattr(value, "reset") and hasattr(value, "update")
+
+
+@dataclass
+class _Entry:
+    name: str
+    on_step: bool
+    on_epoch: bool
+    prog_bar: bool
+    logger: bool
+    sync_dist: bool
+    reduce_fx: str
+    metric: Any = None
+    total: torch.Tensor | None = None
+    weight: int = 0
+    step_value: torch.Tensor | None = None
+    dirty: bool = field(default=False)  # a step value not yet written
+
+
+class MetricStore:
+    """Collects what a Task logs during one stage and turns it into step and epoch metrics.
+
+    Example: ``store.log("train/loss", loss)`` during a step, then ``store.epoch_end()`` at epoch end.
+    """
+
+    def __init__(self, reduce: Callable[[torch.Tensor, str], torch.Tensor]) -> None:
+        self._reduce = reduce  # the strategy's cross-rank reduce, for sync_dist
+        self._stages: dict[str, dict[str, _Entry]] = {"train": {}}
+        self.callback_metrics: dict[str, torch.Tensor] = {}
+        self.stage = "train"
+        self.in_epoch_hook = False  # logging from on_*_epoch_end defaults to on_epoch=True
+        self.dataloader_suffix = ""
+        self._batch: Any = None
+        self._batch_size: int | None = None
+
+    @property
+    def entries(self) -> dict[str, _Entry]:
+        return self._stages[self.stage]
+
+    def reset(self, stage: str) -> None:
+        """Start a new epoch of `stage`, dropping that stage's previous aggregates (others are kept)."""
+        self.stage = stage
+        self._stages[stage] = {}
+
+    def switch(self, stage: str) -> None:
+        """Continue logging into `stage` (back to training after a mid-epoch validation)."""
+        self.stage = stage
+        self._stages.setdefault(stage, {})
+
+    def set_batch(self, batch: Any) -> None:
+        """Remember the current batch; its size is inferred only if an epoch aggregate needs it."""
+        self._batch, self._batch_size = batch, None
+
+    def log(
+        self,
+        name: str,
+        value: Any,
+        on_step: bool | None = None,
+        on_epoch: bool | None = None,
+        prog_bar: bool = False,
+        logger: bool = True,
+        sync_dist: bool = False,
+        reduce_fx: str | Callable[..., Any] = "mean",
+        batch_size: int | None = None,
+        **_: Any,  # Lightning's rarely used options (rank_zero_only, add_dataloader_idx, ...) are accepted
+    ) -> None:
+        """Record `value` (tensor, number or torchmetrics Metric) under `name`."""
+        if not isinstance(reduce_fx, str):
+            reduce_fx = getattr(reduce_fx, "__name__", str(reduce_fx))
+        choose("reduce_fx", reduce_fx, REDUCE_FX)
+        training = self.stage == "train" and not self.in_epoch_hook
+        on_step = training if on_step is None else on_step
+        on_epoch = (not training) if on_epoch is None else on_epoch
+        key = name + self.dataloader_suffix
+        entry = self.entries.get(key)
+        if entry is None:
+            entry = self.entries[key] = _Entry(key, on_step, on_epoch, prog_bar, logger, sync_dist, reduce_fx)
+        if _is_metric(value):
+            entry.metric = value
+            cached = getattr(value, "_forward_cache", None)
+            value = cached if isinstance(cached, torch.Tensor) else None
+            if value is None:
+                return
+        else:
+            value = self._as_tensor(name, value)
+        if on_step:
+            entry.step_value = value
+            entry.dirty = True
+            self.callback_metrics[key + ("_step" if on_epoch else "")] = value
+        if on_epoch and entry.metric is None:
+            self._accumulate(entry, value, batch_size)
+
+    @staticmethod
+    def _as_tensor(name: str, value: Any) -> torch.Tensor:
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise TaskError(f"self.log({name!r}) got a tensor of shape {tuple(value.shape)}; log a scalar.")
+            return value.detach().reshape(())
+        if isinstance(value, (int, float, bool)):
+            return torch.tensor(float(value))
+        raise TaskError(f"self.log({name!r}) got {type(value).__name__}; log a number, a scalar tensor or a Metric.")
+
+    def _accumulate(self, entry: _Entry, value: torch.Tensor, batch_size: int | None) -> None:
+        if entry.reduce_fx == "mean":
+            if batch_size is None:
+                if self._batch_size is None:
+                    self._batch_size = batch_size_of(self._batch) if self._batch is not None else 1
+                batch_size = self._batch_size
+            weighted = value.float() * batch_size
+            entry.total = weighted if entry.total is None else entry.total + weighted
+            entry.weight += batch_size
+        elif entry.total is None:
+            entry.total = value.float()
+        elif entry.reduce_fx == "sum":
+            entry.total = entry.total + value
+        elif entry.reduce_fx == "max":
+            entry.total = torch.maximum(entry.total, value)
+        else:
+            entry.total = torch.minimum(entry.total, value)
+
+    def step_metrics(self, for_logger: bool = True) -> dict[str, torch.Tensor]:
+        """The step values not yet written (to loggers, or for the progress bar)."""
+        out = {}
+        for e in self.entries.values():
+            if e.on_step and e.step_value is not None and (e.logger if for_logger else e.prog_bar):
+                out[e.name + ("_step" if e.on_epoch else "")] = e.step_value
+                if for_logger:
+                    e.dirty = False
+        return out
+
+    def epoch_end(self) -> dict[str, torch.Tensor]:
+        """Finish the epoch: compute (and sync) each epoch aggregate; returns those meant for loggers."""
+        to_log: dict[str, torch.Tensor] = {}
+        for e in self.entries.values():
+            if not e.on_epoch:
+                continue
+            if e.metric is not None:
+                value = e.metric.compute().detach()  # torchmetrics synchronises across ranks itself
+                e.metric.reset()
+            elif e.total is None:
+                continue
+            elif e.reduce_fx == "mean":
+                total = e.total
+                weight = torch.tensor(float(e.weight), device=total.device)
+                if e.sync_dist:
+                    total, weight = self._reduce(total, "sum"), self._reduce(weight, "sum")
+                value = total / weight
+            else:
+                value = self._reduce(e.total, e.reduce_fx) if e.sync_dist else e.total
+            key = e.name + ("_epoch" if e.on_step else "")
+            self.callback_metrics[key] = value
+            self.callback_metrics[e.name] = value
+            if e.logger:
+                to_log[key] = value
+        return to_log
+
+    def progress_bar_metrics(self) -> dict[str, float]:
+        """Values marked prog_bar=True, as floats (this converts: call it only when drawing)."""
+        out = {}
+        for e in self.entries.values():
+            if e.prog_bar:
+                key = e.name + ("_step" if e.on_step and e.on_epoch else "")
+                value = e.step_value if e.on_step else self.callback_metrics.get(e.name)
+                if value is not None:
+                    out[key] = float(value)
+        return out

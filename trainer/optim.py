@@ -1,0 +1,125 @@
+"""What configure_optimizers returns, parsed into optimizers and scheduler configs; scheduler stepping."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainer.errors import ConfigError, TaskError
+
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
+
+
+@dataclass
+class SchedulerConfig:
+    """One learning-rate scheduler and when to step it (Lightning's keys)."""
+
+    scheduler: Any
+    interval: str = "epoch"
+    frequency: int = 1
+    monitor: str | None = None
+    strict: bool = True
+    name: str | None = None
+
+    @property
+    def is_plateau(self) -> bool:
+        return isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+
+_SCHED_KEYS = {"scheduler", "interval", "frequency", "monitor", "strict", "name"}
+
+
+def _sched_config(obj: Any, monitor: str | None) -> SchedulerConfig:
+    if isinstance(obj, Mapping):
+        unknown = set(obj) - _SCHED_KEYS
+        if unknown or "scheduler" not in obj:
+            raise TaskError(
+                f"lr_scheduler dict must have 'scheduler' and only keys {sorted(_SCHED_KEYS)}; got {sorted(obj)}."
+            )
+        cfg = SchedulerConfig(**{"monitor": monitor, **obj})
+    else:
+        cfg = SchedulerConfig(scheduler=obj, monitor=monitor)
+    if cfg.interval not in ("step", "epoch"):
+        raise TaskError(f"lr_scheduler interval must be 'step' or 'epoch', got {cfg.interval!r}.")
+    if cfg.is_plateau and not cfg.monitor:
+        raise TaskError(
+            "ReduceLROnPlateau needs a metric: return {'optimizer': opt, 'lr_scheduler': sched, "
+            "'monitor': 'val/loss'} from configure_optimizers."
+        )
+    return cfg
+
+
+def parse_optimizers(out: Any) -> tuple[list[torch.optim.Optimizer], list[SchedulerConfig]]:
+    """Accept an optimizer, a list, (optimizers, schedulers), a dict or a list of dicts."""
+    if isinstance(out, torch.optim.Optimizer):
+        return [out], []
+    if isinstance(out, Mapping):
+        out = [out]
+    if isinstance(out, Sequence) and len(out) == 2 and all(isinstance(x, Sequence) for x in out):
+        opts, scheds = list(out[0]), list(out[1])
+        return _check_opts(opts), [_sched_config(s, None) for s in scheds]
+    if isinstance(out, Sequence) and out and all(isinstance(x, Mapping) for x in out):
+        opts, scheds = [], []
+        for d in out:
+            if "optimizer" not in d:
+                raise TaskError(f"configure_optimizers dict needs key 'optimizer'; got keys {sorted(d)}.")
+            opts.append(d["optimizer"])
+            if d.get("lr_scheduler") is not None:
+                scheds.append(_sched_config(d["lr_scheduler"], d.get("monitor")))
+        return _check_opts(opts), scheds
+    if isinstance(out, Sequence) and out:
+        return _check_opts(list(out)), []
+    raise TaskError(
+        f"configure_optimizers returned {type(out).__name__}; return an optimizer, a list of optimizers, "
+        "or {'optimizer': ..., 'lr_scheduler': ...}."
+    )
+
+
+def _check_opts(opts: list[Any]) -> list[torch.optim.Optimizer]:
+    for o in opts:
+        if not isinstance(o, torch.optim.Optimizer):
+            raise TaskError(f"configure_optimizers returned {type(o).__name__} where an optimizer was expected.")
+    return opts
+
+
+def step_schedulers(trainer: Trainer, interval: str) -> None:
+    """Step every scheduler of this interval whose frequency divides the step or epoch count."""
+    count = trainer.global_step if interval == "step" else trainer.current_epoch + 1
+    for cfg in trainer.lr_scheduler_configs:
+        if cfg.interval != interval or count % cfg.frequency:
+            continue
+        if cfg.is_plateau:
+            value = trainer.callback_metrics.get(cfg.monitor)  # type: ignore[arg-type]
+            if value is None:
+                if cfg.strict:
+                    raise ConfigError(
+                        f"ReduceLROnPlateau monitors {cfg.monitor!r}, which was not logged; logged keys: "
+                        f"{sorted(trainer.callback_metrics)}. Log it with self.log or fix 'monitor'."
+                    )
+                continue
+            cfg.scheduler.step(float(value))
+        else:
+            cfg.scheduler.step()
+
+
+class TaskOptimizer:
+    """Wraps an optimizer for manual optimization: step() goes through the strategy and counts steps."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, trainer: Trainer) -> None:
+        self._optimizer = optimizer
+        self._trainer = trainer
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        out = self._trainer._optimizer_step(self._optimizer, closure)
+        self._trainer.global_step += 1
+        return out
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._optimizer.zero_grad(set_to_none=set_to_none)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._optimizer, name)
