@@ -15,6 +15,8 @@ from trainer.errors import ConfigError, choose
 # name -> "module:Class"; imported on demand so that `import trainer` stays fast.
 STRATEGIES: dict[str, str] = {
     "single": "strategies.single:SingleDeviceStrategy",
+    "ddp": "strategies.ddp:DDPStrategy",
+    "ddp_accumulate": "strategies.ddp:DDPStrategy",  # config alias: use with accumulate_grad_batches=k
 }
 
 

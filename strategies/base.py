@@ -27,6 +27,7 @@ class Strategy:
     """
 
     name = "base"
+    use_distributed_sampler = True  # the Trainer sets it from its option of the same name
 
     def __init__(self, accelerator: str = "auto", precision: Precision | str | int = "32-true") -> None:
         self.accelerator = accelerator

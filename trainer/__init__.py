@@ -1,10 +1,34 @@
-"""Tandem: a small, fast, Lightning-style trainer for PyTorch."""
+"""Tandem: a small, fast, Lightning-style trainer for PyTorch.
 
-from trainer.datamodule import DataModule
-from trainer.errors import TandemError
-from trainer.seed import seed_everything
-from trainer.task import Task
-from trainer.trainer import Trainer
+Names are imported on first use (PEP 562), so `import trainer` is cheap and `strategies`, which needs
+`trainer.errors`, can be imported before or after this package without a cycle.
+"""
 
-__all__ = ["DataModule", "TandemError", "Task", "Trainer", "seed_everything"]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "DataModule": "trainer.datamodule",
+    "TandemError": "trainer.errors",
+    "Task": "trainer.task",
+    "Trainer": "trainer.trainer",
+    "seed_everything": "trainer.seed",
+}
+__all__ = list(_EXPORTS)
+
+if TYPE_CHECKING:
+    from trainer.datamodule import DataModule
+    from trainer.errors import TandemError
+    from trainer.seed import seed_everything
+    from trainer.task import Task
+    from trainer.trainer import Trainer
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'trainer' has no attribute {name!r}")

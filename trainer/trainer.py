@@ -76,6 +76,7 @@ class Trainer:
             cfg.max_epochs = 1000 if cfg.max_steps == -1 else -1
         self.default_root_dir = os.path.abspath(cfg.default_root_dir or os.getcwd())
         self.strategy = resolve_strategy(cfg.strategy, cfg.accelerator, cfg.devices, cfg.precision)
+        self.strategy.use_distributed_sampler = cfg.use_distributed_sampler
         self.precision = self.strategy.precision
         self.loggers: list[Logger] = self._make_loggers(cfg.logger)
         self.callbacks: list[Callback] = self._make_callbacks(cfg.callbacks)

@@ -1,0 +1,61 @@
+"""A user's training script, run by the DDP tests as `python ddp_train.py OUT [--fail-rank R --fail-step S]`
+(plain, so Tandem launches the workers) and under torchrun. Rank 0 saves the final weights to OUT."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from trainer import Task, Trainer, seed_everything  # noqa: E402
+
+
+def make_data(n: int = 64) -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    return TensorDataset(torch.randn(n, 6, generator=g), torch.randint(0, 3, (n,), generator=g))
+
+
+class Net(Task):
+    def __init__(self, fail_rank: int = -1, fail_step: int = -1) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+        self.fail_rank, self.fail_step = fail_rank, fail_step
+
+    def training_step(self, batch, batch_idx):
+        if self.global_rank == self.fail_rank and self.global_step == self.fail_step:
+            raise RuntimeError(f"deliberate failure on rank {self.global_rank} at step {self.global_step}")
+        x, y = batch
+        return F.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("out")
+    p.add_argument("--devices", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--fail-rank", type=int, default=-1)
+    p.add_argument("--fail-step", type=int, default=-1)
+    args = p.parse_args()
+    seed_everything(0)
+    task = Net(args.fail_rank, args.fail_step)
+    trainer = Trainer(
+        strategy="ddp", accelerator="cpu", devices=args.devices, max_epochs=2, logger=False,
+        enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
+    )
+    trainer.fit(task, DataLoader(make_data(), batch_size=args.batch_size))
+    if trainer.is_global_zero:
+        torch.save({k: v.clone() for k, v in task.state_dict().items()}, args.out)
+
+
+if __name__ == "__main__":
+    main()
