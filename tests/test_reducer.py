@@ -16,6 +16,7 @@ from strategies.reducer import Reducer, assign_buckets
 from trainer.errors import DistributedError
 
 VOCAB, TOKENS, BATCH = 16, 5, 6  # BATCH rows per rank
+K = 3  # micro-batches per accumulation window
 CAP_MB = 0.0003  # ~300-byte buckets: many buckets on these tiny models
 
 
@@ -47,10 +48,10 @@ class WithBatchNorm(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, VOCAB))
+        self.net = nn.Sequential(nn.Linear(VOCAB, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, VOCAB))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.net(F.one_hot(tokens, VOCAB).float()[:, :, :8].mean(1))
+        return self.net(F.one_hot(tokens, VOCAB).float().mean(1))
 
 
 class Branchy(nn.Module):
@@ -84,13 +85,15 @@ def grads(model: nn.Module) -> dict[str, torch.Tensor | None]:
     return {n: None if p.grad is None else p.grad.detach().clone() for n, p in model.named_parameters()}
 
 
-def ours_step(model: nn.Module, reducer: Reducer, opt: torch.optim.Optimizer, *inputs: object) -> dict:
+def ours_step(
+    model: nn.Module, reducer: Reducer, opt: torch.optim.Optimizer, *inputs: object, give_loss: bool = True
+) -> dict:
     """One synchronised step through the Reducer, returning the reduced grads."""
     x, y = inputs[0], inputs[1]
     opt.zero_grad(set_to_none=True)
     reducer.sync_buffers()
     loss = F.cross_entropy(model(x, *inputs[2:]), y)
-    reducer.prepare_for_backward(loss)
+    reducer.prepare_for_backward(loss if give_loss else None)
     loss.backward()
     reducer.finalize()
     result = grads(model)
@@ -119,7 +122,29 @@ def assert_grads_close(a: dict, b: dict, atol: float = 1e-6, rtol: float = 0.0, 
         if a[name] is None or b[name] is None:
             assert a[name] is None and b[name] is None, f"{what} {name}: {a[name]} vs {b[name]}"
         else:
-            torch.testing.assert_close(a[name], b[name], atol=atol, rtol=rtol, msg=lambda m: f"{what} {name}: {m}")
+            torch.testing.assert_close(
+                a[name], b[name], atol=atol, rtol=rtol, msg=lambda m, name=name: f"{what} {name}: {m}"
+            )
+
+
+# ---------------------------------------------------------------- one spawn for every distributed check
+
+
+def _all_scenarios(rank: int, world_size: int) -> dict:
+    """Each process start costs seconds of imports, so every scenario runs in the same two processes."""
+    return {
+        "reference": _reference(rank, world_size),
+        "unused": _unused_and_mismatch(rank, world_size),
+        "no_sync": _no_sync_and_hooks(rank, world_size),
+    }
+
+
+@pytest.fixture(scope="module")
+def runs() -> list[dict]:
+    # dist_run is per test; at module scope import the helper it returns, so one spawn serves every test.
+    from conftest import run_distributed
+
+    return run_distributed(_all_scenarios, timeout=300.0)
 
 
 # ---------------------------------------------------------------- gradients == torch DDP == one process
@@ -133,21 +158,31 @@ def _reference(rank: int, world_size: int) -> dict:
         ddp = DDP(make(Mixed), bucket_cap_mb=CAP_MB, gradient_as_bucket_view=view)
         single = make(Mixed)
         opts = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (ours, ddp, single)]
-        runs: dict[str, list] = {"ours": [], "ddp": [], "single": [], "buckets": [], "stats": [], "is_view": []}
+        rec: dict[str, list] = {
+            "ours": [],
+            "ddp": [],
+            "single": [],
+            "buckets": [],
+            "stats": [],
+            "is_view": [],
+        }
         for step in range(2):
-            runs["buckets"].append(gathered(reducer.bucket_indices))
-            runs["ours"].append(ours_step(ours, reducer, opts[0], *batch(step, rank)))
-            runs["stats"].append(list(reducer.stats))
-            runs["is_view"].append([p.grad._base is not None for p in reducer.params])
-            runs["ddp"].append(ddp_step(ddp, opts[1], *batch(step, rank)))
+            rec["buckets"].append(gathered(reducer.bucket_indices))
+            rec["ours"].append(ours_step(ours, reducer, opts[0], *batch(step, rank)))
+            rec["stats"].append(list(reducer.stats))
+            rec["is_view"].append([p.grad._base is not None for p in reducer.params])
+            rec["ddp"].append(ddp_step(ddp, opts[1], *batch(step, rank)))
             opts[2].zero_grad(set_to_none=True)
             F.cross_entropy(single(batch(step, None)[0]), batch(step, None)[1]).backward()
-            runs["single"].append(grads(single))
+            rec["single"].append(grads(single))
             opts[2].step()
-        runs["buckets"].append(gathered(reducer.bucket_indices))
-        runs["sizes"] = [p.numel() * p.element_size() for p in reducer.params]
-        runs["numel"] = {str(dt): sum(p.numel() for p in reducer.params if p.dtype == dt) for dt in (torch.float32, torch.float64)}
-        out[f"view={view}"] = runs
+        rec["buckets"].append(gathered(reducer.bucket_indices))
+        rec["sizes"] = [p.numel() * p.element_size() for p in reducer.params]
+        rec["numel"] = {
+            str(dt): sum(p.numel() for p in reducer.params if p.dtype == dt)
+            for dt in (torch.float32, torch.float64)
+        }
+        out[f"view={view}"] = rec
 
     # BatchNorm: buffers broadcast at construction and before each forward, as torch DDP does.
     ours, theirs = make(WithBatchNorm), make(WithBatchNorm)
@@ -157,38 +192,44 @@ def _reference(rank: int, world_size: int) -> dict:
     out["bn_after_init"] = ours.net[1].running_mean.clone()
     ddp = DDP(theirs, bucket_cap_mb=CAP_MB)
     opts = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (ours, theirs)]
-    out["bn"] = [(ours_step(ours, reducer, opts[0], *batch(s, rank)), ddp_step(ddp, opts[1], *batch(s, rank))) for s in range(2)]
-    out["bn_buffers"] = ({k: v.clone() for k, v in ours.state_dict().items()}, {k: v.clone() for k, v in theirs.state_dict().items()})
+    out["bn"] = [
+        (ours_step(ours, reducer, opts[0], *batch(s, rank)), ddp_step(ddp, opts[1], *batch(s, rank)))
+        for s in range(2)
+    ]
+    out["bn_buffers"] = (
+        {k: v.clone() for k, v in ours.state_dict().items()},
+        {k: v.clone() for k, v in theirs.state_dict().items()},
+    )
     reducer.sync_buffers()
     out["bn_synced"] = ours.net[1].running_var.clone()
     return out
 
 
 @pytest.fixture(scope="module")
-def reference(request: pytest.FixtureRequest) -> list[dict]:
-    from conftest import run_distributed  # module scope: one spawn shared by the tests below
-
-    return run_distributed(_reference)
+def reference(runs: list[dict]) -> list[dict]:
+    return [r["reference"] for r in runs]
 
 
 @pytest.mark.parametrize("view", [True, False])
 def test_grads_match_ddp_and_single_process(reference: list[dict], view: bool) -> None:
     for rank, result in enumerate(reference):
-        runs = result[f"view={view}"]
+        rec = result[f"view={view}"]
         for step in range(2):
-            assert_grads_close(runs["ours"][step], runs["ddp"][step], what=f"rank {rank} step {step} vs DDP")
-            assert_grads_close(runs["ours"][step], runs["single"][step], what=f"rank {rank} step {step} vs single")
-            assert all(runs["is_view"][step]) == view  # .grad aliases the bucket only in view mode
-        assert runs["ours"][0]["frozen.weight"] is None and "head.weight" not in runs["ours"][0]
+            assert_grads_close(rec["ours"][step], rec["ddp"][step], what=f"rank {rank} step {step} vs DDP")
+            assert_grads_close(
+                rec["ours"][step], rec["single"][step], what=f"rank {rank} step {step} vs single"
+            )
+            assert all(rec["is_view"][step]) == view  # .grad aliases the bucket only in view mode
+        assert rec["ours"][0]["frozen.weight"] is None and "head.weight" not in rec["ours"][0]
 
 
 def test_bucket_assignment_identical_across_ranks_and_capped(reference: list[dict]) -> None:
-    runs = reference[0]["view=True"]
-    before, after = runs["buckets"][0], runs["buckets"][2]
+    rec = reference[0]["view=True"]
+    before, after = rec["buckets"][0], rec["buckets"][2]
     assert before[0] == before[1] and after[0] == after[1]  # every rank, before and after the rebuild
     assert before[0] != after[0], "the rebuild should follow the gradient-ready order"
-    assert runs["buckets"][1] == runs["buckets"][2], "buckets are rebuilt once only"
-    sizes, cap = runs["sizes"], int(CAP_MB * 1024 * 1024)
+    assert rec["buckets"][1] == rec["buckets"][2], "buckets are rebuilt once only"
+    sizes, cap = rec["sizes"], int(CAP_MB * 1024 * 1024)
     for buckets in (before[0], after[0]):
         assert sorted(i for b in buckets for i in b) == list(range(len(sizes)))
         assert len(buckets) > 5
@@ -197,13 +238,13 @@ def test_bucket_assignment_identical_across_ranks_and_capped(reference: list[dic
 
 
 def test_stats_sane(reference: list[dict]) -> None:
-    runs = reference[0]["view=False"]
-    for stats in runs["stats"]:
+    rec = reference[0]["view=False"]
+    for stats in rec["stats"]:
         assert [s.index for s in stats] == list(range(len(stats)))
         for s in stats:
             assert 0.0 <= s.ready_s <= s.launch_s <= s.done_s and s.wait_s >= 0.0
             assert s.nbytes == s.numel * s.dtype.itemsize and s.param_names
-        for dtype, numel in runs["numel"].items():
+        for dtype, numel in rec["numel"].items():
             assert sum(s.numel for s in stats if str(s.dtype) == dtype) == numel
 
 
@@ -215,7 +256,9 @@ def test_batchnorm_buffers_follow_rank0(reference: list[dict]) -> None:
         mine, ddp_buffers = result["bn_buffers"]
         for key in ("net.1.running_mean", "net.1.running_var", "net.1.num_batches_tracked"):
             torch.testing.assert_close(mine[key], ddp_buffers[key], atol=1e-6, rtol=0)
-    assert not torch.equal(reference[0]["bn_buffers"][0]["net.1.running_var"], reference[1]["bn_buffers"][0]["net.1.running_var"])
+    assert not torch.equal(
+        reference[0]["bn_buffers"][0]["net.1.running_var"], reference[1]["bn_buffers"][0]["net.1.running_var"]
+    )
     assert torch.equal(reference[0]["bn_synced"], reference[1]["bn_synced"])
 
 
@@ -235,14 +278,29 @@ def _unused_and_mismatch(rank: int, world_size: int) -> dict:
         out["error"] = str(e)
     for view, pass_outputs in ((True, True), (False, True), (True, False)):
         ours, theirs = make(Branchy), make(Branchy)
-        reducer = Reducer(ours, bucket_cap_mb=CAP_MB, gradient_as_bucket_view=view, find_unused_parameters=True)
-        if not pass_outputs:  # then unused parameters are only found in finalize
-            reducer.prepare_for_backward = lambda outputs=None, f=reducer.prepare_for_backward: f(None)  # type: ignore[method-assign]
+        reducer = Reducer(
+            ours, bucket_cap_mb=CAP_MB, gradient_as_bucket_view=view, find_unused_parameters=True
+        )
         ddp = DDP(theirs, bucket_cap_mb=CAP_MB, gradient_as_bucket_view=view, find_unused_parameters=True)
         opts = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (ours, theirs)]
         out[(view, pass_outputs)] = [
-            (ours_step(ours, reducer, opts[0], x, y, rank == 0), ddp_step(ddp, opts[1], x, y, rank == 0)) for _ in range(2)
+            (  # without the loss, unused parameters are only found in finalize
+                ours_step(ours, reducer, opts[0], x, y, rank == 0, give_loss=pass_outputs),
+                ddp_step(ddp, opts[1], x, y, rank == 0),
+            )
+            for _ in range(2)
         ]
+    model = make(Branchy)
+    reducer = Reducer(model, find_unused_parameters=True)
+    loss = F.cross_entropy(model(x, True), y)
+    reducer.prepare_for_backward(loss)
+    loss.backward(retain_graph=True)
+    try:  # a second backward after one prepare_for_backward would be reduced twice
+        loss.backward()
+        out["twice"] = None
+    except DistributedError as e:
+        out["twice"] = str(e)
+    reducer.finalize()  # the same buckets were launched on both ranks: nothing hangs
     try:
         Reducer(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 3 + rank)))
         out["mismatch"] = None
@@ -252,10 +310,8 @@ def _unused_and_mismatch(rank: int, world_size: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def unused(request: pytest.FixtureRequest) -> list[dict]:
-    from conftest import run_distributed
-
-    return run_distributed(_unused_and_mismatch)
+def unused(runs: list[dict]) -> list[dict]:
+    return [r["unused"] for r in runs]
 
 
 def test_unused_parameter_error_names_it(unused: list[dict]) -> None:
@@ -272,6 +328,11 @@ def test_find_unused_parameters_matches_ddp(unused: list[dict], variant: tuple[b
             assert ours["unused.weight"] is None and ours["sometimes.weight"] is not None
 
 
+def test_second_backward_without_prepare_raises(unused: list[dict]) -> None:
+    for result in unused:
+        assert result["twice"] is not None and "no_sync()" in result["twice"]
+
+
 def test_mismatched_shapes_fail_at_construction(unused: list[dict]) -> None:
     for result in unused:
         assert result["mismatch"] is not None and "'1.weight'" in result["mismatch"]
@@ -281,28 +342,30 @@ def test_mismatched_shapes_fail_at_construction(unused: list[dict]) -> None:
 # ---------------------------------------------------------------- no_sync and compression hooks
 
 
-def _no_sync_and_hooks(rank: int, world_size: int, k: int) -> dict:
+def _no_sync_and_hooks(rank: int, world_size: int, k: int = K) -> dict:
     out: dict = {}
     for view in (True, False):
         ours, theirs = make(Mixed), make(Mixed)
         reducer = Reducer(ours, bucket_cap_mb=CAP_MB, gradient_as_bucket_view=view)
         ddp = DDP(theirs, bucket_cap_mb=CAP_MB, gradient_as_bucket_view=view)
-        runs = []
+        windows = []
         for window in range(2):
             micro = [batch(10 * window + j, rank) for j in range(k)]
             for m in (ours, theirs):
                 m.zero_grad(set_to_none=True)
             with reducer.no_sync(), ddp.no_sync():
                 for x, y in micro[:-1]:
-                    F.cross_entropy(ours(x), y).backward()
+                    loss = F.cross_entropy(ours(x), y)
+                    reducer.prepare_for_backward(loss)  # as a strategy would: no_sync makes it a no-op
+                    loss.backward()
                     F.cross_entropy(ddp(x), y).backward()
             loss = F.cross_entropy(ours(micro[-1][0]), micro[-1][1])
             reducer.prepare_for_backward(loss)
             loss.backward()
             reducer.finalize()
             F.cross_entropy(ddp(micro[-1][0]), micro[-1][1]).backward()
-            runs.append((grads(ours), grads(theirs)))
-        out[view] = runs
+            windows.append((grads(ours), grads(theirs)))
+        out[view] = windows
     # torch's bf16 hook needs NCCL, so bf16 is compared with uncompressed DDP (within bf16 tolerance).
     for name, hook in (("fp16", default_hooks.fp16_compress_hook), ("bf16", None)):
         ours, theirs = make(Mixed), make(Mixed)
@@ -311,24 +374,32 @@ def _no_sync_and_hooks(rank: int, world_size: int, k: int) -> dict:
         if hook is not None:
             ddp.register_comm_hook(None, hook)
         opts = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (ours, theirs)]
-        out[name] = ours_step(ours, reducer, opts[0], *batch(0, rank)), ddp_step(ddp, opts[1], *batch(0, rank))
+        out[name] = (
+            ours_step(ours, reducer, opts[0], *batch(0, rank)),
+            ddp_step(ddp, opts[1], *batch(0, rank)),
+        )
     return out
 
 
-def test_no_sync_accumulation_matches_ddp_and_local_sum(dist_run) -> None:
-    k = 3
-    result = dist_run(_no_sync_and_hooks, k)
+def test_no_sync_accumulation_matches_ddp_and_local_sum(runs: list[dict]) -> None:
+    result = [r["no_sync"] for r in runs]
     for view in (True, False):
         for window in range(2):
             local = make(Mixed)  # every micro-batch of every rank, accumulated locally, averaged over ranks
             for r in range(2):
-                for j in range(k):
+                for j in range(K):
                     x, y = batch(10 * window + j, r)
                     (F.cross_entropy(local(x), y) / 2).backward()
             for rank in range(2):
                 ours, theirs = result[rank][view][window]
                 assert_grads_close(ours, theirs, what=f"view={view} window {window} rank {rank} vs DDP")
-                assert_grads_close(ours, grads(local), atol=1e-5, what=f"view={view} window {window} vs local")
+                assert_grads_close(
+                    ours, grads(local), atol=1e-5, what=f"view={view} window {window} vs local"
+                )
+
+
+def test_compression_hooks_close_to_ddp(runs: list[dict]) -> None:
+    result = [r["no_sync"] for r in runs]
     for name, dtype, tol in (("fp16", torch.float16, 2e-3), ("bf16", torch.bfloat16, 2e-2)):
         for rank in range(2):
             ours, theirs = result[rank][name]
@@ -343,7 +414,9 @@ def test_no_sync_accumulation_matches_ddp_and_local_sum(dist_run) -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(
-    st.lists(st.tuples(st.integers(1, 3000), st.sampled_from(["f32", "f64", "f16"])), min_size=1, max_size=40),
+    st.lists(
+        st.tuples(st.integers(1, 3000), st.sampled_from(["f32", "f64", "f16"])), min_size=1, max_size=40
+    ),
     st.integers(1, 2000),
     st.integers(1, 4000),
     st.randoms(),
