@@ -1,0 +1,8 @@
+"""`python -m trainer ...` is the `tandem` command (see trainer/cli.py)."""
+
+import sys
+
+from trainer.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""The `tandem` command (also ``python -m trainer``): run any experiment from YAML.
+
+    tandem fit --config examples/configs/digits.yaml trainer.strategy=ddp trainer.devices=2 task.lr=0.05
+    tandem fit --config runs/digits/logs/version_0/config.yaml --ckpt-path last     # resume that run
+    tandem validate --config examples/configs/digits.yaml --ckpt-path runs/.../last.ckpt
+    tandem fit --config examples/configs/digits.yaml --print-config                 # show, do not run
+
+Options come from the config files (merged in order), then the ``key=value`` overrides, which win.
+A mistake in the config exits with status 2 and a one-line message (``--debug`` adds the traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from trainer.errors import ConfigError, TandemError, choose
+
+COMMANDS = ("fit", "validate", "test", "predict")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tandem",
+        description="Run a Tandem experiment from YAML config files and key=value overrides.",
+        epilog="Example: tandem fit --config examples/configs/digits.yaml trainer.max_epochs=3 task.lr=0.05. "
+        "Sections and options: docs/configuration.md.",
+    )
+    p.add_argument("command", nargs="?", metavar="{fit,validate,test,predict}", help="what to run")
+    p.add_argument(
+        "-c",
+        "--config",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a YAML config; repeat to merge several (later files win)",
+    )
+    p.add_argument(
+        "--ckpt-path",
+        "--ckpt_path",
+        dest="ckpt_path",
+        metavar="P",
+        help="checkpoint to resume (fit) or to evaluate; 'last' is this experiment's newest last.ckpt",
+    )
+    p.add_argument(
+        "--print-config",
+        "--print_config",
+        dest="print_config",
+        action="store_true",
+        help="print the resolved config as YAML and exit",
+    )
+    p.add_argument("--debug", action="store_true", help="show the full traceback of configuration errors")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. trainer.max_epochs=3 task.lr=0.05")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `tandem` and `python -m trainer`; returns the exit status."""
+    parser = _parser()
+    args = parser.parse_intermixed_args(argv)
+    if args.command is None:
+        parser.error("say what to run: fit, validate, test or predict")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as with `python -m`: _target_ may name modules of this directory
+    try:
+        return _run(args)
+    except TandemError as e:
+        if args.debug:
+            raise
+        world = os.environ.get("WORLD_SIZE", "1")
+        where = f" (rank {os.environ.get('RANK')})" if world.isdigit() and int(world) > 1 else ""
+        print(f"tandem: error{where}: {e}", file=sys.stderr)
+        cause = e.__cause__
+        if cause is not None and type(cause).__module__.split(".")[0] not in ("trainer", "omegaconf", "yaml"):
+            print("tandem: (run with --debug to see where it failed)", file=sys.stderr)
+        return 2 if isinstance(e, ConfigError) else 1
+    except KeyboardInterrupt:
+        print("tandem: interrupted", file=sys.stderr)
+        return 130
+
+
+def _run(args: argparse.Namespace) -> int:
+    from trainer import config
+
+    choose("command", args.command, COMMANDS)
+    if args.print_config:
+        print(config.to_yaml(config.resolve(args.config, args.overrides)), end="")
+        return 0
+    if not args.config and not args.overrides:
+        raise ConfigError(
+            f"tandem {args.command} needs --config FILE (or key=value options); see tandem --help"
+        )
+    run = config.build(args.config, args.overrides, with_task=False)
+    if run.config["task"] is None:
+        raise ConfigError("the config has no task section; add task: {_target_: your.module.YourTask, ...}")
+
+    def body() -> Any:  # in this process, or in each worker a multi-process strategy starts
+        config.build_task(run)
+        method = getattr(run.trainer, args.command)
+        return method(run.task, datamodule=run.datamodule, ckpt_path=args.ckpt_path)
+
+    # A launcher process (ddp with devices > 1) exits in launch() once its workers are done, so it never
+    # builds the task or the data: each worker does. Inside body, fit() calls launch() again, which in a
+    # worker (or a single process) just runs its function.
+    result = run.trainer.strategy.launch(body)
+    if run.trainer.is_global_zero:
+        _report(args.command, result, run.trainer)
+    return 0
+
+
+def _report(command: str, result: Any, trainer: Any) -> None:
+    if command in ("validate", "test") and result:
+        for i, metrics in enumerate(result):
+            title = f"{command} results" + (f" (dataloader {i})" if len(result) > 1 else "")
+            width = max([len(k) for k in metrics] + [len(title)])
+            print(title)
+            for key, value in sorted(metrics.items()):
+                print(f"  {key:<{width}}  {value:.6g}")
+    elif command == "predict":
+        print(f"predict: {len(result or [])} batches of predictions")
+    elif command == "fit":
+        print(f"run directory: {trainer.log_dir}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
