@@ -15,6 +15,7 @@ from trainer.errors import ConfigError, choose
 # name -> "module:Class"; imported on demand so that `import trainer` stays fast.
 STRATEGIES: dict[str, str] = {
     "single": "strategies.single:SingleDeviceStrategy",
+    "dp": "strategies.data_parallel:DataParallelStrategy",
     "ddp": "strategies.ddp:DDPStrategy",
     "ddp_accumulate": "strategies.ddp:DDPStrategy",  # config alias: use with accumulate_grad_batches=k
 }
@@ -34,6 +35,13 @@ def resolve_strategy(strategy: Any, accelerator: str, devices: Any, precision: A
     """Turn Trainer(strategy=..., devices=...) into a Strategy instance."""
     if isinstance(strategy, Strategy):
         strategy.precision = Precision(precision)
+        # Trainer(devices=..., accelerator=..., num_nodes=...) wins over the instance's defaults
+        if devices != "auto" and hasattr(strategy, "devices"):
+            strategy.devices = devices
+        if accelerator != "auto":
+            strategy.accelerator = accelerator
+        if kwargs.get("num_nodes", 1) != 1 and hasattr(strategy, "num_nodes"):
+            strategy.num_nodes = kwargs["num_nodes"]
         return strategy
     if not isinstance(strategy, str):
         raise ConfigError(f"strategy must be a name or a Strategy instance, got {type(strategy).__name__}")
@@ -47,7 +55,8 @@ def resolve_strategy(strategy: Any, accelerator: str, devices: Any, precision: A
         if devices != 1:
             raise ConfigError(f"strategy='single' runs on one device but devices={devices}; use strategy='ddp' or 'dp'.")
         return SingleDeviceStrategy(accelerator=accelerator, precision=precision)
-    return _load(strategy)(accelerator=accelerator, devices=devices, precision=precision, **kwargs)
+    extra = {k: v for k, v in kwargs.items() if not (k == "num_nodes" and v == 1)}
+    return _load(strategy)(accelerator=accelerator, devices=devices, precision=precision, **extra)
 
 
 __all__ = ["STRATEGIES", "Precision", "SingleDeviceStrategy", "Strategy", "register", "resolve_strategy"]

@@ -84,10 +84,13 @@ class Strategy:
     def training_step(self, task: Task, batch: Any, batch_idx: int) -> Any:
         return task.training_step(batch, batch_idx)
 
-    def eval_step(self, task: Task, hook: str, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
-        """Run validation_step, test_step or predict_step (`hook`)."""
+    def eval_step(
+        self, task: Task, hook: str, batch: Any, batch_idx: int, dataloader_idx: int | None = None
+    ) -> Any:
+        """Run validation_step, test_step or predict_step (`hook`); dataloader_idx is passed (even 0) only
+        when there are several loaders, as in Lightning."""
         fn = getattr(task, hook)
-        return fn(batch, batch_idx, dataloader_idx) if dataloader_idx else fn(batch, batch_idx)
+        return fn(batch, batch_idx) if dataloader_idx is None else fn(batch, batch_idx, dataloader_idx)
 
     def backward(self, loss: torch.Tensor) -> None:
         self.precision.backward(loss)
@@ -112,6 +115,21 @@ class Strategy:
             clip_gradients(optimizer, clip_val, clip_algorithm)
         return self.precision.step(optimizer, closure)
 
+    # ----- agreement between ranks (trivial on one process) -------------------------------------
+    stop_check_interval = 1  # optimizer steps between checks of a stop request (SIGINT/SIGTERM)
+
+    def agree_num_batches(self, n: int | float) -> int | float:
+        """The number of batches every rank runs this epoch."""
+        return n
+
+    def join(self, has_batch: bool) -> bool:
+        """True while every rank still has a batch."""
+        return has_batch
+
+    def any_rank(self, flag: bool) -> bool:
+        """True if the flag is set on any rank."""
+        return flag
+
     # ----- collectives (identity on one process) ------------------------------------------------
     def reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
         return tensor
@@ -125,6 +143,10 @@ class Strategy:
 
     def barrier(self, name: str | None = None) -> None:
         pass
+
+    def gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order (picklable objects)."""
+        return [obj]
 
     def state_dict(self) -> dict[str, Any]:
         return {"precision": self.precision.state_dict()}

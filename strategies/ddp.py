@@ -17,13 +17,35 @@ from strategies.base import Strategy
 from strategies.precision import Precision
 from strategies.single import pick_device
 from trainer.data import rebuild, rebuildable
-from trainer.errors import ConfigError, choose
+from trainer.errors import ConfigError, DistributedError, choose
 
 if TYPE_CHECKING:
     from strategies.reducer import Reducer
     from trainer.task import Task
 
 _OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+
+def _attempt_store(timeout: datetime.timedelta) -> dist.Store | None:
+    """Under torch's elastic agent, a store whose keys are private to this restart attempt.
+
+    The agent's store outlives a restart, and a restarted rank could otherwise read the previous attempt's
+    process-group addresses and try to connect to a dead peer (seen here as "Connection refused" in
+    Gloo connectFullMesh after a SIGKILL). None outside the agent: init_process_group's env:// is fine.
+    """
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None:
+        return None
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        int(os.environ["WORLD_SIZE"]),
+        is_master=not agent_store and os.environ.get("RANK") == "0",
+        timeout=timeout,
+        multi_tenant=not agent_store,
+    )
+    return dist.PrefixStore(f"tandem/attempt_{attempt}", store)
 
 
 class ShardSampler(Sampler[int]):
@@ -78,6 +100,9 @@ class DDPStrategy(Strategy):
         self.backend, self.timeout_s, self.max_restarts = process_group_backend, timeout_s, max_restarts
         self.reducer: Reducer | None = None
         self._syncing = True
+        self._synced_backward = False  # the last backward ran with the reducer's hooks armed
+        self._step_join = False  # per-step agreement on "every rank still has a batch" (unknown lengths)
+        self.stop_check_interval = 10  # optimizer steps between agreements on a stop request (SIGTERM)
 
     # ----- where we are -------------------------------------------------------------------------
     @property
@@ -118,7 +143,13 @@ class DDPStrategy(Strategy):
         self._root_device = device
         if not dist.is_initialized():
             backend = self.backend or ("nccl" if device.type == "cuda" else "gloo")
-            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=self.timeout_s))
+            timeout = datetime.timedelta(seconds=self.timeout_s)
+            store = _attempt_store(timeout)
+            if store is None:
+                dist.init_process_group(backend, timeout=timeout)
+            else:
+                dist.init_process_group(backend, store=store, rank=self.global_rank, world_size=self.world_size,
+                                        timeout=timeout)
 
     def setup(self, task: Task) -> None:
         from strategies.reducer import Reducer
@@ -164,7 +195,7 @@ class DDPStrategy(Strategy):
     # ----- steps --------------------------------------------------------------------------------
     def training_step(self, task: Task, batch: Any, batch_idx: int) -> Any:
         if self.broadcast_buffers and self.reducer is not None:
-            self.reducer.sync_buffers()
+            self._collective("buffer broadcast", self.reducer.sync_buffers)
         return task.training_step(batch, batch_idx)
 
     def no_sync(self, enabled: bool = True) -> contextlib.AbstractContextManager[Any]:
@@ -185,30 +216,94 @@ class DDPStrategy(Strategy):
     def backward(self, loss: torch.Tensor) -> None:
         if self.reducer is not None and self._syncing:
             self.reducer.prepare_for_backward(loss)
+        self._synced_backward = self._syncing
         self.precision.backward(loss)
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
         if self.reducer is not None:
-            self.reducer.finalize()  # wait for the buckets still in flight and average
+            if self._synced_backward:  # wait for the buckets still in flight and average
+                self._collective("gradient all-reduce", self.reducer.finalize)
+            else:  # the data ended inside an accumulation window whose last backward skipped sync
+                self._collective("gradient all-reduce", self._average_grads_now)
+            self._synced_backward = False
         return super().optimizer_step(optimizer, *args, **kwargs)
+
+    def _average_grads_now(self) -> None:
+        """Average the locally accumulated gradients in one flat all-reduce (end of an unknown-length epoch)."""
+        assert self.reducer is not None
+        params = [p for p in self.reducer.params if p.grad is not None]
+        if not params:
+            return
+        flat = torch.cat([p.grad.reshape(-1).to(torch.float64) for p in params])
+        dist.all_reduce(flat)
+        flat /= self.world_size
+        offset = 0
+        for p in params:
+            n = p.grad.numel()
+            p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
+            offset += n
+
+    # ----- agreement between ranks --------------------------------------------------------------
+    def agree_num_batches(self, n: int | float) -> int | float:
+        """Every rank runs the shortest rank's epoch (one all-gather per epoch), so uneven loaders
+        cannot leave a rank waiting in a collective; with an unknown length (an IterableDataset) the
+        ranks agree batch by batch instead (see `join`)."""
+        unknown = -1
+        mine = torch.tensor([unknown if n == float("inf") else int(n)], dtype=torch.int64)
+        lengths = self.all_gather(mine).view(-1).tolist()
+        self._step_join = unknown in lengths
+        known = [v for v in lengths if v != unknown]
+        return min(known) if known else float("inf")
+
+    def join(self, has_batch: bool) -> bool:
+        """True while every rank still has a batch; a 1-element all-reduce per step, only for unknown lengths."""
+        if not self._step_join:
+            return has_batch
+        flag = torch.tensor([1 if has_batch else 0], dtype=torch.int32)
+        self._collective("join all-reduce", dist.all_reduce, flag, dist.ReduceOp.MIN)
+        return bool(flag.item())
+
+    def any_rank(self, flag: bool) -> bool:
+        flag_t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        self._collective("stop-request all-reduce", dist.all_reduce, flag_t, dist.ReduceOp.MAX)
+        return bool(flag_t.item())
+
+    def _collective(self, op: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a collective; a timeout becomes a DistributedError naming this rank and the operation."""
+        try:
+            return fn(*args)
+        except RuntimeError as e:
+            text = str(e).lower()
+            if "timed out" in text or "timeout" in text or "connection closed" in text or "pair closure" in text:
+                raise DistributedError(
+                    f"rank {self.global_rank}/{self.world_size}: {op} did not complete within timeout_s="
+                    f"{self.timeout_s:g}s ({e}). Another rank has probably failed or is stuck: look at its "
+                    "output; raise DDPStrategy(timeout_s=...) if its steps are legitimately this slow."
+                ) from e
+            raise
 
     # ----- collectives --------------------------------------------------------------------------
     def reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
         choose("reduce op", op, tuple(_OPS))
         out = tensor.detach().clone()
-        dist.all_reduce(out, op=_OPS[op])
+        self._collective(f"{op} all-reduce", dist.all_reduce, out, _OPS[op])
         return out / self.world_size if op == "mean" else out
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        dist.all_gather(parts, tensor.contiguous())
+        self._collective("all-gather", dist.all_gather, parts, tensor.contiguous())
         return torch.stack(parts)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         box = [obj]
-        dist.broadcast_object_list(box, src=src)
+        self._collective("broadcast", dist.broadcast_object_list, box, src)
         return box[0]
+
+    def gather_object(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self.world_size
+        self._collective("object all-gather", dist.all_gather_object, out, obj)
+        return out
 
     def barrier(self, name: str | None = None) -> None:
         if dist.is_initialized():
-            dist.barrier()
+            self._collective(f"barrier{f' ({name})' if name else ''}", dist.barrier)

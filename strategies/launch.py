@@ -68,6 +68,7 @@ def _command() -> list[str]:
 
 def relaunch(nprocs: int, max_restarts: int = 0) -> NoReturn:
     """Run this command as `nprocs` workers on this machine; exit with their status."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -87,6 +88,9 @@ def relaunch(nprocs: int, max_restarts: int = 0) -> NoReturn:
     )
     try:
         elastic_launch(config, sys.executable)(*_command())
+    except SignalException as e:  # this launcher was signalled; the workers got it too and checkpointed
+        print(f"[tandem] launcher received {e.sigval.name}; workers stopped.", file=sys.stderr)
+        sys.exit(128 + int(e.sigval))
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
         print(

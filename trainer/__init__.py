@@ -21,11 +21,11 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:
-    from trainer.datamodule import DataModule
-    from trainer.errors import TandemError
-    from trainer.seed import seed_everything
-    from trainer.task import Task
-    from trainer.trainer import Trainer
+    from trainer.datamodule import DataModule  # noqa: F401
+    from trainer.errors import TandemError  # noqa: F401
+    from trainer.seed import seed_everything  # noqa: F401
+    from trainer.task import Task  # noqa: F401
+    from trainer.trainer import Trainer  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

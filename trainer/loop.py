@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from itertools import islice
+import re
+from itertools import count, islice
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -14,6 +15,8 @@ from trainer.seed import get_rng_state, set_rng_state
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
+
+_END = object()  # the epoch's iterator is exhausted
 
 
 def fit(trainer: Trainer) -> None:
@@ -41,14 +44,20 @@ def fit(trainer: Trainer) -> None:
 
 def _done(t: Trainer) -> bool:
     cfg = t.config
+    return _max_steps_reached(t) or (cfg.max_epochs != -1 and t.current_epoch >= cfg.max_epochs) or _stop_requested(t)
+
+
+def _max_steps_reached(t: Trainer) -> bool:
+    return t.config.max_steps != -1 and t.global_step >= t.config.max_steps
+
+
+def _stop_requested(t: Trainer) -> bool:
+    """should_stop counts only once min_epochs and min_steps are reached (as in Lightning)."""
+    cfg = t.config
     min_ok = (cfg.min_epochs is None or t.current_epoch >= cfg.min_epochs) and (
         cfg.min_steps is None or t.global_step >= cfg.min_steps
     )
-    return (
-        (cfg.max_steps != -1 and t.global_step >= cfg.max_steps)
-        or (cfg.max_epochs != -1 and t.current_epoch >= cfg.max_epochs)
-        or (t.should_stop and min_ok)
-    )
+    return t.should_stop and min_ok
 
 
 def train_epoch(trainer: Trainer) -> None:
@@ -57,28 +66,40 @@ def train_epoch(trainer: Trainer) -> None:
     assert task is not None
     k, n = cfg.accumulate_grad_batches, t.num_training_batches
     optimizer = t.optimizers[0] if task.automatic_optimization else None
-    val_every = _val_check_batches(t)
+    val_every = _val_check_batches(t) if _should_validate(t) else 0  # check_val_every_n_epoch gates it too
     set_epoch(t.train_dataloader, t.current_epoch)
     task.train()
     t._metrics.reset("train")
     t._call("on_train_epoch_start")
     batches, start = _epoch_iterator(t)
-    for batch_idx, batch in enumerate(batches, start=start):
-        if batch_idx >= n:
+    if t.val_pending:  # resumed from a checkpoint written just before a mid-epoch validation: run it now
+        t.val_pending = False
+        run_eval(t, "val")
+    n = strategy.agree_num_batches(n)  # uneven ranks: everyone runs the shortest epoch
+    checked = t.global_step
+    for batch_idx in range(start, n) if n != float("inf") else count(start):
+        batch = next(batches, _END)
+        if not strategy.join(batch is not _END):  # some rank is out of data (unknown lengths only)
             break
         batch = strategy.batch_to_device(batch)
         t._metrics.set_batch(batch)
         if t._call("on_train_batch_start", batch, batch_idx) == -1:
+            if optimizer is not None:  # drop a cut-short window's gradients, or they leak into the next step
+                optimizer.zero_grad(set_to_none=True)
             break
         if optimizer is not None:
             boundary = (batch_idx + 1) % k == 0 or batch_idx + 1 == n
+            # the epoch's last window may hold fewer than k micro-batches: average over those it has,
+            # so that k micro-batches of b always equal one batch of k*b (the last one smaller too)
+            window = min(k, n - (batch_idx - batch_idx % k))
             with strategy.no_sync(enabled=not boundary):
                 with strategy.precision.autocast():
                     out = strategy.training_step(task, batch, batch_idx)
                 loss = _loss_of(out)
-                t._call("on_before_backward", loss)
-                strategy.backward(loss / k if k > 1 else loss)
-                t._call("on_after_backward")
+                if cfg.detect_nonfinite == "off" or not _nonfinite(t, loss, batch_idx):
+                    t._call("on_before_backward", loss)
+                    strategy.backward(loss / window if window > 1 else loss)
+                    t._call("on_after_backward")
             if boundary:
                 t._optimizer_step(optimizer)
                 t._call("on_before_zero_grad", optimizer)
@@ -89,14 +110,23 @@ def train_epoch(trainer: Trainer) -> None:
             with strategy.precision.autocast():
                 out = strategy.training_step(task, batch, batch_idx)
         t.batch_in_epoch = batch_idx + 1
+        validate_now = bool(val_every) and (batch_idx + 1) % val_every == 0 and batch_idx + 1 != n
+        t.val_pending = validate_now  # a checkpoint written in on_train_batch_end records the due validation
         t._call("on_train_batch_end", out, batch, batch_idx)
         if t.global_step % cfg.log_every_n_steps == 0 and t.global_step != t._last_logged_step:
             t._last_logged_step = t.global_step
             t._log(t._metrics.step_metrics())
-        if val_every and (batch_idx + 1) % val_every == 0 and batch_idx + 1 != n:
+        if validate_now:
+            t.val_pending = False
             run_eval(t, "val")
-        if t.should_stop or (cfg.max_steps != -1 and t.global_step >= cfg.max_steps):
+        if t.global_step != checked and t.global_step % strategy.stop_check_interval == 0:
+            checked = t.global_step  # ranks agree on a stop request once per so many optimizer steps
+            if strategy.any_rank(t.stop_signal is not None):
+                _stop_on_signal(t)
+        if (_stop_requested(t) or _max_steps_reached(t)) and batch_idx + 1 < n:
             return  # stopped mid-epoch: the epoch is not finished, resume continues it
+    if optimizer is not None and t.batch_in_epoch % k and n == float("inf"):
+        _step_partial_window(t, optimizer)  # an unknown-length epoch ended inside an accumulation window
     t.epoch_finished = True
     if _should_validate(t):
         run_eval(t, "val")
@@ -105,9 +135,49 @@ def train_epoch(trainer: Trainer) -> None:
     t._log(t._metrics.epoch_end())  # so that checkpointing and early stopping see this epoch's aggregates
     t._call("on_train_epoch_end", monitoring=True)
     t._metrics.in_epoch_hook = False
-    step_schedulers(t, "epoch")
+    if task.automatic_optimization:  # under manual optimization the task steps its schedulers itself
+        step_schedulers(t, "epoch")
     t.current_epoch += 1
     t.batch_in_epoch, t.epoch_finished = 0, False
+
+
+def _step_partial_window(t: Trainer, optimizer: torch.optim.Optimizer) -> None:
+    """Step on the micro-batches of a window the data cut short (their backward did not synchronize)."""
+    t._optimizer_step(optimizer)
+    t._call("on_before_zero_grad", optimizer)
+    optimizer.zero_grad(set_to_none=True)
+    t.global_step += 1
+    step_schedulers(t, "step")
+
+
+def _nonfinite(t: Trainer, loss: torch.Tensor, batch_idx: int) -> bool:
+    """detect_nonfinite: True to skip this micro-batch's backward; raises under "raise". Costs a host sync
+    (and, with several ranks, a 1-element all-reduce so that every rank skips the same step)."""
+    bad = t.strategy.any_rank(not bool(torch.isfinite(loss.detach())))
+    if bad and t.config.detect_nonfinite == "raise":
+        raise TaskError(
+            f"training loss is {loss.item()} at global step {t.global_step} (epoch {t.current_epoch}, batch "
+            f"{batch_idx}) on rank {t.global_rank} or another rank; lower the learning rate, clip gradients, or "
+            "pass detect_nonfinite='skip' to skip such batches."
+        )
+    return bad
+
+
+def _stop_on_signal(t: Trainer) -> None:
+    """SIGINT/SIGTERM reached a rank: every rank saves one checkpoint together, then exits 128+signal."""
+    import signal
+    import sys
+
+    signum = t.stop_signal or signal.SIGTERM
+    where = ""
+    if t.config.enable_checkpointing:
+        path = t._stop_checkpoint_path()
+        t.save_checkpoint(path)
+        where = f"; checkpoint saved to {path}"
+    if t.is_global_zero:
+        print(f"[tandem] stopping at global step {t.global_step} after {signal.Signals(signum).name}{where}",
+              file=sys.stderr, flush=True)
+    raise SystemExit(128 + int(signum))
 
 
 def _epoch_iterator(t: Trainer) -> tuple[Any, int]:
@@ -133,6 +203,11 @@ def _epoch_iterator(t: Trainer) -> tuple[Any, int]:
     set_rng_state(t._resume_rng)
     t._resume_rng = None
     return it, skip
+
+
+def _remaining(n: int | float, start: int) -> int | None:
+    """How many more batches to take from an iterator positioned at batch `start` (None: all of them)."""
+    return None if n == float("inf") else max(int(n) - start, 0)
 
 
 def _loss_of(out: Any) -> torch.Tensor:
@@ -189,14 +264,14 @@ def run_eval(t: Trainer, stage: str, limit: int | None = None) -> list[dict[str,
             extra = (dl_idx,) if multi else ()
             outputs: list[Any] = []
             n = n if limit is None else min(n, limit)
-            for batch_idx, batch in enumerate(loader):
-                if batch_idx >= n:
-                    break
+            if n == 0:
+                continue
+            for batch_idx, batch in enumerate(islice(loader, _remaining(n, 0))):
                 batch = strategy.batch_to_device(batch)
                 t._metrics.set_batch(batch)
                 t._call(f"on_{hook_stage}_batch_start", batch, batch_idx, *extra)
                 with strategy.precision.autocast():
-                    out = strategy.eval_step(task, step_name, batch, batch_idx, dl_idx if multi else 0)
+                    out = strategy.eval_step(task, step_name, batch, batch_idx, dl_idx if multi else None)
                 if stage == "predict":
                     outputs.append(out)
                 t._call(f"on_{hook_stage}_batch_end", out, batch, batch_idx, *extra)
@@ -208,13 +283,24 @@ def run_eval(t: Trainer, stage: str, limit: int | None = None) -> list[dict[str,
     t._metrics.in_epoch_hook = False
     if not t.sanity_checking:
         t._log(logged)
-        results = [{k: float(v) for k, v in logged.items()}]
+        results = _per_loader({k: float(v) for k, v in logged.items()}, len(loaders))
     t._call(f"on_{hook_stage}_end")
     task.train(was_training)
     t._metrics.switch("train")
     if stage == "predict":
         return predictions[0] if len(predictions) == 1 else predictions  # type: ignore[return-value]
     return results
+
+
+def _per_loader(values: dict[str, float], n_loaders: int) -> list[dict[str, float]]:
+    """One dict per loader (Lightning's result shape): its own '/dataloader_idx_i' metrics plus the shared ones."""
+    if n_loaders <= 1:
+        return [values]
+    owner = {k: re.search(r"/dataloader_idx_(\d+)", k) for k in values}
+    return [
+        {k: v for k, v in values.items() if owner[k] is None or int(owner[k].group(1)) == i}  # type: ignore[union-attr]
+        for i in range(n_loaders)
+    ]
 
 
 def evaluate(trainer: Trainer, stage: str) -> Any:

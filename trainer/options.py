@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -24,6 +25,7 @@ class TrainerConfig:
     min_epochs: Any = None
     max_steps: int = -1  # optimizer steps; -1 means no limit
     min_steps: Any = None
+    max_time: Any = None  # "DD:HH:MM:SS", a timedelta, a dict or seconds: stop training after it (a Timer)
     limit_train_batches: Any = 1.0  # int: batches per epoch; float: fraction of the loader
     limit_val_batches: Any = 1.0
     limit_test_batches: Any = 1.0
@@ -41,6 +43,8 @@ class TrainerConfig:
     deterministic: Any = None  # True, False, "warn" or None (leave torch's setting)
     use_distributed_sampler: bool = True  # inject a DistributedSampler into loaders under ddp
     default_root_dir: Any = None  # where logs and checkpoints go (default: the working directory)
+    resume: Any = None  # "auto": continue from the newest last.ckpt of this run directory, if there is one
+    detect_nonfinite: str = "off"  # "raise", "skip" or "off": what a NaN/inf training loss does (checks sync)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -105,6 +109,28 @@ class TrainerConfig:
             isinstance(self.fast_dev_run, bool) or (is_int(self.fast_dev_run) and self.fast_dev_run >= 0),
             f"fast_dev_run must be a bool or an int >= 0, got {self.fast_dev_run!r}",
         )
+        # the options below also arrive from YAML files and CLI overrides (trainer/config.py), so their
+        # types are checked here too: a typo like enable_checkpointing=flase must not read as True
+        check(
+            isinstance(self.accelerator, str),
+            f"accelerator must be a string ('auto', 'cpu', 'cuda', 'gpu', 'mps'), got {self.accelerator!r}",
+        )
+        if isinstance(self.accelerator, str):
+            choose("accelerator", self.accelerator, ("auto", "cpu", "cuda", "gpu", "mps"))
+        bools = ("enable_checkpointing", "enable_progress_bar", "enable_model_summary")
+        for name in (*bools, "use_distributed_sampler"):
+            v = getattr(self, name)
+            check(isinstance(v, bool), f"{name} must be true or false, got {v!r}")
+        for name in ("min_epochs", "min_steps"):
+            v = getattr(self, name)
+            check(v is None or (is_int(v) and v >= 0), f"{name} must be an int >= 0 or None, got {v!r}")
+        check(
+            self.default_root_dir is None or isinstance(self.default_root_dir, (str, os.PathLike)),
+            f"default_root_dir must be a path (a string) or None, got {self.default_root_dir!r}",
+        )
+
+        check(self.resume in (None, "auto"), f"resume must be None or 'auto', got {self.resume!r}")
+        choose("detect_nonfinite", str(self.detect_nonfinite), ("off", "raise", "skip"))
 
     @classmethod
     def names(cls) -> list[str]:

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import functools
+import glob
 import os
+import signal
+import sys
+import threading
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -17,9 +22,9 @@ from trainer import loop
 from trainer.data import num_batches, with_worker_seeding
 from trainer.datamodule import DataModule
 from trainer.errors import CheckpointError, ConfigError, TaskError
-from trainer.loggers import Logger, TensorBoardLogger
+from trainer.loggers import Logger, TensorBoardLogger, align_versions
 from trainer.metrics import MetricStore
-from trainer.optim import SchedulerConfig, TaskOptimizer, parse_optimizers
+from trainer.optim import SchedulerConfig, TaskOptimizer, needs_closure, parse_optimizers, step_schedulers
 from trainer.options import TrainerConfig
 from trainer.seed import get_rng_state
 from trainer.task import Task
@@ -30,6 +35,16 @@ class Trainer:
 
     Keyword names and meanings follow PyTorch Lightning 2.x; see trainer/options.py for the full list.
     """
+
+    #: the whole resolved run config (every section) when built from a config (trainer/config.py), else None
+    resolved_config: dict[str, Any] | None = None
+
+    @classmethod
+    def from_config(cls, config: Any, overrides: list[str] | tuple[str, ...] = ()) -> Trainer:
+        """Build from a YAML path, dict or DictConfig plus key=value overrides; see trainer/config.py."""
+        from trainer.config import trainer_from_config  # omegaconf is imported only when configs are used
+
+        return trainer_from_config(config, overrides, cls)
 
     def __init__(
         self,
@@ -46,6 +61,7 @@ class Trainer:
         min_epochs: int | None = None,
         max_steps: int = -1,
         min_steps: int | None = None,
+        max_time: Any = None,
         limit_train_batches: int | float = 1.0,
         limit_val_batches: int | float = 1.0,
         limit_test_batches: int | float = 1.0,
@@ -63,6 +79,8 @@ class Trainer:
         deterministic: bool | str | None = None,
         use_distributed_sampler: bool = True,
         default_root_dir: str | None = None,
+        resume: str | None = None,
+        detect_nonfinite: str = "off",
     ) -> None:
         args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self.config = cfg = TrainerConfig(**args)
@@ -75,7 +93,9 @@ class Trainer:
         if cfg.max_epochs is None:
             cfg.max_epochs = 1000 if cfg.max_steps == -1 else -1
         self.default_root_dir = os.path.abspath(cfg.default_root_dir or os.getcwd())
-        self.strategy = resolve_strategy(cfg.strategy, cfg.accelerator, cfg.devices, cfg.precision)
+        self.strategy = resolve_strategy(
+            cfg.strategy, cfg.accelerator, cfg.devices, cfg.precision, num_nodes=cfg.num_nodes
+        )
         self.strategy.use_distributed_sampler = cfg.use_distributed_sampler
         self.precision = self.strategy.precision
         self.loggers: list[Logger] = self._make_loggers(cfg.logger)
@@ -93,10 +113,12 @@ class Trainer:
         self.global_step = 0
         self.batch_in_epoch = 0  # batches of the current epoch already consumed
         self.epoch_finished = False  # the current epoch's training batches are exhausted
+        self.val_pending = False  # a mid-epoch validation is due after the current batch
         self.epoch_start_rng: dict[str, Any] | None = None
         self._resume_rng: dict[str, Any] | None = None
         self._last_logged_step = -1
         self.should_stop = False
+        self.stop_signal: int | None = None  # set by SIGINT/SIGTERM during fit
         self.sanity_checking = False
         self.stage: str | None = None
         self.train_dataloader: Any = None
@@ -114,7 +136,7 @@ class Trainer:
         for lg in loggers:
             if not isinstance(lg, Logger):
                 raise ConfigError(f"logger must be True, False, a Logger or a list of Loggers; got {type(lg).__name__}")
-        return loggers
+        return align_versions(loggers)  # loggers sharing a directory share its version_N
 
     def _make_callbacks(self, callbacks: Any) -> list[Callback]:
         cbs = [] if callbacks is None else list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
@@ -225,8 +247,15 @@ class Trainer:
         task._trainer = self
         self._set_deterministic()
         self.strategy.setup_environment()
+        if self.resolved_config is not None:  # built from a config: keep it with the run's logs (rank 0)
+            from trainer.config import write_run_config
+
+            write_run_config(self)
+        handlers = _install_stop_handlers(self) if stage == "fit" else {}
         try:
             self._setup(stage, task, train, evals)
+            if ckpt_path is None and stage == "fit" and self.config.resume == "auto":
+                ckpt_path = self.strategy.broadcast(self._find_last_checkpoint())  # every rank loads the same
             if ckpt_path is not None:
                 self._restore(ckpt_path, stage)
             if stage == "fit":
@@ -238,6 +267,8 @@ class Trainer:
             self._finalize_loggers("failed")
             raise
         finally:
+            for signum, previous in handlers.items():
+                signal.signal(signum, previous)
             self._call("teardown", stage)
             if self.datamodule is not None:
                 self.datamodule.teardown(stage)
@@ -302,6 +333,14 @@ class Trainer:
         if task.automatic_optimization and len(self.optimizers) > 1:
             raise TaskError("automatic optimization supports one optimizer; for several set "
                             "self.automatic_optimization = False and step them in training_step.")
+        closure_opts = [type(o).__name__ for o in self.optimizers if needs_closure(o)]
+        if task.automatic_optimization and closure_opts:
+            raise TaskError(f"{closure_opts[0]} needs a closure that re-evaluates the loss; set "
+                            "self.automatic_optimization = False and call self.optimizers().step(closure) "
+                            "in training_step.")
+        if not task.automatic_optimization and self.config.accumulate_grad_batches > 1:
+            raise TaskError("accumulate_grad_batches applies to automatic optimization only; with "
+                            "self.automatic_optimization = False step the optimizer every k batches yourself.")
         self._task_optimizers = [TaskOptimizer(o, self) for o in self.optimizers]
 
     # ----- hooks ---------------------------------------------------------------------------------
@@ -373,6 +412,7 @@ class Trainer:
             "task_class": f"{type(task).__module__}.{type(task).__qualname__}",
             "state_dict": task.state_dict(),
             "hyper_parameters": dict(task.hparams),
+            "config": self.resolved_config,  # the run config that built this trainer (trainer/config.py)
             "epoch": self.current_epoch,
             "global_step": self.global_step,
         }
@@ -386,9 +426,12 @@ class Trainer:
                     "global_step": self.global_step,
                     "batch_in_epoch": self.batch_in_epoch,
                     "epoch_finished": self.epoch_finished,
-                    "epoch_start_rng": self.epoch_start_rng,
+                    "val_pending": self.val_pending,
+                    # what a ReduceLROnPlateau needs when resuming from inside an epoch's end
+                    "callback_metrics": {k: v.detach().cpu() for k, v in self.callback_metrics.items()},
+                    "epoch_start_rng": self.strategy.gather_object(self.epoch_start_rng),
                 },
-                rng=get_rng_state(),
+                rng=self.strategy.gather_object(get_rng_state()),  # every rank's, so each resumes its own
                 callbacks={cb.state_key: cb.state_dict() for cb in self.callbacks},
             )
             if self.datamodule is not None:
@@ -398,7 +441,32 @@ class Trainer:
             ckpt_io.atomic_save(ckpt, path)
         self.strategy.barrier("save_checkpoint")
 
+    def _find_last_checkpoint(self) -> str | None:
+        """For resume='auto': the checkpoint callbacks' last file, else the newest last.ckpt under
+        default_root_dir (log versions change between restarts), else None for a fresh start."""
+        for cb in self.checkpoint_callbacks:
+            last = cb.last_checkpoint_path()
+            if last and os.path.isfile(last):
+                return last
+        found = glob.glob(os.path.join(self.default_root_dir, "**", "last.ckpt"), recursive=True)
+        return max(found, key=os.path.getmtime) if found else None
+
+    def _stop_checkpoint_path(self) -> str:
+        """Where a SIGINT/SIGTERM stop writes: the checkpoint callback's last.ckpt, or <root>/checkpoints."""
+        for cb in self.checkpoint_callbacks:
+            dirpath = getattr(cb, "dirpath", None)
+            if dirpath:
+                return os.path.join(dirpath, "last.ckpt")
+        return os.path.join(self.default_root_dir, "checkpoints", "last.ckpt")
+
     def _resolve_ckpt_path(self, path: str) -> str:
+        if path == "best":  # Lightning's shorthand: the best model of the checkpoint callback
+            for cb in self.checkpoint_callbacks:
+                best = getattr(cb, "best_model_path", "")
+                if best and os.path.isfile(best):
+                    return best
+            raise CheckpointError("ckpt_path='best' found no best checkpoint; enable ModelCheckpoint(monitor=...) "
+                                  "in this Trainer's fit, or pass a file path.")
         if path != "last":
             return path
         for cb in self.checkpoint_callbacks:
@@ -427,8 +495,15 @@ class Trainer:
             lp = ckpt["loop"]
             self.current_epoch, self.global_step = lp["epoch"], lp["global_step"]
             self.batch_in_epoch, self.epoch_finished = lp["batch_in_epoch"], lp["epoch_finished"]
-            self.epoch_start_rng, self._resume_rng = lp["epoch_start_rng"], ckpt["rng"]
-            if self.epoch_finished:  # resume at the start of the next epoch
+            self.val_pending = lp.get("val_pending", False)
+            self.epoch_start_rng = _own(lp["epoch_start_rng"], self.global_rank)
+            self._resume_rng = _own(ckpt["rng"], self.global_rank)
+            if self.epoch_finished:  # saved during the epoch's end, before its schedulers stepped: finish it
+                if task.automatic_optimization:
+                    self._metrics.callback_metrics.update(lp.get("callback_metrics", {}))
+                    with warnings.catch_warnings():  # the fresh optimizer has not stepped yet; this is no misuse
+                        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+                        step_schedulers(self, "epoch")
                 self.current_epoch, self.batch_in_epoch, self.epoch_finished = self.current_epoch + 1, 0, False
             for cb in self.callbacks:
                 if cb.state_key in ckpt.get("callbacks", {}):
@@ -441,4 +516,30 @@ class Trainer:
         """print() on global rank 0 only."""
         if self.is_global_zero:
             print(*args, **kwargs)
+
+
+def _own(states: Any, rank: int) -> Any:
+    """This rank's entry of a per-rank list saved in a checkpoint (older or 1-process files hold one state)."""
+    if isinstance(states, list):
+        return states[rank] if rank < len(states) else states[0]
+    return states
+
+
+def _install_stop_handlers(trainer: Trainer) -> dict[int, Any]:
+    """SIGINT/SIGTERM ask the loop to stop at the next agreed step (checkpoint first); a second one forces."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def handler(signum: int, frame: Any) -> None:
+        if trainer.stop_signal is not None:  # asked twice: stop now
+            raise KeyboardInterrupt
+        trainer.stop_signal = signum
+        print(f"[tandem] rank {trainer.global_rank} received {signal.Signals(signum).name}: stopping at the next "
+              "step boundary (send it again to stop at once)", file=sys.stderr, flush=True)
+
+    previous = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        previous[signum] = signal.getsignal(signum)
+        signal.signal(signum, handler)
+    return previous
 

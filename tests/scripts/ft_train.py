@@ -1,0 +1,98 @@
+"""Fault-tolerance scenarios, run by tests/test_fault_tolerance.py as a user's script:
+
+python ft_train.py OUT ROOT [--kill-rank R --kill-step S] [--max-restarts N] [--sigterm-wait]
+                            [--uneven] [--stall-rank R] [--timeout-s T]
+
+Rank 0 saves the final weights to OUT. Checkpoints go to ROOT/ckpts every 2 steps; resume="auto".
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from callbacks import ModelCheckpoint  # noqa: E402
+from strategies.ddp import DDPStrategy  # noqa: E402
+from trainer import Task, Trainer, seed_everything  # noqa: E402
+
+
+class Net(Task):
+    def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.ReLU(), torch.nn.Dropout(0.3),
+                                       torch.nn.Linear(32, 3))
+        self.args = args
+
+    def training_step(self, batch, batch_idx):
+        a, restart = self.args, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        if self.global_rank == a.kill_rank and self.global_step == a.kill_step and restart == 0:
+            os.kill(os.getpid(), signal.SIGKILL)  # a preempted node: no cleanup, no traceback
+        if self.global_rank == a.stall_rank and self.global_step == 3:
+            time.sleep(3600)  # stuck outside any collective: the others must time out
+        if a.sigterm_wait:
+            if self.global_step == 3 and self.global_rank == 0:
+                print("READY", flush=True)
+            time.sleep(0.05)
+        x, y = batch
+        return F.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+
+class Stream(IterableDataset):
+    """A stream whose length differs by rank: rank 0 yields 10 batches of 4, rank 1 yields 7."""
+
+    def __iter__(self):
+        rank = int(os.environ.get("RANK", 0))
+        g = torch.Generator().manual_seed(rank)
+        for _ in range(40 if rank == 0 else 28):
+            yield torch.randn(6, generator=g), torch.randint(0, 3, (), generator=g)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("out")
+    p.add_argument("root")
+    p.add_argument("--kill-rank", type=int, default=-1)
+    p.add_argument("--kill-step", type=int, default=-1)
+    p.add_argument("--stall-rank", type=int, default=-1)
+    p.add_argument("--max-restarts", type=int, default=0)
+    p.add_argument("--timeout-s", type=float, default=1800)
+    p.add_argument("--sigterm-wait", action="store_true")
+    p.add_argument("--uneven", choices=["", "map", "stream"], default="")
+    p.add_argument("--epochs", type=int, default=3)
+    args = p.parse_args()
+    seed_everything(0)
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(96, 6, generator=g), torch.randint(0, 3, (96,), generator=g))
+    if args.uneven == "map":  # a user's own per-rank split: rank 0 gets 40 samples, rank 1 gets 28
+        rank = int(os.environ.get("RANK", 0))
+        data = torch.utils.data.Subset(data, range(40) if rank == 0 else range(40, 68))
+    loader = (DataLoader(Stream(), batch_size=4) if args.uneven == "stream"
+              else DataLoader(data, batch_size=8, shuffle=True))
+    trainer = Trainer(
+        strategy=DDPStrategy(accelerator="cpu", devices=2, max_restarts=args.max_restarts, timeout_s=args.timeout_s),
+        max_epochs=args.epochs, deterministic=True, resume="auto", default_root_dir=args.root, logger=False,
+        enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=args.uneven == "",
+        callbacks=[ModelCheckpoint(dirpath=os.path.join(args.root, "ckpts"), every_n_train_steps=2,
+                                   save_last=True, save_top_k=0)],
+    )
+    task = Net(args)
+    trainer.fit(task, loader)
+    print(f"rank {trainer.global_rank} finished at step {trainer.global_step}", flush=True)
+    if trainer.is_global_zero:
+        torch.save({k: v.clone() for k, v in task.state_dict().items()}, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""Faults: a rank SIGKILLed mid-epoch under elastic restarts, kills during checkpoint writes, a stuck rank,
+SIGTERM, uneven inputs. Each compares with an uninterrupted run or bounds the time to a clean exit."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from trainer.checkpoint import load
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FT = os.path.join(HERE, "scripts", "ft_train.py")
+WRITER = os.path.join(HERE, "scripts", "ckpt_writer.py")
+
+
+def _env() -> dict[str, str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    return env
+
+
+def _ft(tmp, name: str, *extra: str, timeout: float = 180) -> tuple[subprocess.CompletedProcess[str], str]:
+    out = str(tmp / f"{name}.pt")
+    proc = subprocess.run([sys.executable, FT, out, str(tmp / name), *extra], capture_output=True, text=True,
+                          timeout=timeout, env=_env())
+    return proc, out
+
+
+def test_sigkilled_rank_restarts_and_ends_bit_identical(tmp_path):
+    ref, ref_out = _ft(tmp_path, "ref")
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    run, run_out = _ft(tmp_path, "killed", "--kill-rank", "1", "--kill-step", "5", "--max-restarts", "1")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "Signals.SIGKILL" in run.stderr or "SIGKILL" in run.stderr or "-9" in run.stderr
+    a, b = torch.load(ref_out), torch.load(run_out)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_sigkill_during_checkpoint_write_leaves_a_loadable_file(tmp_path):
+    path = str(tmp_path / "last.ckpt")
+    rng = random.Random(0)
+    generation = 0
+    for _ in range(6):
+        proc = subprocess.Popen([sys.executable, WRITER, path], stdout=subprocess.PIPE, text=True,
+                                env={**_env(), "GENERATION": str(generation)})
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # one generation is complete: the next write is under way
+        assert first.strip()
+        time.sleep(rng.uniform(0.0, 0.25))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        ckpt = load(path)  # raises CheckpointError if the file were torn
+        assert ckpt["generation"] >= int(first)
+        generation = ckpt["generation"] + 1
+    leftovers = [f for f in os.listdir(tmp_path) if f != "last.ckpt"]
+    assert all(f.startswith(".tmp-") for f in leftovers)  # only unfinished temporaries, never a torn file
+
+
+def test_a_plain_torch_save_killed_mid_write_is_torn(tmp_path):
+    """The control for the test above: without the atomic rename a kill does corrupt the file."""
+    path = str(tmp_path / "plain.ckpt")
+    torn = 0
+    for i in range(5):
+        proc = subprocess.Popen([sys.executable, WRITER, path, "--plain"], stdout=subprocess.PIPE, text=True,
+                                env=_env())
+        assert proc.stdout is not None
+        proc.stdout.readline()
+        time.sleep(0.02 + 0.01 * i)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        try:
+            load(path)
+        except Exception:
+            torn += 1
+    assert torn >= 1
+
+
+def test_stuck_rank_times_out_with_a_named_error(tmp_path):
+    start = time.monotonic()
+    run, _ = _ft(tmp_path, "stuck", "--stall-rank", "1", "--timeout-s", "5", timeout=90)
+    assert run.returncode != 0
+    assert time.monotonic() - start < 60
+    assert "rank 0/2" in run.stderr and "did not complete within timeout_s=5s" in run.stderr
+
+
+def test_sigterm_stops_all_ranks_with_a_checkpoint(tmp_path):
+    out = str(tmp_path / "term.pt")
+    proc = subprocess.Popen([sys.executable, FT, out, str(tmp_path / "term"), "--sigterm-wait", "--epochs", "50"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 90
+    for line in proc.stdout:
+        if "READY" in line or time.monotonic() > deadline:
+            break
+    start = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - start < 30
+    assert proc.returncode != 0
+    assert "stopping" in err.lower()
+    ckpt = load(str(tmp_path / "term" / "ckpts" / "last.ckpt"))
+    assert ckpt["global_step"] >= 3
+
+
+@pytest.mark.parametrize("kind", ["map", "stream"])
+def test_uneven_inputs_end_the_epoch_together(tmp_path, kind):
+    run, _ = _ft(tmp_path, kind, "--uneven", kind, "--epochs", "2", timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    # rank 0 has 10 batches an epoch (5 for the map split of 8), rank 1 has 7 (4): both stop with rank 1
+    steps = 7 * 2 if kind == "stream" else 4 * 2
+    assert f"rank 0 finished at step {steps}" in run.stdout
+    assert f"rank 1 finished at step {steps}" in run.stdout
