@@ -85,6 +85,9 @@ def relaunch(nprocs: int, max_restarts: int = 0) -> NoReturn:
         rdzv_endpoint=f"127.0.0.1:{_free_port()}",
         max_restarts=max_restarts,
         monitor_interval=0.1,
+        # grace between SIGTERM and SIGKILL when this launcher is signalled (torch 2.13 applies its fixed
+        # 30 s when a worker fails; a stuck worker exits on its own after trainer.STOP_GRACE_S anyway)
+        shutdown_timeout=25,
     )
     try:
         elastic_launch(config, sys.executable)(*_command())

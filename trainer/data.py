@@ -25,12 +25,20 @@ def num_batches(loader: Any, limit: int | float) -> int | float:
     if isinstance(limit, int):
         return min(n, limit)
     if limit > 1.0:
-        raise ConfigError(f"a fractional limit_*_batches must be in [0, 1], got {limit}; pass an int for a count.")
+        raise ConfigError(
+            f"a fractional limit_*_batches must be in [0, 1], got {limit}; pass an int for a count."
+        )
     if n == float("inf"):
         if limit == 1.0:
             return n
         raise ConfigError("limit_*_batches as a fraction needs a loader with a length; pass an int instead.")
-    return int(n * limit)
+    out = int(n * limit)
+    if out == 0 and limit > 0 and n > 0:  # a small fraction of a short loader: not silently zero batches
+        raise ConfigError(
+            f"limit_*_batches={limit} of a loader with {n} batches is less than one batch; "
+            f"pass at least {1 / n:.4g} or an int."
+        )
+    return out
 
 
 def rebuildable(loader: Any) -> bool:

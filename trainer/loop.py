@@ -44,7 +44,11 @@ def fit(trainer: Trainer) -> None:
 
 def _done(t: Trainer) -> bool:
     cfg = t.config
-    return _max_steps_reached(t) or (cfg.max_epochs != -1 and t.current_epoch >= cfg.max_epochs) or _stop_requested(t)
+    return (
+        _max_steps_reached(t)
+        or (cfg.max_epochs != -1 and t.current_epoch >= cfg.max_epochs)
+        or _stop_requested(t)
+    )
 
 
 def _max_steps_reached(t: Trainer) -> bool:
@@ -142,7 +146,16 @@ def train_epoch(trainer: Trainer) -> None:
 
 
 def _step_partial_window(t: Trainer, optimizer: torch.optim.Optimizer) -> None:
-    """Step on the micro-batches of a window the data cut short (their backward did not synchronize)."""
+    """Step on the micro-batches of a window the data cut short (their backward did not synchronize).
+
+    Their losses were divided by k before the length was known; rescale so the window averages over the
+    micro-batches it has, the same rule as a known-length epoch's last window."""
+    k, have = t.config.accumulate_grad_batches, t.batch_in_epoch % t.config.accumulate_grad_batches
+    with torch.no_grad():
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.grad.mul_(k / have)
     t._optimizer_step(optimizer)
     t._call("on_before_zero_grad", optimizer)
     optimizer.zero_grad(set_to_none=True)
@@ -175,8 +188,11 @@ def _stop_on_signal(t: Trainer) -> None:
         t.save_checkpoint(path)
         where = f"; checkpoint saved to {path}"
     if t.is_global_zero:
-        print(f"[tandem] stopping at global step {t.global_step} after {signal.Signals(signum).name}{where}",
-              file=sys.stderr, flush=True)
+        print(
+            f"[tandem] stopping at global step {t.global_step} after {signal.Signals(signum).name}{where}",
+            file=sys.stderr,
+            flush=True,
+        )
     raise SystemExit(128 + int(signum))
 
 
@@ -218,9 +234,13 @@ def _loss_of(out: Any) -> torch.Tensor:
             "(or set self.automatic_optimization = False and step the optimizer yourself)."
         )
     if loss.ndim != 0:
-        raise TaskError(f"training_step returned a loss of shape {tuple(loss.shape)}; reduce it to a scalar (e.g. .mean()).")
+        raise TaskError(
+            f"training_step returned a loss of shape {tuple(loss.shape)}; reduce it to a scalar (e.g. .mean())."
+        )
     if not loss.requires_grad:
-        raise TaskError("training_step returned a loss that does not require grad; compute it from the model's output.")
+        raise TaskError(
+            "training_step returned a loss that does not require grad; compute it from the model's output."
+        )
     return loss
 
 
@@ -232,7 +252,9 @@ def _val_check_batches(t: Trainer) -> int:
     if isinstance(v, float):
         n = t.num_training_batches
         if n == float("inf"):
-            raise TaskError("val_check_interval as a fraction needs a training loader with a length; pass an int.")
+            raise TaskError(
+                "val_check_interval as a fraction needs a training loader with a length; pass an int."
+            )
         return max(1, int(n * v))
     return int(v)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -82,8 +83,19 @@ def parse_optimizers(out: Any) -> tuple[list[torch.optim.Optimizer], list[Schedu
 def _check_opts(opts: list[Any]) -> list[torch.optim.Optimizer]:
     for o in opts:
         if not isinstance(o, torch.optim.Optimizer):
-            raise TaskError(f"configure_optimizers returned {type(o).__name__} where an optimizer was expected.")
+            raise TaskError(
+                f"configure_optimizers returned {type(o).__name__} where an optimizer was expected."
+            )
     return opts
+
+
+def needs_closure(optimizer: torch.optim.Optimizer) -> bool:
+    """True for optimizers such as LBFGS whose step() cannot run without a closure."""
+    try:
+        param = inspect.signature(optimizer.step).parameters.get("closure")
+    except (TypeError, ValueError):
+        return False
+    return param is not None and param.default is inspect.Parameter.empty
 
 
 def step_schedulers(trainer: Trainer, interval: str) -> None:

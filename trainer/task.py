@@ -109,7 +109,9 @@ class Task(torch.nn.Module):
     def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         """Called before validation_step."""
 
-    def on_validation_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_validation_batch_end(
+        self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
         """Called after validation_step."""
 
     def on_test_start(self) -> None:
@@ -176,7 +178,9 @@ class Task(torch.nn.Module):
     @property
     def trainer(self) -> Trainer:
         if self._trainer is None:
-            raise TaskError(f"{type(self).__name__} is not attached to a Trainer; call trainer.fit(task) first.")
+            raise TaskError(
+                f"{type(self).__name__} is not attached to a Trainer; call trainer.fit(task) first."
+            )
         return self._trainer
 
     @property
@@ -212,12 +216,18 @@ class Task(torch.nn.Module):
         caller = frame.f_back if frame is not None else None
         if caller is None:
             return
-        args = {k: v for k, v in caller.f_locals.items() if k not in ("self", "__class__") and not k.startswith("_")}
-        init_params = inspect.signature(type(self).__init__).parameters
-        args = {k: v for k, v in args.items() if k in init_params}
-        for p in init_params.values():  # **kwargs of __init__ are hyperparameters too
-            if p.kind is inspect.Parameter.VAR_KEYWORD and isinstance(args.pop(p.name, None), Mapping):
-                args.update(caller.f_locals[p.name])
+        # the arguments of the __init__ that called us (a parent's, when a subclass calls super().__init__)
+        code = caller.f_code
+        n_args = code.co_argcount + code.co_kwonlyargcount
+        arg_names = code.co_varnames[:n_args]
+        local = caller.f_locals
+        args = {
+            k: local[k] for k in arg_names if k in local and local[k] is not self and not k.startswith("_")
+        }
+        if code.co_flags & inspect.CO_VARKEYWORDS:  # **kwargs of __init__ are hyperparameters too
+            var_kw = local.get(code.co_varnames[n_args + bool(code.co_flags & inspect.CO_VARARGS)])
+            if isinstance(var_kw, Mapping):
+                args.update(var_kw)
         ignored = {ignore} if isinstance(ignore, str) else set(ignore)
         if names:
             args = {k: v for k, v in args.items() if k in names}
@@ -244,8 +254,11 @@ class Task(torch.nn.Module):
         return None if not scheds else scheds[0] if len(scheds) == 1 else scheds
 
     def manual_backward(self, loss: torch.Tensor) -> None:
-        """Backward through the strategy and precision (scaling, DDP hooks)."""
-        self.trainer.strategy.backward(loss)
+        """Backward through the strategy and precision (scaling, DDP hooks), with the backward hooks."""
+        trainer = self.trainer
+        trainer._call("on_before_backward", loss)
+        trainer.strategy.backward(loss)
+        trainer._call("on_after_backward")
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """print() on global rank 0 only."""

@@ -135,11 +135,19 @@ class Trainer:
         loggers = list(logger) if isinstance(logger, (list, tuple)) else [logger]
         for lg in loggers:
             if not isinstance(lg, Logger):
-                raise ConfigError(f"logger must be True, False, a Logger or a list of Loggers; got {type(lg).__name__}")
+                raise ConfigError(
+                    f"logger must be True, False, a Logger or a list of Loggers; got {type(lg).__name__}"
+                )
         return align_versions(loggers)  # loggers sharing a directory share its version_N
 
     def _make_callbacks(self, callbacks: Any) -> list[Callback]:
-        cbs = [] if callbacks is None else list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+        cbs = (
+            []
+            if callbacks is None
+            else list(callbacks)
+            if isinstance(callbacks, (list, tuple))
+            else [callbacks]
+        )
         for cb in cbs:
             if not isinstance(cb, Callback):
                 raise ConfigError(f"callbacks must be Callback instances; got {type(cb).__name__}")
@@ -220,26 +228,50 @@ class Trainer:
         """Train `task`; data from the arguments, a DataModule, or the task's *_dataloader methods."""
         if isinstance(train_dataloaders, DataModule):
             datamodule, train_dataloaders = train_dataloaders, None
-        self.strategy.launch(self._run, "fit", task, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
+        self.strategy.launch(
+            self._run, "fit", task, train_dataloaders, val_dataloaders, datamodule, ckpt_path
+        )
 
-    def validate(self, task: Task | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
-                 datamodule: DataModule | None = None) -> list[dict[str, float]]:
+    def validate(
+        self,
+        task: Task | None = None,
+        dataloaders: Any = None,
+        ckpt_path: str | None = None,
+        datamodule: DataModule | None = None,
+    ) -> list[dict[str, float]]:
         """Run one validation epoch; returns the logged epoch metrics per loader."""
         return self.strategy.launch(self._run, "validate", task, None, dataloaders, datamodule, ckpt_path)
 
-    def test(self, task: Task | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
-             datamodule: DataModule | None = None) -> list[dict[str, float]]:
+    def test(
+        self,
+        task: Task | None = None,
+        dataloaders: Any = None,
+        ckpt_path: str | None = None,
+        datamodule: DataModule | None = None,
+    ) -> list[dict[str, float]]:
         """Run one test epoch; returns the logged epoch metrics per loader."""
         return self.strategy.launch(self._run, "test", task, None, dataloaders, datamodule, ckpt_path)
 
-    def predict(self, task: Task | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
-                datamodule: DataModule | None = None) -> list[Any]:
+    def predict(
+        self,
+        task: Task | None = None,
+        dataloaders: Any = None,
+        ckpt_path: str | None = None,
+        datamodule: DataModule | None = None,
+    ) -> list[Any]:
         """Return predict_step's outputs, one list per loader (flattened when there is one loader)."""
         return self.strategy.launch(self._run, "predict", task, None, dataloaders, datamodule, ckpt_path)
 
     # ----- the run -------------------------------------------------------------------------------
-    def _run(self, stage: str, task: Task | None, train: Any, evals: Any, dm: DataModule | None,
-             ckpt_path: str | None) -> Any:
+    def _run(
+        self,
+        stage: str,
+        task: Task | None,
+        train: Any,
+        evals: Any,
+        dm: DataModule | None,
+        ckpt_path: str | None,
+    ) -> Any:
         task = task if task is not None else self.task
         if not isinstance(task, Task):
             raise TaskError(f"{stage}() needs a trainer.Task, got {type(task).__name__}.")
@@ -311,16 +343,20 @@ class Trainer:
         if stage == "fit":
             train = train if train is not None else self._source("train_dataloader", task)
             if train is None:
-                raise TaskError("fit() needs training data: pass train_dataloaders, a datamodule, or define "
-                                "train_dataloader() on the task.")
+                raise TaskError(
+                    "fit() needs training data: pass train_dataloaders, a datamodule, or define "
+                    "train_dataloader() on the task."
+                )
             self.train_dataloader = self._prepare_loader(train, "train")
             self.num_training_batches = num_batches(self.train_dataloader, cfg.limit_train_batches)
         eval_stage = {"fit": "val", "validate": "val"}.get(stage, stage)
         if evals is None:
             evals = self._source(f"{eval_stage}_dataloader", task)
         if evals is None and stage != "fit":
-            raise TaskError(f"{stage}() needs data: pass dataloaders, a datamodule, or define "
-                            f"{eval_stage}_dataloader() on the task.")
+            raise TaskError(
+                f"{stage}() needs data: pass dataloaders, a datamodule, or define "
+                f"{eval_stage}_dataloader() on the task."
+            )
         loaders = [] if evals is None else list(evals) if isinstance(evals, (list, tuple)) else [evals]
         limit = getattr(cfg, f"limit_{'val' if eval_stage == 'val' else eval_stage}_batches")
         self.eval_dataloaders = [self._prepare_loader(dl, eval_stage) for dl in loaders]
@@ -331,20 +367,28 @@ class Trainer:
     def _configure_optimizers(self, task: Task) -> None:
         self.optimizers, self.lr_scheduler_configs = parse_optimizers(task.configure_optimizers())
         if task.automatic_optimization and len(self.optimizers) > 1:
-            raise TaskError("automatic optimization supports one optimizer; for several set "
-                            "self.automatic_optimization = False and step them in training_step.")
+            raise TaskError(
+                "automatic optimization supports one optimizer; for several set "
+                "self.automatic_optimization = False and step them in training_step."
+            )
         closure_opts = [type(o).__name__ for o in self.optimizers if needs_closure(o)]
         if task.automatic_optimization and closure_opts:
-            raise TaskError(f"{closure_opts[0]} needs a closure that re-evaluates the loss; set "
-                            "self.automatic_optimization = False and call self.optimizers().step(closure) "
-                            "in training_step.")
+            raise TaskError(
+                f"{closure_opts[0]} needs a closure that re-evaluates the loss; set "
+                "self.automatic_optimization = False and call self.optimizers().step(closure) "
+                "in training_step."
+            )
         if not task.automatic_optimization and self.config.accumulate_grad_batches > 1:
-            raise TaskError("accumulate_grad_batches applies to automatic optimization only; with "
-                            "self.automatic_optimization = False step the optimizer every k batches yourself.")
+            raise TaskError(
+                "accumulate_grad_batches applies to automatic optimization only; with "
+                "self.automatic_optimization = False step the optimizer every k batches yourself."
+            )
         self._task_optimizers = [TaskOptimizer(o, self) for o in self.optimizers]
 
     # ----- hooks ---------------------------------------------------------------------------------
-    def _collect_hooks(self, task: Task) -> dict[str, tuple[list[Callable[..., Any]], list[Callable[..., Any]]]]:
+    def _collect_hooks(
+        self, task: Task
+    ) -> dict[str, tuple[list[Callable[..., Any]], list[Callable[..., Any]]]]:
         """For each hook name, the overriding methods: (plain callbacks + task, monitoring callbacks)."""
         hooks: dict[str, tuple[list[Callable[..., Any]], list[Callable[..., Any]]]] = {}
         for name in [n for n in dir(Callback) if n.startswith("on_") or n in ("setup", "teardown")]:
@@ -374,8 +418,14 @@ class Trainer:
                         out = result
         return out
 
-    def _optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None) -> Any:
-        before = (lambda opt: self._call("on_before_optimizer_step", opt)) if "on_before_optimizer_step" in self._hooks else None
+    def _optimizer_step(
+        self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None
+    ) -> Any:
+        before = (
+            (lambda opt: self._call("on_before_optimizer_step", opt))
+            if "on_before_optimizer_step" in self._hooks
+            else None
+        )
         return self.strategy.optimizer_step(
             optimizer, closure, before, self.config.gradient_clip_val, self.config.gradient_clip_algorithm
         )
@@ -465,16 +515,20 @@ class Trainer:
                 best = getattr(cb, "best_model_path", "")
                 if best and os.path.isfile(best):
                     return best
-            raise CheckpointError("ckpt_path='best' found no best checkpoint; enable ModelCheckpoint(monitor=...) "
-                                  "in this Trainer's fit, or pass a file path.")
+            raise CheckpointError(
+                "ckpt_path='best' found no best checkpoint; enable ModelCheckpoint(monitor=...) "
+                "in this Trainer's fit, or pass a file path."
+            )
         if path != "last":
             return path
         for cb in self.checkpoint_callbacks:
             last = getattr(cb, "last_checkpoint_path", lambda: None)()
             if last and os.path.isfile(last):
                 return last
-        raise CheckpointError("ckpt_path='last' found no last checkpoint; enable ModelCheckpoint(save_last=True) "
-                              "in the run you resume, or pass a file path.")
+        raise CheckpointError(
+            "ckpt_path='last' found no last checkpoint; enable ModelCheckpoint(save_last=True) "
+            "in the run you resume, or pass a file path."
+        )
 
     def _restore(self, path: str, stage: str) -> None:
         path = self._resolve_ckpt_path(path)
@@ -485,8 +539,10 @@ class Trainer:
         task.load_state_dict(ckpt["state_dict"])
         if stage == "fit" and "loop" in ckpt:
             if len(ckpt["optimizer_states"]) != len(self.optimizers):
-                raise CheckpointError(f"checkpoint {path!r} has {len(ckpt['optimizer_states'])} optimizer(s) but "
-                                      f"configure_optimizers returned {len(self.optimizers)}.")
+                raise CheckpointError(
+                    f"checkpoint {path!r} has {len(ckpt['optimizer_states'])} optimizer(s) but "
+                    f"configure_optimizers returned {len(self.optimizers)}."
+                )
             for opt, state in zip(self.optimizers, ckpt["optimizer_states"]):
                 opt.load_state_dict(state)
             for cfg, state in zip(self.lr_scheduler_configs, ckpt["lr_schedulers"]):
@@ -501,10 +557,15 @@ class Trainer:
             if self.epoch_finished:  # saved during the epoch's end, before its schedulers stepped: finish it
                 if task.automatic_optimization:
                     self._metrics.callback_metrics.update(lp.get("callback_metrics", {}))
-                    with warnings.catch_warnings():  # the fresh optimizer has not stepped yet; this is no misuse
+                    # the fresh optimizer has not stepped yet, so torch's order warning does not apply
+                    with warnings.catch_warnings():
                         warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
                         step_schedulers(self, "epoch")
-                self.current_epoch, self.batch_in_epoch, self.epoch_finished = self.current_epoch + 1, 0, False
+                self.current_epoch, self.batch_in_epoch, self.epoch_finished = (
+                    self.current_epoch + 1,
+                    0,
+                    False,
+                )
             for cb in self.callbacks:
                 if cb.state_key in ckpt.get("callbacks", {}):
                     cb.load_state_dict(ckpt["callbacks"][cb.state_key])
@@ -525,6 +586,23 @@ def _own(states: Any, rank: int) -> Any:
     return states
 
 
+STOP_GRACE_S = 20.0  # after SIGINT/SIGTERM, a rank that reaches no step boundary in this time exits
+
+
+def _stuck_exit(rank: int, signum: int) -> None:
+    """The rank did not reach a step boundary after a stop signal: show where it is stuck, then exit."""
+    import faulthandler
+
+    print(
+        f"[tandem] rank {rank} did not reach a step boundary within {STOP_GRACE_S:g} s of "
+        f"{signal.Signals(signum).name}; exiting without a checkpoint. It is stuck here:",
+        file=sys.stderr,
+        flush=True,
+    )
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    os._exit(128 + int(signum))
+
+
 def _install_stop_handlers(trainer: Trainer) -> dict[int, Any]:
     """SIGINT/SIGTERM ask the loop to stop at the next agreed step (checkpoint first); a second one forces."""
     if threading.current_thread() is not threading.main_thread():
@@ -534,12 +612,18 @@ def _install_stop_handlers(trainer: Trainer) -> dict[int, Any]:
         if trainer.stop_signal is not None:  # asked twice: stop now
             raise KeyboardInterrupt
         trainer.stop_signal = signum
-        print(f"[tandem] rank {trainer.global_rank} received {signal.Signals(signum).name}: stopping at the next "
-              "step boundary (send it again to stop at once)", file=sys.stderr, flush=True)
+        print(
+            f"[tandem] rank {trainer.global_rank} received {signal.Signals(signum).name}: stopping at the next "
+            "step boundary (send it again to stop at once)",
+            file=sys.stderr,
+            flush=True,
+        )
+        watchdog = threading.Timer(STOP_GRACE_S, _stuck_exit, args=(trainer.global_rank, signum))
+        watchdog.daemon = True
+        watchdog.start()
 
     previous = {}
     for signum in (signal.SIGINT, signal.SIGTERM):
         previous[signum] = signal.getsignal(signum)
         signal.signal(signum, handler)
     return previous
-
