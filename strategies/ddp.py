@@ -165,6 +165,7 @@ class DDPStrategy(Strategy):
             comm_hook=self.comm_hook,
             broadcast_buffers=self.broadcast_buffers,
             rebuild_buckets=True,
+            static_graph=self.static_graph,
         )
 
     def teardown(self) -> None:

@@ -110,6 +110,7 @@ class Reducer:
         comm_hook: str | None = None,
         broadcast_buffers: bool = True,
         rebuild_buckets: bool = True,
+        static_graph: bool = False,
     ) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise DistributedError("Reducer needs a process group: call dist.init_process_group first")
@@ -123,6 +124,10 @@ class Reducer:
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.find_unused_parameters = find_unused_parameters
         self.broadcast_buffers = broadcast_buffers
+        # static_graph: the same parameters are used every iteration, so the graph walk for unused ones
+        # runs once and its answer is reused (it costs a traversal of the whole autograd graph per step)
+        self.static_graph = static_graph
+        self._static_unused: list[int] | None = None
         self._cap = int(bucket_cap_mb * _MB)
         self._first_cap = min(int(first_bucket_cap_mb * _MB), self._cap)  # a smaller bucket_cap_mb wins
         self._comp_dtype = _COMPRESS.get(comm_hook or "")
@@ -225,7 +230,14 @@ class Reducer:
         self.stats = self._new_stats()
         for b in self._buckets:
             b.pending, b.work = len(b.params), None
-        unused = self._unreachable(outputs) if self.find_unused_parameters else []
+        if not self.find_unused_parameters:
+            unused = []
+        elif self.static_graph and self._static_unused is not None:
+            unused = self._static_unused
+        else:
+            unused = self._unreachable(outputs)
+            if self.static_graph and outputs is not None:
+                self._static_unused = unused
         if self.gradient_as_bucket_view:
             self._attach_views()
         self._t0 = time.perf_counter()

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 from strategies.ddp import DDPStrategy, ShardSampler
 from trainer import Task, Trainer
@@ -142,3 +142,63 @@ def test_a_failing_rank_ends_the_job_with_its_traceback(tmp_path):
     assert "deliberate failure on rank 1 at step 3" in out.stderr
     assert "worker rank 1 failed" in out.stderr
     assert not (tmp_path / "x.pt").exists()
+
+
+class _WithUnused(Task):
+    """A head that training never touches: its parameters get no gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(2)
+        self.body = torch.nn.Linear(6, 3)
+        self.unused_head = torch.nn.Linear(6, 3)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self.body(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _unused_runs(rank: int, world_size: int) -> dict[str, object]:
+    from strategies.reducer import Reducer
+
+    walks = [0]
+    real = Reducer._unreachable
+
+    def counting(self, outputs):
+        walks[0] += 1
+        return real(self, outputs)
+
+    Reducer._unreachable = counting
+    out: dict[str, object] = {}
+    try:
+        for static in (False, True):
+            walks[0] = 0
+            task = _WithUnused()
+            strategy = DDPStrategy(accelerator="cpu", devices=2, find_unused_parameters=True, static_graph=static)
+            Trainer(strategy=strategy, max_epochs=1, **QUIET).fit(task, DataLoader(make_data(), batch_size=4))
+            out[f"state_{static}"], out[f"walks_{static}"] = task.state_dict(), walks[0]
+        error = ""
+        try:
+            task = _WithUnused()
+            Trainer(strategy=DDPStrategy(accelerator="cpu", devices=2), max_epochs=1, **QUIET).fit(
+                task, DataLoader(make_data(), batch_size=4)
+            )
+        except Exception as e:  # noqa: BLE001 - the message is what the test checks
+            error = str(e)
+        out["error"] = error
+    finally:
+        Reducer._unreachable = real
+    return out
+
+
+def test_unused_parameters_error_by_name_and_static_graph_walks_once(dist_run):
+    for r in dist_run(_unused_runs):
+        assert "'unused_head.weight'" in r["error"] and "find_unused_parameters=True" in r["error"]
+        assert r["walks_False"] == 8  # one graph walk per step: 8 steps of 4 samples per rank
+        assert r["walks_True"] == 1  # static_graph: walked once, reused
+        for k, v in r["state_False"].items():
+            assert torch.equal(v, r["state_True"][k])
+        assert torch.equal(r["state_True"]["unused_head.weight"], _WithUnused().unused_head.weight.detach())

@@ -12,8 +12,11 @@ import time
 
 import pytest
 import torch
+from torch.utils.data import DataLoader, TensorDataset
 
+from trainer import Task, Trainer
 from trainer.checkpoint import load
+from trainer.errors import TaskError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FT = os.path.join(HERE, "scripts", "ft_train.py")
@@ -121,3 +124,73 @@ def test_uneven_inputs_end_the_epoch_together(tmp_path, kind):
     steps = 7 * 2 if kind == "stream" else 4 * 2
     assert f"rank 0 finished at step {steps}" in run.stdout
     assert f"rank 1 finished at step {steps}" in run.stdout
+
+
+def test_sigint_on_one_process_checkpoints_and_exits_130(tmp_path):
+    proc = subprocess.Popen([sys.executable, FT, str(tmp_path / "x.pt"), str(tmp_path / "int"), "--single",
+                             "--sigterm-wait", "--epochs", "50"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "READY" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err[-2000:]
+    assert "after SIGINT; checkpoint saved to" in err
+    assert load(str(tmp_path / "int" / "ckpts" / "last.ckpt"))["global_step"] >= 3
+
+
+# ----- non-finite losses -------------------------------------------------------------------------------
+class _NaNAt(Task):
+    """A linear model whose loss is NaN at one global step."""
+
+    def __init__(self, bad_step: int) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(4, 1)
+        self.bad_step = bad_step
+
+    def training_step(self, batch, batch_idx):
+        (x,) = batch
+        loss = self.lin(x).pow(2).mean()
+        return loss * float("nan") if self.global_step == self.bad_step else loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _nan_fit(task: Task, **kwargs) -> Trainer:
+    data = DataLoader(TensorDataset(torch.randn(24, 4, generator=torch.Generator().manual_seed(0))), batch_size=4)
+    trainer = Trainer(max_epochs=1, logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                      enable_model_summary=False, **kwargs)
+    trainer.fit(task, data)
+    return trainer
+
+
+def test_detect_nonfinite_raise_names_the_step_and_value():
+    with pytest.raises(TaskError, match=r"training loss is nan at global step 2 .*detect_nonfinite='skip'"):
+        _nan_fit(_NaNAt(2), detect_nonfinite="raise")
+
+
+def test_detect_nonfinite_skip_equals_a_run_without_that_batch_update():
+    skipped = _NaNAt(2)
+    _nan_fit(skipped, detect_nonfinite="skip")
+    assert all(torch.isfinite(p).all() for p in skipped.parameters())
+
+    class ZeroAt(_NaNAt):  # reference: the same batch contributes no gradient (plain SGD: no update)
+        def training_step(self, batch, batch_idx):
+            (x,) = batch
+            loss = self.lin(x).pow(2).mean()
+            return loss * 0.0 if self.global_step == self.bad_step else loss
+
+    reference = ZeroAt(2)
+    _nan_fit(reference)
+    for a, b in zip(skipped.parameters(), reference.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_nonfinite_off_lets_nan_through():
+    task = _NaNAt(2)
+    _nan_fit(task)  # the default: no host sync per step, no check
+    assert not torch.isfinite(task.lin.weight).all()

@@ -71,6 +71,7 @@ def main() -> None:
     p.add_argument("--sigterm-wait", action="store_true")
     p.add_argument("--uneven", choices=["", "map", "stream"], default="")
     p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--single", action="store_true", help="one process, strategy='single'")
     args = p.parse_args()
     seed_everything(0)
     g = torch.Generator().manual_seed(0)
@@ -81,7 +82,10 @@ def main() -> None:
     loader = (DataLoader(Stream(), batch_size=4) if args.uneven == "stream"
               else DataLoader(data, batch_size=8, shuffle=True))
     trainer = Trainer(
-        strategy=DDPStrategy(accelerator="cpu", devices=2, max_restarts=args.max_restarts, timeout_s=args.timeout_s),
+        strategy="single" if args.single else DDPStrategy(
+            accelerator="cpu", devices=2, max_restarts=args.max_restarts, timeout_s=args.timeout_s
+        ),
+        accelerator="cpu",
         max_epochs=args.epochs, deterministic=True, resume="auto", default_root_dir=args.root, logger=False,
         enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=args.uneven == "",
         callbacks=[ModelCheckpoint(dirpath=os.path.join(args.root, "ckpts"), every_n_train_steps=2,
