@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import os
@@ -24,6 +25,11 @@ if TYPE_CHECKING:
     from trainer.task import Task
 
 _OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+
+def _destroy_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _attempt_store(timeout: datetime.timedelta) -> dist.Store | None:
@@ -150,6 +156,9 @@ class DDPStrategy(Strategy):
             else:
                 dist.init_process_group(backend, store=store, rank=self.global_rank, world_size=self.world_size,
                                         timeout=timeout)
+            # A group left to interpreter shutdown can abort the process ("terminate called without an
+            # active exception", exit -6) after a successful run: close the one we opened, in order.
+            atexit.register(_destroy_group)
 
     def setup(self, task: Task) -> None:
         from strategies.reducer import Reducer
