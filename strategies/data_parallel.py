@@ -1,0 +1,587 @@
+"""Threaded DataParallel: one process copies the task onto every device each step, splits the batch along
+dim 0, runs the replicas in threads and gathers their outputs on the primary device."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from strategies.base import Strategy
+from strategies.batch import apply_to_tensors
+from strategies.precision import Precision
+from strategies.single import pick_device
+from trainer.errors import ConfigError, TaskError
+
+if TYPE_CHECKING:
+    from trainer.task import Task
+
+
+class ReplicaError(RuntimeError):
+    """A replica failed with an exception that cannot be re-created with the replica's index in its message."""
+
+
+class DataParallelStrategy(Strategy):
+    """Single-process data parallelism over `devices` replicas driven from threads (config name ``"dp"``).
+
+    Each step the task is replicated onto every device with autograd connected to the primary parameters,
+    every tensor of the batch is split along dim 0 like ``torch.chunk`` (a batch smaller than the number of
+    devices gives fewer chunks), ``training_step`` runs on each replica in its own thread, and the replicas'
+    losses are averaged weighted by chunk size, so that a mean-reduced loss gives the gradient of the whole
+    batch. Buffers (BatchNorm statistics) come from replica 0, as in ``torch.nn.DataParallel``; values
+    logged with ``self.log`` are merged over the replicas and logged once. On CUDA ``devices=N`` uses
+    cuda:0..N-1; on the CPU it makes N replicas on the CPU. Example::
+
+        Trainer(strategy="dp", devices=2).fit(task)
+        Trainer(strategy=DataParallelStrategy(accelerator="cuda", devices=[0, 2])).fit(task)
+    """
+
+    name = "dp"
+
+    def __init__(
+        self,
+        accelerator: str = "auto",
+        devices: int | str | Sequence[int] = 1,
+        precision: Precision | str | int = "32-true",
+    ) -> None:
+        super().__init__(accelerator, precision)
+        self.devices = _resolve_devices(accelerator, devices)
+        self._root_device = self.devices[0]
+        self._local = threading.local()  # the device of the replica running in this thread
+        self._threads: _ReplicaThreads | None = None
+        self._metric_clones: dict[tuple[int, int], tuple[weakref.ref[Any], torch.nn.Module]] = {}
+        # cumulative seconds per phase, for benchmarks (CUDA work is asynchronous: synchronize to time it)
+        self.stats: dict[str, float] = dict(
+            steps=0, scatter_s=0.0, replicate_s=0.0, parallel_s=0.0, gather_s=0.0, backward_s=0.0
+        )
+
+    @property
+    def root_device(self) -> torch.device:
+        """The primary device, or inside a replica's step the replica's device (so `Task.device` is right)."""
+        device = getattr(self._local, "device", None)
+        return self._root_device if device is None else device
+
+    def teardown(self) -> None:
+        if self._threads is not None:
+            self._threads.close()
+            self._threads = None
+        self._metric_clones.clear()
+
+    # ----- steps --------------------------------------------------------------------------------
+    def training_step(self, task: Task, batch: Any, batch_idx: int) -> Any:
+        return self._step(task, "training_step", batch, (batch_idx,))
+
+    def eval_step(self, task: Task, hook: str, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        return self._step(task, hook, batch, (batch_idx, dataloader_idx) if dataloader_idx else (batch_idx,))
+
+    def _step(self, task: Task, hook: str, batch: Any, args: tuple[int, ...]) -> Any:
+        t0 = time.perf_counter()
+        chunks, sizes = scatter(batch, self.devices)
+        if len(chunks) == 1:  # one device, or a batch of one sample: nothing to split
+            return getattr(task, hook)(batch, *args)
+        if hook == "training_step" and not task.automatic_optimization:
+            raise ConfigError(
+                "strategy='dp' runs training_step on several replicas at once, so it cannot step optimizers "
+                "from inside it; use automatic optimization, or strategy='single' or 'ddp'."
+            )
+        t1 = time.perf_counter()
+        devices = self.devices[: len(chunks)]
+        replicas = _Replicas(task, devices, torch.is_grad_enabled(), self._metric_clones)
+        t2 = time.perf_counter()
+        modules = replicas.modules
+        outputs = self._in_threads(lambda i: getattr(modules[i], hook)(chunks[i], *args), devices)
+        t3 = time.perf_counter()
+        replicas.merge_metrics()
+        replicas.replay_logs(task, sizes, self._root_device)
+        out = gather(outputs, sizes, self._root_device)
+        if hook == "training_step" and self._root_device.type == "cpu" and torch.is_grad_enabled():
+            foreign = replicas.foreign or any(t.requires_grad for t in _tensors(batch))
+            out = out if foreign else self._parallel_backward_loss(out, outputs, sizes, replicas)
+        t4 = time.perf_counter()
+        s = self.stats
+        s["steps"] += 1
+        s["scatter_s"] += t1 - t0
+        s["replicate_s"] += t2 - t1
+        s["parallel_s"] += t3 - t2
+        s["gather_s"] += t4 - t3
+        return out
+
+    def _parallel_backward_loss(
+        self, out: Any, outputs: list[Any], sizes: list[int], replicas: _Replicas
+    ) -> Any:
+        """Give the gathered loss a backward that runs each replica's backward in its own thread.
+
+        CPU autograd runs all CPU work of a backward call on the calling thread, so without this the
+        replicas' backward passes would run one after another (on CUDA each device has its own thread)."""
+        losses = [o.get("loss") if isinstance(o, Mapping) else o for o in outputs]
+        if not replicas.inputs[0] or not all(
+            isinstance(x, torch.Tensor) and x.ndim == 0 and x.requires_grad for x in losses
+        ):
+            return out  # not a loss: the loop reports it
+        loss = _GatherLoss.apply(self, sizes, losses, replicas.inputs, *replicas.inputs[0])
+        if isinstance(out, torch.Tensor):
+            return loss
+        out["loss"] = loss  # `out` is gather's own new container
+        return out
+
+    def backward(self, loss: torch.Tensor) -> None:
+        t0 = time.perf_counter()
+        super().backward(loss)
+        self.stats["backward_s"] += time.perf_counter() - t0
+
+    def _in_threads(self, fn: Callable[[int], Any], devices: list[torch.device]) -> list[Any]:
+        """fn(i) for every replica i in its own thread (replica 0 in this one), with this thread's grad
+        mode, autocast and CUDA streams; the first failure is re-raised naming its replica."""
+        grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+        kind = self._root_device.type
+        autocast = torch.is_autocast_enabled(kind) if kind in ("cpu", "cuda", "mps") else False
+        cast_dtype = torch.get_autocast_dtype(kind) if autocast else None
+        cast_cache = torch.is_autocast_cache_enabled()
+        streams = [torch.cuda.current_stream(d) for d in devices] if kind == "cuda" else None
+
+        def run(i: int) -> tuple[bool, Any]:
+            self._local.device = devices[i]
+            try:
+                with contextlib.ExitStack() as stack:
+                    stack.enter_context(torch.inference_mode() if inference else torch.set_grad_enabled(grad))
+                    if autocast:
+                        stack.enter_context(torch.autocast(kind, dtype=cast_dtype, cache_enabled=cast_cache))
+                    if streams is not None:
+                        stack.enter_context(torch.cuda.device(devices[i]))
+                        stack.enter_context(torch.cuda.stream(streams[i]))
+                    return True, fn(i)
+            except BaseException as e:  # handed to the main thread, which re-raises it
+                return False, e
+            finally:
+                self._local.device = None
+
+        if kind == "cpu" and torch.are_deterministic_algorithms_enabled():
+            # CPU replicas share one random generator: draws (dropout) in thread order would differ run to run
+            results = [run(i) for i in range(len(devices))]
+        else:
+            if self._threads is None:
+                self._threads = _ReplicaThreads(len(self.devices))
+            futures = [self._threads.submit(i, run) for i in range(1, len(devices))]
+            results = [run(0)] + [f.result() for f in futures]
+        failed = [(i, value) for i, (ok, value) in enumerate(results) if not ok]
+        if failed:
+            i, exc = failed[0]
+            named = _name_replica(exc, i, devices[i], [j for j, _ in failed[1:]])
+            if named is exc:
+                raise exc
+            raise named from exc
+        return [value for _, value in results]
+
+
+class _ReplicaThreads:
+    """One long-lived thread per replica 1..N-1 (a pool could run two replicas on one thread)."""
+
+    def __init__(self, n: int) -> None:
+        self.queues: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(n)]
+        for i in range(1, n):
+            threading.Thread(
+                target=self._serve, args=(self.queues[i],), name=f"tandem-dp-{i}", daemon=True
+            ).start()
+
+    @staticmethod
+    def _serve(q: queue.SimpleQueue[Any]) -> None:
+        while (job := q.get()) is not None:
+            future, fn, i = job
+            future.set_result(fn(i))  # fn catches every exception itself
+
+    def submit(self, i: int, fn: Callable[[int], Any]) -> Future[Any]:
+        future: Future[Any] = Future()
+        self.queues[i].put((future, fn, i))
+        return future
+
+    def close(self) -> None:
+        for q in self.queues[1:]:
+            q.put(None)
+
+
+def _resolve_devices(accelerator: str, devices: int | str | Sequence[int]) -> list[torch.device]:
+    if devices == "auto":
+        devices = max(torch.cuda.device_count(), 1) if accelerator in ("auto", "cuda", "gpu") else 1
+    indices = list(range(devices)) if isinstance(devices, int) else list(devices)  # type: ignore[arg-type]
+    if not indices or not all(isinstance(i, int) and i >= 0 for i in indices):
+        raise ConfigError(
+            f"strategy='dp' needs devices >= 1 (a count or a list of device indices), got {devices!r}"
+        )
+    first = pick_device(accelerator, indices[0])
+    if first.type != "cuda":  # CPU (or MPS): N replicas on the one device
+        return [first] * len(indices)
+    count = torch.cuda.device_count()
+    missing = [i for i in indices if i >= count]
+    if missing:
+        raise ConfigError(
+            f"strategy='dp' with devices={devices!r} needs CUDA devices {missing} but only {count} are visible; "
+            f"use devices <= {count}."
+        )
+    return [torch.device("cuda", i) for i in indices]
+
+
+def _name_replica(exc: BaseException, index: int, device: torch.device, others: list[int]) -> BaseException:
+    """The exception of replica `index` again, with the replica named in its message (same type if possible)."""
+    if not isinstance(exc, Exception):
+        return exc  # KeyboardInterrupt, SystemExit: as they are
+    also = f" (replicas {others} failed too)" if others else ""
+    msg = f"in dp replica {index} on {device}: {type(exc).__name__}: {exc}{also}"
+    try:
+        named = type(exc)(msg)
+    except Exception:
+        named = ReplicaError(msg)
+    named.replica_index = index  # type: ignore[attr-defined]
+    return named
+
+
+# ----- scatter and gather ---------------------------------------------------------------------------
+def scatter(batch: Any, devices: Sequence[torch.device]) -> tuple[list[Any], list[int]]:
+    """Split every tensor of a nested batch along dim 0 over `devices`, as torch.chunk splits.
+
+    Returns the per-replica batches (copies of the containers, tensors moved to the replica's device;
+    0-dim tensors and other objects are given to every replica) and the number of samples in each.
+    """
+    parts: list[tuple[torch.Tensor, ...]] = []
+    lengths: dict[int, None] = {}
+
+    def split(t: torch.Tensor) -> torch.Tensor:
+        if t.ndim > 0:
+            parts.append(t.chunk(len(devices)))
+            lengths[int(t.shape[0])] = None
+        return t
+
+    apply_to_tensors(batch, split)
+    if len(lengths) > 1:  # torch's scatter would silently drop the extra chunks of the longer tensors
+        raise TaskError(
+            f"strategy='dp' splits every tensor of the batch along dim 0, but the batch holds tensors of "
+            f"different lengths {sorted(lengths)}; give every tensor the batch dimension first, or use 'ddp'."
+        )
+    if len(devices) == 1 or not parts or not next(iter(lengths)):
+        return [batch], [next(iter(lengths), 1)]
+    chunks = []
+    for i in range(len(parts[0])):
+        it = iter(parts)
+        device = devices[i]
+        chunks.append(
+            apply_to_tensors(batch, lambda t, i=i, it=it, d=device: next(it)[i].to(d) if t.ndim else t.to(d))
+        )
+    return chunks, [int(p.shape[0]) for p in parts[0]]
+
+
+def gather(outputs: list[Any], sizes: list[int], device: torch.device) -> Any:
+    """Combine the replicas' outputs on `device`: scalars as the chunk-size-weighted mean, other tensors
+    concatenated along dim 0, containers element by element; other values once if equal, else as a list."""
+    first = outputs[0]
+    if isinstance(first, torch.Tensor):
+        if not all(isinstance(o, torch.Tensor) and o.ndim == first.ndim for o in outputs):
+            raise TaskError(f"dp replicas returned different outputs: {[type(o).__name__ for o in outputs]}")
+        moved = [o.to(device) for o in outputs]
+        if first.ndim == 0:
+            total = float(sum(sizes))
+            return torch.stack([o * (n / total) for o, n in zip(moved, sizes)]).sum()
+        return torch.cat(moved)
+    if first is None or not all(type(o) is type(first) for o in outputs):
+        if all(o is None for o in outputs):
+            return None
+        raise TaskError(f"dp replicas returned different outputs: {[type(o).__name__ for o in outputs]}")
+    if isinstance(first, tuple) and hasattr(first, "_fields"):
+        return type(first)(*(gather(list(xs), sizes, device) for xs in zip(*outputs)))
+    if isinstance(first, (list, tuple)) and all(len(o) == len(first) for o in outputs):
+        return type(first)(gather(list(xs), sizes, device) for xs in zip(*outputs))
+    if isinstance(first, Mapping) and all(o.keys() == first.keys() for o in outputs):
+        return type(first)({k: gather([o[k] for o in outputs], sizes, device) for k in first})
+    try:
+        same = all(bool(o == first) for o in outputs)
+    except Exception:
+        same = False
+    return first if same else list(outputs)
+
+
+# ----- replication ------------------------------------------------------------------------------------
+class _Broadcast(torch.autograd.Function):
+    """Copy tensors onto devices; backward sums the copies' gradients back onto the sources."""
+
+    @staticmethod
+    def forward(ctx: Any, devices: list[torch.device], *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.set_materialize_grads(False)  # a copy that takes no part in the loss sends None, not zeros
+        ctx.sources = [t.device for t in tensors]
+        return tuple(t.to(d, copy=True) for d in devices for t in tensors)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        n = len(ctx.sources)
+        sums: list[torch.Tensor | None] = [None] * n
+        for j, g in enumerate(grads):
+            if g is not None:
+                i = j % n
+                g = g.to(ctx.sources[i])
+                sums[i] = g if sums[i] is None else sums[i] + g
+        return (None, *sums)
+
+
+class _GatherLoss(torch.autograd.Function):
+    """The chunk-size-weighted mean of the replicas' losses. Backward computes each replica's gradients in
+    that replica's thread and sums them, in replica order, into the task's tensors (the trailing inputs)."""
+
+    @staticmethod
+    def forward(ctx: Any, strategy: DataParallelStrategy, sizes: list[int], losses: list[torch.Tensor],
+                inputs: list[list[torch.Tensor]], *tensors: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        total = float(sum(sizes))
+        ctx.strategy, ctx.losses, ctx.inputs = strategy, losses, inputs
+        ctx.weights = [n / total for n in sizes]
+        root = tensors[0].device
+        return torch.stack([x.detach().to(root) * w for x, w in zip(losses, ctx.weights)]).sum()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        losses, inputs, weights = ctx.losses, ctx.inputs, ctx.weights
+        if losses is None:
+            raise RuntimeError(
+                "a dp loss can be backpropagated once (its replicas' graphs are freed by then)"
+            )
+        ctx.losses = ctx.inputs = None  # the replicas' graphs are freed by their backward
+
+        def replica_grads(i: int) -> tuple[torch.Tensor | None, ...]:
+            g = (grad * weights[i]).to(losses[i].device)
+            return torch.autograd.grad(losses[i], inputs[i], g, allow_unused=True)
+
+        per_replica = ctx.strategy._in_threads(replica_grads, ctx.strategy.devices[: len(losses)])
+        sums: list[torch.Tensor | None] = []
+        for j, t in enumerate(inputs[0]):
+            parts = [grads[j].to(t.device) for grads in per_replica if grads[j] is not None]
+            sums.append(torch.stack(parts).sum(0) if len(parts) > 1 else parts[0] if parts else None)
+        return (None, None, None, None, *sums)
+
+
+_OWN = ("_parameters", "_buffers", "_flat_weights")  # a module's own tensors, replicated above
+
+
+def _needs_grad(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return any(isinstance(v, torch.Tensor) and v.requires_grad for v in value)
+    if isinstance(value, dict):
+        return any(isinstance(v, torch.Tensor) and v.requires_grad for v in value.values())
+    return isinstance(value, torch.Tensor) and value.requires_grad
+
+
+def _is_torchmetric(m: Any) -> bool:
+    return all(hasattr(m, a) for a in ("update", "compute", "reset", "merge_state"))
+
+
+def _walk(module: torch.nn.Module, seen: set[int]) -> Iterator[torch.nn.Module]:
+    """The modules under `module` once each; torchmetrics metrics are not entered (they are copied whole)."""
+    if id(module) in seen:
+        return
+    seen.add(id(module))
+    yield module
+    if not _is_torchmetric(module):
+        for child in module._modules.values():
+            if child is not None:
+                yield from _walk(child, seen)
+
+
+class _Recorder:
+    """Stands in for Task.log on a replica: keeps the calls, merged over replicas after the step."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any, dict[str, Any]]] = []
+
+    def __call__(self, name: str, value: Any, **kwargs: Any) -> None:
+        self.calls.append((name, value, kwargs))
+
+
+class _Replicas:
+    """The task on each device for one step. Replica 0 shares the task's parameters and buffers (so its
+    BatchNorm statistics land in the task); the others get copies made by `_Broadcast`."""
+
+    def __init__(
+        self,
+        task: Task,
+        devices: list[torch.device],
+        grad: bool,
+        metric_cache: dict[tuple[int, int], tuple[weakref.ref[Any], torch.nn.Module]],
+    ) -> None:
+        self.metrics: dict[int, tuple[Any, list[Any]]] = {}  # id(task's metric) -> (metric, replica copies)
+        self.owner: dict[int, Any] = {}  # id(replica copy) -> the task's metric
+        self._cache = metric_cache
+        self.foreign = False  # a tensor that needs grad but is not a parameter or buffer of the task
+        modules = list(_walk(task, set()))
+        tensors: dict[int, torch.Tensor] = {}
+        for m in modules:
+            if not _is_torchmetric(m):
+                for t in (*m._parameters.values(), *m._buffers.values()):
+                    if t is not None:
+                        tensors.setdefault(id(t), t)
+        copies = _copy_tensors(list(tensors.values()), devices[1:], grad)
+        tracked = [t for t in tensors.values() if grad and t.requires_grad]
+        # the tensors each replica computes with that need grad (replica 0 uses the task's own)
+        self.inputs = [tracked] + [[c[id(t)] for t in tracked] for c in copies]
+        self.recorders = [_Recorder() for _ in devices]
+        self.modules: list[Task] = []
+        for r, device in enumerate(devices):
+            replica = self._clone(task, None if r == 0 else copies[r - 1], device, r, {})
+            replica.__dict__["log"] = self.recorders[r]  # an instance attribute shadows Task.log
+            self.modules.append(replica)
+
+    def _clone(
+        self,
+        m: Any,
+        copies: dict[int, torch.Tensor] | None,
+        device: torch.device,
+        r: int,
+        memo: dict[int, Any],
+    ) -> Any:
+        """A shallow copy of module `m` whose tensors are `copies` (or m's own when None)."""
+        if id(m) in memo:
+            return memo[id(m)]
+        if _is_torchmetric(m):
+            memo[id(m)] = clone = self._metric_copy(m, device, r)
+            return clone
+        clone = object.__new__(type(m))
+        clone.__dict__.update(m.__dict__)
+        # a tensor that needs grad held in a plain attribute (or a list or dict of them) is not in
+        # self.inputs: backward must take the ordinary path to reach it
+        self.foreign = self.foreign or any(_needs_grad(v) for k, v in m.__dict__.items() if k not in _OWN)
+        memo[id(m)] = clone
+
+        def pick(t: torch.Tensor | None) -> torch.Tensor | None:
+            return t if t is None or copies is None else copies[id(t)]
+
+        d = clone.__dict__
+        d["_parameters"] = {k: pick(v) for k, v in m._parameters.items()}
+        d["_buffers"] = {k: pick(v) for k, v in m._buffers.items()}
+        d["_modules"] = {
+            k: None if v is None else self._clone(v, copies, device, r, memo) for k, v in m._modules.items()
+        }
+        if "_flat_weights_names" in d:  # RNNs read their weights from this list, not from _parameters
+            d["_flat_weights"] = [d["_parameters"].get(n) for n in d["_flat_weights_names"]]
+        return clone
+
+    def _metric_copy(self, metric: Any, device: torch.device, r: int) -> Any:
+        """An empty copy of a torchmetrics metric for replica r (made once, reset every step)."""
+        key = (id(metric), r)
+        ref, clone = self._cache.get(key, (None, None))
+        if ref is None or ref() is not metric:
+            clone = copy.deepcopy(metric)  # deepcopy re-binds the metric's wrapped update/compute
+            self._cache[key] = (weakref.ref(metric), clone)
+        clone.reset()
+        clone = clone.to(device)
+        self.metrics.setdefault(id(metric), (metric, []))[1].append(clone)
+        self.owner[id(clone)] = metric
+        return clone
+
+    def merge_metrics(self) -> None:
+        """Add what each replica's metric copy saw to the task's metric."""
+        for metric, clones in self.metrics.values():
+            used = [c for c in clones if getattr(c, "_update_count", 0) > 0]
+            for c in used:
+                _merge_state(metric, c.to(metric.device))
+            if used:
+                metric._update_count += max(c._update_count for c in used)
+                metric._computed = None
+
+    def _batch_value(self, metric: Any) -> None:
+        """Set the metric's batch value (what self.log reads) to its value on the whole batch."""
+        used = [c for c in self.metrics[id(metric)][1] if getattr(c, "_update_count", 0) > 0]
+        if not used or all(c._forward_cache is None for c in used):
+            return
+        whole = used[0]  # already merged into the task's metric: free to absorb the others
+        for c in used[1:]:
+            _merge_state(whole, c)
+        whole._computed = None
+        metric._forward_cache = whole.compute()
+
+    def replay_logs(self, task: Task, sizes: list[int], device: torch.device) -> None:
+        """Log once on the task what the replicas logged: the j-th call of a name on every replica merged."""
+        groups: dict[tuple[str, int], list[tuple[int, Any, dict[str, Any]]]] = {}
+        for r, rec in enumerate(self.recorders):
+            seen: dict[str, int] = {}
+            for name, value, kwargs in rec.calls:
+                seen[name] = seen.get(name, -1) + 1
+                groups.setdefault((name, seen[name]), []).append((r, value, kwargs))
+        done: set[int] = set()
+        for (name, _), calls in groups.items():
+            value, kwargs = self._merge(name, calls, sizes, device, done)
+            task.log(name, value, **kwargs)
+
+    def _merge(
+        self,
+        name: str,
+        calls: list[tuple[int, Any, dict[str, Any]]],
+        sizes: list[int],
+        device: torch.device,
+        done: set[int],
+    ) -> tuple[Any, dict[str, Any]]:
+        kwargs = dict(calls[0][2])
+        values = [v for _, v, _ in calls]
+        if hasattr(values[0], "compute") and hasattr(values[0], "update"):  # a torchmetrics Metric
+            metric = self.owner.get(id(values[0]))
+            if metric is None:
+                raise TaskError(
+                    f"self.log({name!r}) got a metric that is not a submodule of the task; under strategy='dp' "
+                    "metrics must be attributes of the task (or in a ModuleDict/ModuleList) to be replicated."
+                )
+            if id(metric) not in done:
+                self._batch_value(metric)
+                done.add(id(metric))
+            return metric, kwargs
+        if not all(
+            isinstance(v, (int, float, bool)) or (isinstance(v, torch.Tensor) and v.numel() == 1)
+            for v in values
+        ):
+            return values[0], kwargs  # not a scalar: the metric store raises its own error
+        ts = [torch.as_tensor(v).detach().to(device).reshape(()) for v in values]
+        fx = kwargs.get("reduce_fx", "mean")
+        fx = fx if isinstance(fx, str) else getattr(fx, "__name__", str(fx))
+        if fx == "mean":
+            weights = [kw.get("batch_size") or sizes[r] for r, _, kw in calls]
+            dtype = torch.float64 if any(t.dtype == torch.float64 for t in ts) else torch.float32
+            total = float(sum(weights))
+            value = torch.stack([t.to(dtype) * (w / total) for t, w in zip(ts, weights)]).sum()
+            if any(kw.get("batch_size") for _, _, kw in calls):
+                kwargs["batch_size"] = int(sum(weights))
+            return value, kwargs
+        stacked = torch.stack([t.to(ts[0].dtype) for t in ts])
+        merged = {"sum": stacked.sum, "max": stacked.amax, "min": stacked.amin}.get(fx)
+        return (merged() if merged is not None else values[0]), kwargs
+
+
+def _merge_state(metric: Any, incoming: Any) -> None:
+    try:
+        metric.merge_state(incoming)
+    except RuntimeError:  # full_state_update metrics refuse, but their states still reduce by dist_reduce_fx
+        metric._reduce_states(incoming.metric_state)
+
+
+def _tensors(data: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    apply_to_tensors(data, found.append)
+    return found
+
+
+def _copy_tensors(
+    tensors: list[torch.Tensor], devices: list[torch.device], grad: bool
+) -> list[dict[int, torch.Tensor]]:
+    """For each device, id(tensor) -> its copy there; copies of tensors that need grad stay on the graph."""
+    copies: list[dict[int, torch.Tensor]] = [{} for _ in devices]
+    if not devices:
+        return copies
+    tracked = [t for t in tensors if grad and t.requires_grad]
+    if tracked:
+        out = _Broadcast.apply(devices, *tracked)
+        for r in range(len(devices)):
+            for i, t in enumerate(tracked):
+                copies[r][id(t)] = out[r * len(tracked) + i]
+    for t in tensors:
+        if not (grad and t.requires_grad):
+            for r, d in enumerate(devices):
+                copies[r][id(t)] = t.detach().to(d, copy=True)
+    return copies
