@@ -346,3 +346,54 @@ def test_trainer_save_checkpoint_is_atomic(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert path.read_bytes() == before
     assert sorted(os.listdir(tmp_path)) == ["t.ckpt"]
+
+
+def test_resume_from_inside_an_accumulation_window_is_exact(tmp_path):
+    """A stop request inside a window waits for its boundary; a checkpoint saved inside one keeps the
+    gradients accumulated so far, so either resume equals the uninterrupted run."""
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from callbacks import Callback, ModelCheckpoint
+    from trainer import Task, Trainer, seed_everything
+
+    class Lin(Task):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return F.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class StopAt2(Callback):
+        def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx):
+            if batch_idx == 2:  # opens the window {2, 3}
+                trainer.should_stop = True
+
+    class SaveAt4(Callback):
+        def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx):
+            if batch_idx == 4:
+                trainer.save_checkpoint(str(tmp_path / "mid.ckpt"))
+
+    def data():
+        g = torch.Generator().manual_seed(0)
+        return DataLoader(TensorDataset(torch.randn(32, 4, generator=g), torch.randn(32, 1, generator=g)), batch_size=4)
+
+    kw = dict(max_epochs=1, accumulate_grad_batches=2, logger=False, enable_progress_bar=False,
+              enable_model_summary=False, accelerator="cpu")
+    seed_everything(0)
+    stopped = Trainer(**kw, callbacks=[StopAt2(), ModelCheckpoint(dirpath=str(tmp_path / "c"), save_last=True)])
+    stopped.fit(Lin(), data())
+    assert stopped.batch_in_epoch == 4  # ran to the end of the window before stopping
+    seed_everything(0)
+    full = Lin()
+    Trainer(**kw, enable_checkpointing=False, callbacks=[SaveAt4()]).fit(full, data())
+    for path in (tmp_path / "c" / "last.ckpt", tmp_path / "mid.ckpt"):
+        seed_everything(0)
+        resumed = Lin()
+        Trainer(**kw, enable_checkpointing=False).fit(resumed, data(), ckpt_path=str(path))
+        assert torch.equal(full.net.weight, resumed.net.weight), path

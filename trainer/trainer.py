@@ -482,6 +482,8 @@ class Trainer:
                     "epoch_start_rng": self.strategy.gather_object(self.epoch_start_rng),
                 },
                 rng=self.strategy.gather_object(get_rng_state()),  # every rank's, so each resumes its own
+                # inside an accumulation window the gradients so far are state too (each rank's own)
+                accumulated_grads=self.strategy.gather_object(_grads(task)) if self._mid_window() else None,
                 callbacks={cb.state_key: cb.state_dict() for cb in self.callbacks},
             )
             if self.datamodule is not None:
@@ -508,6 +510,12 @@ class Trainer:
             if dirpath:
                 return os.path.join(dirpath, "last.ckpt")
         return os.path.join(self.default_root_dir, "checkpoints", "last.ckpt")
+
+    def _mid_window(self) -> bool:
+        """True between the micro-batches of one optimizer step (automatic optimization)."""
+        k = self.config.accumulate_grad_batches
+        auto = self.task is not None and self.task.automatic_optimization
+        return auto and k > 1 and not self.epoch_finished and self.batch_in_epoch % k != 0
 
     def _resolve_ckpt_path(self, path: str) -> str:
         if path == "best":  # Lightning's shorthand: the best model of the checkpoint callback
@@ -554,6 +562,9 @@ class Trainer:
             self.val_pending = lp.get("val_pending", False)
             self.epoch_start_rng = _own(lp["epoch_start_rng"], self.global_rank)
             self._resume_rng = _own(ckpt["rng"], self.global_rank)
+            if ckpt.get("accumulated_grads") is not None:
+                for p, g in zip(task.parameters(), _own(ckpt["accumulated_grads"], self.global_rank)):
+                    p.grad = None if g is None else g.to(p.device)
             if self.epoch_finished:  # saved during the epoch's end, before its schedulers stepped: finish it
                 if task.automatic_optimization:
                     self._metrics.callback_metrics.update(lp.get("callback_metrics", {}))
@@ -577,6 +588,10 @@ class Trainer:
         """print() on global rank 0 only."""
         if self.is_global_zero:
             print(*args, **kwargs)
+
+
+def _grads(task: Task) -> list[torch.Tensor | None]:
+    return [None if p.grad is None else p.grad.detach().cpu().clone() for p in task.parameters()]
 
 
 def _own(states: Any, rank: int) -> Any:

@@ -1,0 +1,1 @@
+"""Runnable examples; importable for tests and configs (``from examples.digits import DigitsTask``)."""
