@@ -69,7 +69,9 @@ class Callback:
     def on_train_batch_start(self, trainer: Trainer, task: Task, batch: Any, batch_idx: int) -> None:
         """Called before training_step."""
 
-    def on_train_batch_end(self, trainer: Trainer, task: Task, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Trainer, task: Task, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         """Called after a training batch (and its optimizer step, if any)."""
 
     def on_validation_start(self, trainer: Trainer, task: Task) -> None:
@@ -144,7 +146,9 @@ class Callback:
     def on_after_backward(self, trainer: Trainer, task: Task) -> None:
         """Called after backward."""
 
-    def on_before_optimizer_step(self, trainer: Trainer, task: Task, optimizer: torch.optim.Optimizer) -> None:
+    def on_before_optimizer_step(
+        self, trainer: Trainer, task: Task, optimizer: torch.optim.Optimizer
+    ) -> None:
         """Called with unscaled, reduced gradients before clipping and the step."""
 
     def on_before_zero_grad(self, trainer: Trainer, task: Task, optimizer: torch.optim.Optimizer) -> None:

@@ -1,15 +1,47 @@
-"""The callbacks a Trainer adds by itself (progress bar, checkpointing, model summary) unless given."""
+"""The callbacks a Trainer adds by itself (progress bar, checkpointing, model summary, timer) unless given."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from callbacks.base import Callback
+from callbacks.checkpoint import ModelCheckpoint
+from callbacks.model_summary import ModelSummary
+from callbacks.progress import ProgressBar
+from callbacks.timer import Timer
+from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 
 def default_callbacks(trainer: Trainer, given: list[Callback]) -> list[Callback]:
-    """The user's callbacks plus the defaults that the Trainer's enable_* flags ask for."""
-    return list(given)
+    """The user's callbacks plus the defaults that the Trainer's enable_* flags ask for.
+
+    Checkpoint callbacks go last, so that the state they save includes every other callback's update of
+    the same hook (early stopping's patience counter, for instance).
+    """
+    cfg = trainer.config
+    cbs = list(given)
+
+    def has(kind: type) -> bool:
+        return any(isinstance(cb, kind) for cb in cbs)
+
+    if not cfg.fast_dev_run:  # fast_dev_run turns checkpointing off by itself; a given callback then idles
+        for flag, kind in (("enable_progress_bar", ProgressBar), ("enable_checkpointing", ModelCheckpoint)):
+            if not getattr(cfg, flag) and has(kind):
+                raise ConfigError(
+                    f"Trainer({flag}=False) but callbacks include a {kind.__name__}; remove one or the other."
+                )
+    if cfg.enable_progress_bar and not has(ProgressBar):
+        cbs.append(ProgressBar())
+    if cfg.enable_model_summary and not has(ModelSummary):
+        cbs.append(ModelSummary())
+    if cfg.enable_checkpointing and not has(ModelCheckpoint):
+        cbs.append(ModelCheckpoint())
+    max_time = getattr(cfg, "max_time", None)
+    if max_time is not None and not has(Timer):
+        cbs.append(Timer(duration=max_time, interval="step"))
+    return [cb for cb in cbs if not hasattr(cb, "best_model_path")] + [
+        cb for cb in cbs if hasattr(cb, "best_model_path")
+    ]

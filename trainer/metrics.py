@@ -32,7 +32,7 @@ class _Entry:
     total: torch.Tensor | None = None
     weight: int = 0
     step_value: torch.Tensor | None = None
-    dirty: bool = field(default=False)  # a step value not yet written
+    step_batch: int = field(default=-1)  # the batch (MetricStore._batch_no) in which step_value was logged
 
 
 class MetricStore:
@@ -50,6 +50,9 @@ class MetricStore:
         self.dataloader_suffix = ""
         self._batch: Any = None
         self._batch_size: int | None = None
+        self._batch_no = (
+            0  # counts set_batch calls; step values are written only in the batch that logged them
+        )
 
     @property
     def entries(self) -> dict[str, _Entry]:
@@ -68,6 +71,7 @@ class MetricStore:
     def set_batch(self, batch: Any) -> None:
         """Remember the current batch; its size is inferred only if an epoch aggregate needs it."""
         self._batch, self._batch_size = batch, None
+        self._batch_no += 1
 
     def log(
         self,
@@ -103,7 +107,7 @@ class MetricStore:
             value = self._as_tensor(name, value)
         if on_step:
             entry.step_value = value
-            entry.dirty = True
+            entry.step_batch = self._batch_no
             self.callback_metrics[key + ("_step" if on_epoch else "")] = value
         if on_epoch and entry.metric is None:
             self._accumulate(entry, value, batch_size)
@@ -112,11 +116,15 @@ class MetricStore:
     def _as_tensor(name: str, value: Any) -> torch.Tensor:
         if isinstance(value, torch.Tensor):
             if value.numel() != 1:
-                raise TaskError(f"self.log({name!r}) got a tensor of shape {tuple(value.shape)}; log a scalar.")
+                raise TaskError(
+                    f"self.log({name!r}) got a tensor of shape {tuple(value.shape)}; log a scalar."
+                )
             return value.detach().reshape(())
         if isinstance(value, (int, float, bool)):
             return torch.tensor(float(value))
-        raise TaskError(f"self.log({name!r}) got {type(value).__name__}; log a number, a scalar tensor or a Metric.")
+        raise TaskError(
+            f"self.log({name!r}) got {type(value).__name__}; log a number, a scalar tensor or a Metric."
+        )
 
     def _accumulate(self, entry: _Entry, value: torch.Tensor, batch_size: int | None) -> None:
         if entry.reduce_fx == "mean":
@@ -136,15 +144,13 @@ class MetricStore:
         else:
             entry.total = torch.minimum(entry.total, value)
 
-    def step_metrics(self, for_logger: bool = True) -> dict[str, torch.Tensor]:
-        """The step values not yet written (to loggers, or for the progress bar)."""
-        out = {}
-        for e in self.entries.values():
-            if e.on_step and e.step_value is not None and (e.logger if for_logger else e.prog_bar):
-                out[e.name + ("_step" if e.on_epoch else "")] = e.step_value
-                if for_logger:
-                    e.dirty = False
-        return out
+    def step_metrics(self) -> dict[str, torch.Tensor]:
+        """The step values logged during the current batch and meant for loggers (still tensors)."""
+        return {
+            e.name + ("_step" if e.on_epoch else ""): e.step_value
+            for e in self.entries.values()
+            if e.on_step and e.logger and e.step_value is not None and e.step_batch == self._batch_no
+        }
 
     def epoch_end(self) -> dict[str, torch.Tensor]:
         """Finish the epoch: compute (and sync) each epoch aggregate; returns those meant for loggers."""
@@ -172,13 +178,39 @@ class MetricStore:
                 to_log[key] = value
         return to_log
 
-    def progress_bar_metrics(self) -> dict[str, float]:
-        """Values marked prog_bar=True, as floats (this converts: call it only when drawing)."""
-        out = {}
-        for e in self.entries.values():
-            if e.prog_bar:
-                key = e.name + ("_step" if e.on_step and e.on_epoch else "")
-                value = e.step_value if e.on_step else self.callback_metrics.get(e.name)
-                if value is not None:
-                    out[key] = float(value)
+    def progress_bar_tensors(self) -> dict[str, torch.Tensor]:
+        """Values marked prog_bar=True: training's and the current stage's step values, every stage's epoch values."""
+        out: dict[str, torch.Tensor] = {}
+        for stage, entries in self._stages.items():
+            for e in entries.values():
+                if not e.prog_bar:
+                    continue
+                if e.on_step and stage in ("train", self.stage) and e.step_value is not None:
+                    out[e.name + ("_step" if e.on_epoch else "")] = e.step_value
+                if e.on_epoch:
+                    key = e.name + ("_epoch" if e.on_step else "")
+                    if key in self.callback_metrics:
+                        out[key] = self.callback_metrics[key]
         return out
+
+    def progress_bar_metrics(self) -> dict[str, float]:
+        """progress_bar_tensors() as floats (this synchronizes with the device: call it only when drawing)."""
+        return to_floats(self.progress_bar_tensors())
+
+
+def to_floats(metrics: dict[str, Any]) -> dict[str, float]:
+    """Convert tensors to floats with one device-to-host copy per device instead of one per value."""
+    out: dict[str, float] = {}
+    by_device: dict[torch.device, list[str]] = {}
+    for k, v in metrics.items():
+        if isinstance(v, torch.Tensor) and v.numel() == 1:
+            by_device.setdefault(v.device, []).append(k)
+        else:
+            out[k] = float(v)
+    for keys in by_device.values():
+        if len(keys) == 1:
+            out[keys[0]] = metrics[keys[0]].item()
+        else:
+            stacked = torch.stack([metrics[k].detach().reshape(()).double() for k in keys])
+            out.update(zip(keys, stacked.tolist()))
+    return {k: out[k] for k in metrics}

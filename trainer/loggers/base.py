@@ -15,27 +15,54 @@ def next_version(root: str) -> int:
     return max(used, default=-1) + 1
 
 
+def align_versions(loggers: list[Logger]) -> list[Logger]:
+    """Give loggers that share save_dir/name (and have no fixed version) the same next free version_N.
+
+    Each logger picks its version when first used, so without this ``[TensorBoardLogger("runs"),
+    CSVLogger("runs")]`` would write into version_0 and version_1.
+    """
+    groups: dict[str, list[Logger]] = {}
+    for lg in loggers:
+        if lg._version is None:
+            groups.setdefault(os.path.abspath(lg.root_dir), []).append(lg)
+    for root, group in groups.items():
+        if len(group) > 1:
+            version = next_version(root)
+            for lg in group:
+                lg._version = version
+    return loggers
+
+
 class Logger:
     """Receives metrics as floats at a step. Only rank 0's Trainer calls a logger.
 
-    Example: ``Trainer(logger=[TensorBoardLogger("runs"), CSVLogger("runs")])``.
+    Example: ``Trainer(logger=[TensorBoardLogger("runs"), CSVLogger("runs")])`` writes both
+    ``runs/logs/version_0/events.out.tfevents.*`` and ``runs/logs/version_0/metrics.csv``.
     """
 
-    def __init__(self, save_dir: str = ".", name: str = "logs", version: int | str | None = None) -> None:
-        self.save_dir = save_dir
-        self.name = name
+    def __init__(
+        self, save_dir: str = ".", name: str | None = "logs", version: int | str | None = None
+    ) -> None:
+        self.save_dir = os.fspath(save_dir)
+        self.name = name or ""
         self._version = version
 
     @property
+    def root_dir(self) -> str:
+        """save_dir/name: the directory that holds every version of this experiment."""
+        return os.path.join(self.save_dir, self.name)
+
+    @property
     def version(self) -> int | str:
+        """The run's version: fixed at the first access to the next free version_N unless given."""
         if self._version is None:
-            self._version = next_version(os.path.join(self.save_dir, self.name))
+            self._version = next_version(self.root_dir)
         return self._version
 
     @property
     def log_dir(self) -> str:
         version = self.version if isinstance(self.version, str) else f"version_{self.version}"
-        return os.path.join(self.save_dir, self.name, version)
+        return os.path.join(self.root_dir, version)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         """Write scalar metrics at a step."""
@@ -64,3 +91,14 @@ def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = str(v)
     return out
+
+
+def plain(value: Any) -> Any:
+    """`value` with only YAML-safe types (dicts, lists, numbers, strings); anything else becomes its str()."""
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)

@@ -9,12 +9,25 @@ from trainer.loggers.base import Logger, flatten
 
 
 class TensorBoardLogger(Logger):
-    """Writes to save_dir/name/version_N. Example: ``TensorBoardLogger("runs", name="digits")``."""
+    """Writes event files to save_dir/name/version_N; view them with ``tensorboard --logdir save_dir``.
 
-    def __init__(self, save_dir: str = ".", name: str = "logs", version: int | str | None = None) -> None:
+    Example: ``Trainer(logger=TensorBoardLogger("runs", name="digits"))``. Hyperparameters go to the HParams
+    tab at the end of the run, together with the final value of every scalar the run wrote.
+    """
+
+    def __init__(
+        self,
+        save_dir: str = ".",
+        name: str | None = "logs",
+        version: int | str | None = None,
+        flush_secs: int = 120,
+        **writer_kwargs: Any,
+    ) -> None:
         super().__init__(save_dir, name, version)
+        self._writer_kwargs = {"flush_secs": flush_secs, **writer_kwargs}
         self._writer: Any = None
         self._hparams: dict[str, Any] = {}
+        self._tags: set[str] = set()
 
     @property
     def experiment(self) -> Any:
@@ -23,23 +36,28 @@ class TensorBoardLogger(Logger):
             from torch.utils.tensorboard import SummaryWriter
 
             os.makedirs(self.log_dir, exist_ok=True)
-            self._writer = SummaryWriter(log_dir=self.log_dir)
+            self._writer = SummaryWriter(log_dir=self.log_dir, **self._writer_kwargs)
         return self._writer
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        writer = self.experiment
         for name, value in metrics.items():
-            self.experiment.add_scalar(name, value, global_step=step)
+            writer.add_scalar(name, value, global_step=step)
+        self._tags.update(metrics)
 
     def log_hyperparams(self, params: dict[str, Any], metrics: dict[str, float] | None = None) -> None:
+        """Remember `params`; with `metrics` (the end of a run) write both to the HParams tab."""
         self._hparams.update(flatten(params))
-        if metrics is None:
+        if metrics is None or not self._hparams:
             return
         from torch.utils.tensorboard.summary import hparams
 
+        # The HParams tab reads a metric's value from the scalar tag of the same name in this run, so only
+        # metrics that were written as scalars are listed (the others would show up empty).
+        final = {k: float(v) for k, v in metrics.items() if k in self._tags}
         # Written into this run's own event file (SummaryWriter.add_hparams would start a sub-run).
-        exp, ssi, sei = hparams(self._hparams, metrics)
         writer = self.experiment._get_file_writer()
-        for summary in (exp, ssi, sei):
+        for summary in hparams(self._hparams, final):
             writer.add_summary(summary)
 
     def save(self) -> None:
