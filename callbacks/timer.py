@@ -15,16 +15,27 @@ if TYPE_CHECKING:
 
 
 def parse_duration(duration: str | timedelta | dict[str, int] | float | None) -> timedelta | None:
-    """'DD:HH:MM:SS', a timedelta, a dict of timedelta keywords, or seconds."""
-    if duration is None or isinstance(duration, timedelta):
+    """'DD:HH:MM:SS', a timedelta, a dict of timedelta keywords, or seconds; a positive, finite duration."""
+    if duration is None:
+        return None
+    try:
+        parsed = _parse(duration)
+    except (TypeError, ValueError, OverflowError) as e:  # NaN, absurdly large, wrong keywords
+        raise ConfigError(f"Timer duration {duration!r} is not a usable duration ({e}).") from e
+    if parsed is not None and parsed <= timedelta(0):
+        raise ConfigError(f"Timer duration must be positive, got {duration!r}.")
+    if parsed is not None:
+        return parsed
+    raise ConfigError(
+        f"Timer duration must be 'DD:HH:MM:SS', a timedelta, a dict like {{'hours': 2}} or seconds; got {duration!r}."
+    )
+
+
+def _parse(duration: Any) -> timedelta | None:
+    if isinstance(duration, timedelta):
         return duration
     if isinstance(duration, dict):
-        try:
-            return timedelta(**duration)
-        except TypeError as e:
-            raise ConfigError(
-                f"Timer duration dict takes timedelta's keywords (days, hours, ...): {e}"
-            ) from e
+        return timedelta(**duration)
     if isinstance(duration, (int, float)) and not isinstance(duration, bool):
         return timedelta(seconds=duration)
     if isinstance(duration, str):
@@ -32,9 +43,7 @@ def parse_duration(duration: str | timedelta | dict[str, int] | float | None) ->
         if len(parts) == 4 and all(p.strip().isdigit() for p in parts):
             days, hours, minutes, seconds = (int(p) for p in parts)
             return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
-    raise ConfigError(
-        f"Timer duration must be 'DD:HH:MM:SS', a timedelta, a dict like {{'hours': 2}} or seconds; got {duration!r}."
-    )
+    return None
 
 
 class Timer(Callback):

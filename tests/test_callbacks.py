@@ -536,3 +536,11 @@ def test_default_progress_bar_converts_at_most_ten_times_a_second(tmp_path, sync
     logging = [i for i in syncing if (i + 1) % 50 == 0]
     assert len(logging) == 3
     assert len(syncing) - len(logging) <= elapsed / 0.1 + 2
+
+
+@pytest.mark.parametrize("bad", [8.64e13, float("nan"), float("inf"), -5, 0, {"hourz": 1}, "1:2"])
+def test_unusable_max_time_is_a_config_error(bad):
+    from trainer.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="Timer duration"):
+        Trainer(max_time=bad, logger=False)
