@@ -68,7 +68,10 @@ def _worker(rank: int, port: int, steps: int, queue: mp.Queue) -> None:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     one_allreduce = (time.perf_counter() - t0) / steps
     if rank == 0:
-        queue.put({k: statistics.median(v) * 1e3 for k, v in times.items()} | {"tiny all-reduce": one_allreduce * 1e3})
+        queue.put(
+            {k: statistics.median(v) * 1e3 for k, v in times.items()}
+            | {"tiny all-reduce": one_allreduce * 1e3}
+        )
     dist.destroy_process_group()
 
 

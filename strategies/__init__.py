@@ -31,7 +31,9 @@ def _load(name: str) -> type[Strategy]:
     return getattr(importlib.import_module(module), cls)
 
 
-def resolve_strategy(strategy: Any, accelerator: str, devices: Any, precision: Any, **kwargs: Any) -> Strategy:
+def resolve_strategy(
+    strategy: Any, accelerator: str, devices: Any, precision: Any, **kwargs: Any
+) -> Strategy:
     """Turn Trainer(strategy=..., devices=...) into a Strategy instance."""
     if isinstance(strategy, Strategy):
         strategy.precision = Precision(precision)
@@ -47,13 +49,19 @@ def resolve_strategy(strategy: Any, accelerator: str, devices: Any, precision: A
         raise ConfigError(f"strategy must be a name or a Strategy instance, got {type(strategy).__name__}")
     choose("strategy", strategy, ["auto", *STRATEGIES])
     if devices == "auto":
-        devices = torch.cuda.device_count() if accelerator in ("auto", "cuda", "gpu") and torch.cuda.is_available() else 1
+        devices = (
+            torch.cuda.device_count()
+            if accelerator in ("auto", "cuda", "gpu") and torch.cuda.is_available()
+            else 1
+        )
         devices = max(devices, 1)
     if strategy == "auto":
         strategy = "single" if devices == 1 else "ddp"
     if strategy == "single":
         if devices != 1:
-            raise ConfigError(f"strategy='single' runs on one device but devices={devices}; use strategy='ddp' or 'dp'.")
+            raise ConfigError(
+                f"strategy='single' runs on one device but devices={devices}; use strategy='ddp' or 'dp'."
+            )
         return SingleDeviceStrategy(accelerator=accelerator, precision=precision)
     extra = {k: v for k, v in kwargs.items() if not (k == "num_nodes" and v == 1)}
     return _load(strategy)(accelerator=accelerator, devices=devices, precision=precision, **extra)

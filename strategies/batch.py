@@ -20,7 +20,9 @@ def apply_to_tensors(data: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     if isinstance(data, Mapping):
         return type(data)({k: apply_to_tensors(v, fn) for k, v in data.items()})
     if dataclasses.is_dataclass(data) and not isinstance(data, type):
-        changes = {f.name: apply_to_tensors(getattr(data, f.name), fn) for f in dataclasses.fields(data) if f.init}
+        changes = {
+            f.name: apply_to_tensors(getattr(data, f.name), fn) for f in dataclasses.fields(data) if f.init
+        }
         return dataclasses.replace(data, **changes)
     return data
 

@@ -24,7 +24,12 @@ if TYPE_CHECKING:
     from strategies.reducer import Reducer
     from trainer.task import Task
 
-_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+_OPS = {
+    "sum": dist.ReduceOp.SUM,
+    "mean": dist.ReduceOp.SUM,
+    "max": dist.ReduceOp.MAX,
+    "min": dist.ReduceOp.MIN,
+}
 
 
 def _destroy_group() -> None:
@@ -134,11 +139,19 @@ class DDPStrategy(Strategy):
                 )
             return fn(*args, **kwargs)
         if self.num_nodes > 1:
-            raise ConfigError(f"num_nodes={self.num_nodes} needs a multi-node launcher: start the script with "
-                              "torchrun (--nnodes, --rdzv-endpoint) or srun on every node.")
+            raise ConfigError(
+                f"num_nodes={self.num_nodes} needs a multi-node launcher: start the script with "
+                "torchrun (--nnodes, --rdzv-endpoint) or srun on every node."
+            )
         if self.devices == 1:  # a group of one, in this process
-            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-                              MASTER_ADDR="127.0.0.1", MASTER_PORT=str(launch._free_port()))
+            os.environ.update(
+                RANK="0",
+                WORLD_SIZE="1",
+                LOCAL_RANK="0",
+                LOCAL_WORLD_SIZE="1",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(launch._free_port()),
+            )
             return fn(*args, **kwargs)
         launch.relaunch(self.devices, self.max_restarts)
 
@@ -154,8 +167,9 @@ class DDPStrategy(Strategy):
             if store is None:
                 dist.init_process_group(backend, timeout=timeout)
             else:
-                dist.init_process_group(backend, store=store, rank=self.global_rank, world_size=self.world_size,
-                                        timeout=timeout)
+                dist.init_process_group(
+                    backend, store=store, rank=self.global_rank, world_size=self.world_size, timeout=timeout
+                )
             # A group left to interpreter shutdown can abort the process ("terminate called without an
             # active exception", exit -6) after a successful run: close the one we opened, in order.
             atexit.register(_destroy_group)
@@ -284,7 +298,12 @@ class DDPStrategy(Strategy):
             return fn(*args)
         except RuntimeError as e:
             text = str(e).lower()
-            if "timed out" in text or "timeout" in text or "connection closed" in text or "pair closure" in text:
+            if (
+                "timed out" in text
+                or "timeout" in text
+                or "connection closed" in text
+                or "pair closure" in text
+            ):
                 raise DistributedError(
                     f"rank {self.global_rank}/{self.world_size}: {op} did not complete within timeout_s="
                     f"{self.timeout_s:g}s ({e}). Another rank has probably failed or is stuck: look at its "

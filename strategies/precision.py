@@ -81,7 +81,9 @@ class Precision:
         if self.scaler is None:
             return optimizer.step(closure) if closure is not None else optimizer.step()
         if closure is not None:
-            raise ConfigError("precision='16-mixed' does not support optimizers that need a closure (e.g. LBFGS).")
+            raise ConfigError(
+                "precision='16-mixed' does not support optimizers that need a closure (e.g. LBFGS)."
+            )
         out = self.scaler.step(optimizer)
         self.scaler.update()
         return out

@@ -20,7 +20,9 @@ def pick_device(accelerator: str = "auto", index: int = 0) -> torch.device:
         else:
             acc = "cpu"
     if acc == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("accelerator='cuda' was requested but no CUDA GPU is visible; use accelerator='cpu'.")
+        raise ConfigError(
+            "accelerator='cuda' was requested but no CUDA GPU is visible; use accelerator='cpu'."
+        )
     if acc == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
         raise ConfigError("accelerator='mps' was requested but MPS is not available; use accelerator='cpu'.")
     if acc not in ("cpu", "cuda", "mps"):

@@ -381,12 +381,22 @@ def test_resume_from_inside_an_accumulation_window_is_exact(tmp_path):
 
     def data():
         g = torch.Generator().manual_seed(0)
-        return DataLoader(TensorDataset(torch.randn(32, 4, generator=g), torch.randn(32, 1, generator=g)), batch_size=4)
+        return DataLoader(
+            TensorDataset(torch.randn(32, 4, generator=g), torch.randn(32, 1, generator=g)), batch_size=4
+        )
 
-    kw = dict(max_epochs=1, accumulate_grad_batches=2, logger=False, enable_progress_bar=False,
-              enable_model_summary=False, accelerator="cpu")
+    kw = dict(
+        max_epochs=1,
+        accumulate_grad_batches=2,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+    )
     seed_everything(0)
-    stopped = Trainer(**kw, callbacks=[StopAt2(), ModelCheckpoint(dirpath=str(tmp_path / "c"), save_last=True)])
+    stopped = Trainer(
+        **kw, callbacks=[StopAt2(), ModelCheckpoint(dirpath=str(tmp_path / "c"), save_last=True)]
+    )
     stopped.fit(Lin(), data())
     assert stopped.batch_in_epoch == 4  # ran to the end of the window before stopping
     seed_everything(0)

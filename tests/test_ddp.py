@@ -27,8 +27,14 @@ QUIET = dict(logger=False, enable_progress_bar=False, enable_checkpointing=False
 
 def single_process_weights(batch_size: int, accumulate: int = 1, epochs: int = 2) -> dict[str, torch.Tensor]:
     task = Net()
-    trainer = Trainer(strategy="single", accelerator="cpu", max_epochs=epochs, accumulate_grad_batches=accumulate,
-                      num_sanity_val_steps=0, **QUIET)
+    trainer = Trainer(
+        strategy="single",
+        accelerator="cpu",
+        max_epochs=epochs,
+        accumulate_grad_batches=accumulate,
+        num_sanity_val_steps=0,
+        **QUIET,
+    )
     trainer.fit(task, DataLoader(make_data(), batch_size=batch_size))
     return task.state_dict()
 
@@ -81,8 +87,12 @@ def _count_allreduce(rank: int, world_size: int) -> tuple[int, int]:
     dist.all_reduce = counting
     try:
         task = Net()
-        trainer = Trainer(strategy=DDPStrategy(accelerator="cpu", devices=2, bucket_cap_mb=25), max_epochs=1,
-                          accumulate_grad_batches=4, **QUIET)
+        trainer = Trainer(
+            strategy=DDPStrategy(accelerator="cpu", devices=2, bucket_cap_mb=25),
+            max_epochs=1,
+            accumulate_grad_batches=4,
+            **QUIET,
+        )
         trainer.fit(task, DataLoader(make_data(), batch_size=4))  # 8 micro-batches per rank: 2 steps
     finally:
         dist.all_reduce = real
@@ -92,7 +102,9 @@ def _count_allreduce(rank: int, world_size: int) -> tuple[int, int]:
 def test_accumulation_communicates_only_on_the_last_micro_batch(dist_run):
     for calls, steps in dist_run(_count_allreduce):
         assert steps == 2
-        assert calls == 2  # one bucket, one all-reduce per optimizer step; micro-batches 1..3 ran under no_sync
+        assert (
+            calls == 2
+        )  # one bucket, one all-reduce per optimizer step; micro-batches 1..3 ran under no_sync
 
 
 def test_shard_sampler_covers_each_sample_once():
@@ -123,8 +135,17 @@ def test_plain_script_and_torchrun_give_single_process_weights(tmp_path):
     plain, torchrun = tmp_path / "plain.pt", tmp_path / "torchrun.pt"
     out = _run([sys.executable, SCRIPT, str(plain)])
     assert out.returncode == 0, out.stderr[-3000:]
-    out = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", SCRIPT,
-                str(torchrun)])
+    out = _run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            SCRIPT,
+            str(torchrun),
+        ]
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     reference = single_process_weights(batch_size=16)
     a, b = torch.load(plain), torch.load(torchrun)
@@ -135,7 +156,9 @@ def test_plain_script_and_torchrun_give_single_process_weights(tmp_path):
 
 def test_a_failing_rank_ends_the_job_with_its_traceback(tmp_path):
     start = time.monotonic()
-    out = _run([sys.executable, SCRIPT, str(tmp_path / "x.pt"), "--fail-rank", "1", "--fail-step", "3"], timeout=60)
+    out = _run(
+        [sys.executable, SCRIPT, str(tmp_path / "x.pt"), "--fail-rank", "1", "--fail-step", "3"], timeout=60
+    )
     elapsed = time.monotonic() - start
     assert out.returncode != 0
     assert elapsed < 30, f"took {elapsed:.1f}s"
@@ -177,7 +200,9 @@ def _unused_runs(rank: int, world_size: int) -> dict[str, object]:
         for static in (False, True):
             walks[0] = 0
             task = _WithUnused()
-            strategy = DDPStrategy(accelerator="cpu", devices=2, find_unused_parameters=True, static_graph=static)
+            strategy = DDPStrategy(
+                accelerator="cpu", devices=2, find_unused_parameters=True, static_graph=static
+            )
             Trainer(strategy=strategy, max_epochs=1, **QUIET).fit(task, DataLoader(make_data(), batch_size=4))
             out[f"state_{static}"], out[f"walks_{static}"] = task.state_dict(), walks[0]
         error = ""

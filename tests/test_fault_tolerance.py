@@ -32,8 +32,13 @@ def _env() -> dict[str, str]:
 
 def _ft(tmp, name: str, *extra: str, timeout: float = 180) -> tuple[subprocess.CompletedProcess[str], str]:
     out = str(tmp / f"{name}.pt")
-    proc = subprocess.run([sys.executable, FT, out, str(tmp / name), *extra], capture_output=True, text=True,
-                          timeout=timeout, env=_env())
+    proc = subprocess.run(
+        [sys.executable, FT, out, str(tmp / name), *extra],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_env(),
+    )
     return proc, out
 
 
@@ -53,8 +58,12 @@ def test_sigkill_during_checkpoint_write_leaves_a_loadable_file(tmp_path):
     rng = random.Random(0)
     generation = 0
     for _ in range(6):
-        proc = subprocess.Popen([sys.executable, WRITER, path], stdout=subprocess.PIPE, text=True,
-                                env={**_env(), "GENERATION": str(generation)})
+        proc = subprocess.Popen(
+            [sys.executable, WRITER, path],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**_env(), "GENERATION": str(generation)},
+        )
         assert proc.stdout is not None
         first = proc.stdout.readline()  # one generation is complete: the next write is under way
         assert first.strip()
@@ -73,8 +82,9 @@ def test_a_plain_torch_save_killed_mid_write_is_torn(tmp_path):
     path = str(tmp_path / "plain.ckpt")
     torn = 0
     for i in range(5):
-        proc = subprocess.Popen([sys.executable, WRITER, path, "--plain"], stdout=subprocess.PIPE, text=True,
-                                env=_env())
+        proc = subprocess.Popen(
+            [sys.executable, WRITER, path, "--plain"], stdout=subprocess.PIPE, text=True, env=_env()
+        )
         assert proc.stdout is not None
         proc.stdout.readline()
         time.sleep(0.02 + 0.01 * i)
@@ -94,13 +104,20 @@ def test_stuck_rank_times_out_with_a_named_error(tmp_path):
     assert time.monotonic() - start < 50  # 5 s timeout + 20 s stop grace of the stuck rank + start-up
     assert "rank 0/2" in run.stderr
     stuck = run.stderr.split("rank 1 did not reach a step boundary")
-    assert len(stuck) == 2 and "ft_train.py" in stuck[1]  # the dump shows where rank 1 is stuck and "did not complete within timeout_s=5s" in run.stderr
+    assert (
+        len(stuck) == 2 and "ft_train.py" in stuck[1]
+    )  # the dump shows where rank 1 is stuck and "did not complete within timeout_s=5s" in run.stderr
 
 
 def test_sigterm_stops_all_ranks_with_a_checkpoint(tmp_path):
     out = str(tmp_path / "term.pt")
-    proc = subprocess.Popen([sys.executable, FT, out, str(tmp_path / "term"), "--sigterm-wait", "--epochs", "50"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    proc = subprocess.Popen(
+        [sys.executable, FT, out, str(tmp_path / "term"), "--sigterm-wait", "--epochs", "50"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
     assert proc.stdout is not None
     deadline = time.monotonic() + 90
     for line in proc.stdout:
@@ -127,9 +144,22 @@ def test_uneven_inputs_end_the_epoch_together(tmp_path, kind):
 
 
 def test_sigint_on_one_process_checkpoints_and_exits_130(tmp_path):
-    proc = subprocess.Popen([sys.executable, FT, str(tmp_path / "x.pt"), str(tmp_path / "int"), "--single",
-                             "--sigterm-wait", "--epochs", "50"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            FT,
+            str(tmp_path / "x.pt"),
+            str(tmp_path / "int"),
+            "--single",
+            "--sigterm-wait",
+            "--epochs",
+            "50",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
     assert proc.stdout is not None
     for line in proc.stdout:
         if "READY" in line:
@@ -161,9 +191,17 @@ class _NaNAt(Task):
 
 
 def _nan_fit(task: Task, **kwargs) -> Trainer:
-    data = DataLoader(TensorDataset(torch.randn(24, 4, generator=torch.Generator().manual_seed(0))), batch_size=4)
-    trainer = Trainer(max_epochs=1, logger=False, enable_progress_bar=False, enable_checkpointing=False,
-                      enable_model_summary=False, **kwargs)
+    data = DataLoader(
+        TensorDataset(torch.randn(24, 4, generator=torch.Generator().manual_seed(0))), batch_size=4
+    )
+    trainer = Trainer(
+        max_epochs=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        **kwargs,
+    )
     trainer.fit(task, data)
     return trainer
 

@@ -22,7 +22,9 @@ ANY = st.one_of(
     st.integers(min_value=-5, max_value=5),
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=8),
-    st.sampled_from(["auto", "cpu", "ddp", "dp", "single", "norm", "value", "warn", "16-mixed", "bf16", "32"]),
+    st.sampled_from(
+        ["auto", "cpu", "ddp", "dp", "single", "norm", "value", "warn", "16-mixed", "bf16", "32"]
+    ),
     st.lists(st.integers(), max_size=2),
 )
 OPTIONS = [n for n in TrainerConfig.names() if n not in ("default_root_dir",)]
@@ -56,17 +58,33 @@ class _Echo(Task):
 OUTPUTS = st.one_of(
     ANY,
     st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
-    st.sampled_from([
-        torch.zeros(3), torch.zeros(2, 2), torch.tensor(1.0), {"loss": torch.zeros(2)}, {"los": torch.tensor(1.0)},
-    ]),
+    st.sampled_from(
+        [
+            torch.zeros(3),
+            torch.zeros(2, 2),
+            torch.tensor(1.0),
+            {"loss": torch.zeros(2)},
+            {"los": torch.tensor(1.0)},
+        ]
+    ),
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(out=OUTPUTS)
 def test_bad_training_step_outputs_raise_tandem_errors(out, tmp_path):
-    trainer = Trainer(max_steps=1, logger=False, enable_progress_bar=False, enable_checkpointing=False,
-                      enable_model_summary=False, default_root_dir=str(tmp_path))
+    trainer = Trainer(
+        max_steps=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+    )
     data = DataLoader(TensorDataset(torch.randn(4, 2)), batch_size=2)
     try:
         trainer.fit(_Echo(out), data)
@@ -86,8 +104,15 @@ class Box:
 
 
 LEAVES = st.one_of(
-    st.integers(min_value=-3, max_value=3), st.text(max_size=3), st.none(), st.floats(allow_nan=False),
-    st.builds(lambda n, d: torch.randn(n, 2).to(d), st.integers(0, 3), st.sampled_from([torch.float32, torch.float64])),
+    st.integers(min_value=-3, max_value=3),
+    st.text(max_size=3),
+    st.none(),
+    st.floats(allow_nan=False),
+    st.builds(
+        lambda n, d: torch.randn(n, 2).to(d),
+        st.integers(0, 3),
+        st.sampled_from([torch.float32, torch.float64]),
+    ),
     st.builds(lambda n: torch.randint(0, 5, (n,)), st.integers(0, 3)),
     st.just(torch.tensor(3.0)),
 )

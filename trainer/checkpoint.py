@@ -41,13 +41,17 @@ def load(path: str | os.PathLike[str], map_location: Any = "cpu") -> dict[str, A
     """Read a checkpoint written by Trainer.save_checkpoint."""
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise CheckpointError(f"checkpoint {path!r} does not exist; pass an existing file or ckpt_path='last'.")
+        raise CheckpointError(
+            f"checkpoint {path!r} does not exist; pass an existing file or ckpt_path='last'."
+        )
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=False)
     except Exception as e:
         raise CheckpointError(f"checkpoint {path!r} could not be read ({type(e).__name__}: {e}).") from e
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
-        raise CheckpointError(f"{path!r} is not a Tandem checkpoint (no 'state_dict'); save one with trainer.save_checkpoint.")
+        raise CheckpointError(
+            f"{path!r} is not a Tandem checkpoint (no 'state_dict'); save one with trainer.save_checkpoint."
+        )
     return ckpt
 
 
@@ -70,6 +74,7 @@ def check_compatible(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]
         if mismatched:
             parts.append(f"shape mismatches {mismatched[:5]}")
         raise CheckpointError(
-            f"checkpoint {path!r} was saved from a different model: " + "; ".join(parts)
+            f"checkpoint {path!r} was saved from a different model: "
+            + "; ".join(parts)
             + ". Load it into the model it was saved from, or start without ckpt_path."
         )

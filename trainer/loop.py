@@ -127,7 +127,9 @@ def train_epoch(trainer: Trainer) -> None:
             checked = t.global_step  # ranks agree on a stop request once per so many optimizer steps
             if strategy.any_rank(t.stop_signal is not None):
                 _stop_on_signal(t)
-        at_boundary = optimizer is None or (batch_idx + 1) % k == 0  # never stop inside an accumulation window
+        at_boundary = (
+            optimizer is None or (batch_idx + 1) % k == 0
+        )  # never stop inside an accumulation window
         if at_boundary and (_stop_requested(t) or _max_steps_reached(t)) and batch_idx + 1 < n:
             return  # stopped mid-epoch: the epoch is not finished, resume continues it
     if optimizer is not None and t.batch_in_epoch % k and n == float("inf"):

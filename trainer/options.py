@@ -63,7 +63,10 @@ class TrainerConfig:
             self.max_epochs is None or (is_int(self.max_epochs) and self.max_epochs >= -1),
             f"max_epochs must be an int >= -1 (-1 for no limit), got {self.max_epochs!r}",
         )
-        check(is_int(self.max_steps) and self.max_steps >= -1, f"max_steps must be an int >= -1, got {self.max_steps!r}")
+        check(
+            is_int(self.max_steps) and self.max_steps >= -1,
+            f"max_steps must be an int >= -1, got {self.max_steps!r}",
+        )
         check(
             is_int(self.accumulate_grad_batches) and self.accumulate_grad_batches >= 1,
             f"accumulate_grad_batches must be an int >= 1, got {self.accumulate_grad_batches!r}",
@@ -76,12 +79,20 @@ class TrainerConfig:
             is_int(self.num_sanity_val_steps) and self.num_sanity_val_steps >= -1,
             f"num_sanity_val_steps must be an int >= -1 (-1 runs all), got {self.num_sanity_val_steps!r}",
         )
-        check(is_int(self.num_nodes) and self.num_nodes >= 1, f"num_nodes must be an int >= 1, got {self.num_nodes!r}")
+        check(
+            is_int(self.num_nodes) and self.num_nodes >= 1,
+            f"num_nodes must be an int >= 1, got {self.num_nodes!r}",
+        )
         check(
             self.devices == "auto" or (is_int(self.devices) and self.devices >= 1),
             f"devices must be an int >= 1 or 'auto', got {self.devices!r}",
         )
-        for name in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches"):
+        for name in (
+            "limit_train_batches",
+            "limit_val_batches",
+            "limit_test_batches",
+            "limit_predict_batches",
+        ):
             v = getattr(self, name)
             check(
                 (is_int(v) and v >= 0) or (isinstance(v, float) and 0.0 <= v <= 1.0),
@@ -93,11 +104,13 @@ class TrainerConfig:
             f"val_check_interval must be an int >= 1 (batches) or a float in (0, 1], got {v!r}",
         )
         check(
-            self.check_val_every_n_epoch is None or (is_int(self.check_val_every_n_epoch) and self.check_val_every_n_epoch >= 1),
+            self.check_val_every_n_epoch is None
+            or (is_int(self.check_val_every_n_epoch) and self.check_val_every_n_epoch >= 1),
             f"check_val_every_n_epoch must be an int >= 1 or None, got {self.check_val_every_n_epoch!r}",
         )
         check(
-            self.gradient_clip_val is None or (isinstance(self.gradient_clip_val, (int, float)) and self.gradient_clip_val >= 0),
+            self.gradient_clip_val is None
+            or (isinstance(self.gradient_clip_val, (int, float)) and self.gradient_clip_val >= 0),
             f"gradient_clip_val must be a number >= 0 or None, got {self.gradient_clip_val!r}",
         )
         choose("gradient_clip_algorithm", self.gradient_clip_algorithm, ("norm", "value"))

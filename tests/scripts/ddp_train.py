@@ -49,8 +49,14 @@ def main() -> None:
     seed_everything(0)
     task = Net(args.fail_rank, args.fail_step)
     trainer = Trainer(
-        strategy="ddp", accelerator="cpu", devices=args.devices, max_epochs=2, logger=False,
-        enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
+        strategy="ddp",
+        accelerator="cpu",
+        devices=args.devices,
+        max_epochs=2,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
     )
     trainer.fit(task, DataLoader(make_data(), batch_size=args.batch_size))
     if trainer.is_global_zero:

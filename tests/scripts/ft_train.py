@@ -28,8 +28,9 @@ from trainer import Task, Trainer, seed_everything  # noqa: E402
 class Net(Task):
     def __init__(self, args: argparse.Namespace) -> None:
         super().__init__()
-        self.net = torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.ReLU(), torch.nn.Dropout(0.3),
-                                       torch.nn.Linear(32, 3))
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(6, 32), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(32, 3)
+        )
         self.args = args
 
     def training_step(self, batch, batch_idx):
@@ -79,17 +80,31 @@ def main() -> None:
     if args.uneven == "map":  # a user's own per-rank split: rank 0 gets 40 samples, rank 1 gets 28
         rank = int(os.environ.get("RANK", 0))
         data = torch.utils.data.Subset(data, range(40) if rank == 0 else range(40, 68))
-    loader = (DataLoader(Stream(), batch_size=4) if args.uneven == "stream"
-              else DataLoader(data, batch_size=8, shuffle=True))
+    loader = (
+        DataLoader(Stream(), batch_size=4)
+        if args.uneven == "stream"
+        else DataLoader(data, batch_size=8, shuffle=True)
+    )
     trainer = Trainer(
-        strategy="single" if args.single else DDPStrategy(
+        strategy="single"
+        if args.single
+        else DDPStrategy(
             accelerator="cpu", devices=2, max_restarts=args.max_restarts, timeout_s=args.timeout_s
         ),
         accelerator="cpu",
-        max_epochs=args.epochs, deterministic=True, resume="auto", default_root_dir=args.root, logger=False,
-        enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=args.uneven == "",
-        callbacks=[ModelCheckpoint(dirpath=os.path.join(args.root, "ckpts"), every_n_train_steps=2,
-                                   save_last=True, save_top_k=0)],
+        max_epochs=args.epochs,
+        deterministic=True,
+        resume="auto",
+        default_root_dir=args.root,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        use_distributed_sampler=args.uneven == "",
+        callbacks=[
+            ModelCheckpoint(
+                dirpath=os.path.join(args.root, "ckpts"), every_n_train_steps=2, save_last=True, save_top_k=0
+            )
+        ],
     )
     task = Net(args)
     trainer.fit(task, loader)
