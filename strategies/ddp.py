@@ -187,7 +187,6 @@ class DDPStrategy(Strategy):
             find_unused_parameters=self.find_unused_parameters,
             comm_hook=self.comm_hook,
             broadcast_buffers=self.broadcast_buffers,
-            rebuild_buckets=True,
             static_graph=self.static_graph,
         )
 
@@ -283,13 +282,15 @@ class DDPStrategy(Strategy):
         """True while every rank still has a batch; a 1-element all-reduce per step, only for unknown lengths."""
         if not self._step_join:
             return has_batch
-        flag = torch.tensor([1 if has_batch else 0], dtype=torch.int32)
-        self._collective("join all-reduce", dist.all_reduce, flag, dist.ReduceOp.MIN)
-        return bool(flag.item())
+        return not self._any(not has_batch, "join all-reduce")
 
     def any_rank(self, flag: bool) -> bool:
+        return self._any(flag, "stop-request all-reduce")
+
+    def _any(self, flag: bool, op: str) -> bool:
+        """True if `flag` is set on any rank: a 1-element MAX all-reduce."""
         flag_t = torch.tensor([1 if flag else 0], dtype=torch.int32)
-        self._collective("stop-request all-reduce", dist.all_reduce, flag_t, dist.ReduceOp.MAX)
+        self._collective(op, dist.all_reduce, flag_t, dist.ReduceOp.MAX)
         return bool(flag_t.item())
 
     def _collective(self, op: str, fn: Callable[..., Any], *args: Any) -> Any:

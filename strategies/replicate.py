@@ -12,6 +12,7 @@ import torch
 
 from strategies.batch import apply_to_tensors
 from trainer.errors import TaskError
+from trainer.metrics import is_metric
 
 if TYPE_CHECKING:
     from trainer.task import Task
@@ -50,7 +51,7 @@ def _needs_grad(value: Any) -> bool:
 
 
 def _is_torchmetric(m: Any) -> bool:
-    return all(hasattr(m, a) for a in ("update", "compute", "reset", "merge_state"))
+    return is_metric(m) and hasattr(m, "merge_state")  # replicas' states are merged back
 
 
 def _walk(module: torch.nn.Module, seen: set[int]) -> Iterator[torch.nn.Module]:

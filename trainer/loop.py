@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import signal
+import sys
 from itertools import count, islice
 from typing import TYPE_CHECKING, Any
 
@@ -105,11 +107,7 @@ def train_epoch(trainer: Trainer) -> None:
                     strategy.backward(loss / window if window > 1 else loss)
                     t._call("on_after_backward")
             if boundary:
-                t._optimizer_step(optimizer)
-                t._call("on_before_zero_grad", optimizer)
-                optimizer.zero_grad(set_to_none=True)
-                t.global_step += 1
-                step_schedulers(t, "step")
+                _step(t, optimizer)
         else:  # manual optimization: the task steps its own optimizers
             with strategy.precision.autocast():
                 out = strategy.training_step(task, batch, batch_idx)
@@ -127,9 +125,8 @@ def train_epoch(trainer: Trainer) -> None:
             checked = t.global_step  # ranks agree on a stop request once per so many optimizer steps
             if strategy.any_rank(t.stop_signal is not None):
                 _stop_on_signal(t)
-        at_boundary = (
-            optimizer is None or (batch_idx + 1) % k == 0
-        )  # never stop inside an accumulation window
+        # never stop inside an accumulation window (its gradients would be lost)
+        at_boundary = optimizer is None or (batch_idx + 1) % k == 0
         if at_boundary and (_stop_requested(t) or _max_steps_reached(t)) and batch_idx + 1 < n:
             return  # stopped mid-epoch: the epoch is not finished, resume continues it
     if optimizer is not None and t.batch_in_epoch % k and n == float("inf"):
@@ -159,6 +156,11 @@ def _step_partial_window(t: Trainer, optimizer: torch.optim.Optimizer) -> None:
             for p in group["params"]:
                 if p.grad is not None:
                     p.grad.mul_(k / have)
+    _step(t, optimizer)
+
+
+def _step(t: Trainer, optimizer: torch.optim.Optimizer) -> None:
+    """One optimizer step of automatic optimization: reduce, step, zero the grads, count, schedule."""
     t._optimizer_step(optimizer)
     t._call("on_before_zero_grad", optimizer)
     optimizer.zero_grad(set_to_none=True)
@@ -181,9 +183,6 @@ def _nonfinite(t: Trainer, loss: torch.Tensor, batch_idx: int) -> bool:
 
 def _stop_on_signal(t: Trainer) -> None:
     """SIGINT/SIGTERM reached a rank: every rank saves one checkpoint together, then exits 128+signal."""
-    import signal
-    import sys
-
     signum = t.stop_signal or signal.SIGTERM
     where = ""
     if t.config.enable_checkpointing:

@@ -14,7 +14,7 @@ from trainer.errors import TaskError, choose
 REDUCE_FX = ("mean", "sum", "max", "min")
 
 
-def _is_metric(value: Any) -> bool:
+def is_metric(value: Any) -> bool:
     """A torchmetrics Metric, detected without importing torchmetrics (it is slow to import)."""
     return hasattr(value, "compute") and hasattr(value, "reset") and hasattr(value, "update")
 
@@ -97,7 +97,7 @@ class MetricStore:
         entry = self.entries.get(key)
         if entry is None:
             entry = self.entries[key] = _Entry(key, on_step, on_epoch, prog_bar, logger, sync_dist, reduce_fx)
-        if _is_metric(value):
+        if is_metric(value):
             entry.metric = value
             cached = getattr(value, "_forward_cache", None)
             value = cached if isinstance(cached, torch.Tensor) else None

@@ -23,7 +23,7 @@ from trainer.data import num_batches, with_worker_seeding
 from trainer.datamodule import DataModule
 from trainer.errors import CheckpointError, ConfigError, TaskError
 from trainer.loggers import Logger, TensorBoardLogger, align_versions
-from trainer.metrics import MetricStore
+from trainer.metrics import MetricStore, to_floats
 from trainer.optim import SchedulerConfig, TaskOptimizer, needs_closure, parse_optimizers, step_schedulers
 from trainer.options import TrainerConfig
 from trainer.seed import get_rng_state
@@ -435,7 +435,7 @@ class Trainer:
         """Send metrics to the loggers (rank 0); this is where tensors become floats."""
         if not metrics:
             return
-        values = {k: float(v) for k, v in metrics.items()}
+        values = {k: float(v) for k, v in to_floats(metrics).items()}  # one host copy per device
         self.logged_metrics.update(values)
         if self.loggers and self.is_global_zero and not self.sanity_checking:
             values["epoch"] = float(self.current_epoch)
@@ -496,12 +496,19 @@ class Trainer:
     def _find_last_checkpoint(self) -> str | None:
         """For resume='auto': the checkpoint callbacks' last file, else the newest last.ckpt under
         default_root_dir (log versions change between restarts), else None for a fresh start."""
-        for cb in self.checkpoint_callbacks:
-            last = cb.last_checkpoint_path()
-            if last and os.path.isfile(last):
-                return last
+        last = self._callback_last_checkpoint()
+        if last is not None:
+            return last
         found = glob.glob(os.path.join(self.default_root_dir, "**", "last.ckpt"), recursive=True)
         return max(found, key=os.path.getmtime) if found else None
+
+    def _callback_last_checkpoint(self) -> str | None:
+        """The last.ckpt that a checkpoint callback knows of, if it exists."""
+        for cb in self.checkpoint_callbacks:
+            last = getattr(cb, "last_checkpoint_path", lambda: None)()
+            if last and os.path.isfile(last):
+                return last
+        return None
 
     def _stop_checkpoint_path(self) -> str:
         """Where a SIGINT/SIGTERM stop writes: the checkpoint callback's last.ckpt, or <root>/checkpoints."""
@@ -529,10 +536,9 @@ class Trainer:
             )
         if path != "last":
             return path
-        for cb in self.checkpoint_callbacks:
-            last = getattr(cb, "last_checkpoint_path", lambda: None)()
-            if last and os.path.isfile(last):
-                return last
+        last = self._callback_last_checkpoint()
+        if last is not None:
+            return last
         raise CheckpointError(
             "ckpt_path='last' found no last checkpoint; enable ModelCheckpoint(save_last=True) "
             "in the run you resume, or pass a file path."
