@@ -14,6 +14,16 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+# Trainer keywords for a quiet, fast CPU run: no logger, bar, checkpoints, summary or sanity steps.
+FAST = dict(
+    accelerator="cpu",
+    logger=False,
+    enable_progress_bar=False,
+    enable_checkpointing=False,
+    enable_model_summary=False,
+    num_sanity_val_steps=0,
+)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)

@@ -7,21 +7,13 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import FAST
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from trainer import Task, Trainer
 from trainer import checkpoint as ckpt_io
 from trainer.errors import CheckpointError, TandemError
-
-FAST = dict(
-    accelerator="cpu",
-    logger=False,
-    enable_progress_bar=False,
-    enable_checkpointing=False,
-    enable_model_summary=False,
-    num_sanity_val_steps=0,
-)
 
 
 class CountingData(Dataset):

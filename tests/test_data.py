@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import FAST
 from torch import nn
 from torch.utils.data import (
     BatchSampler,
@@ -18,15 +19,6 @@ from torch.utils.data import (
 from trainer import DataModule, Task, Trainer
 from trainer.data import SkipBatchSampler, num_batches, rebuild, rebuildable, set_epoch
 from trainer.errors import ConfigError
-
-FAST = dict(
-    accelerator="cpu",
-    logger=False,
-    enable_progress_bar=False,
-    enable_checkpointing=False,
-    enable_model_summary=False,
-    num_sanity_val_steps=0,
-)
 
 
 def tensors(n: int = 20) -> TensorDataset:

@@ -5,20 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import FAST
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainer import TandemError, Task, Trainer
 from trainer.errors import CheckpointError, ConfigError, TaskError
-
-FAST = dict(
-    accelerator="cpu",
-    logger=False,
-    enable_progress_bar=False,
-    enable_checkpointing=False,
-    enable_model_summary=False,
-    num_sanity_val_steps=0,
-)
 
 
 def data() -> DataLoader:

@@ -5,19 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import FAST
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainer import Task, Trainer
-
-FAST = dict(
-    accelerator="cpu",
-    logger=False,
-    enable_progress_bar=False,
-    enable_checkpointing=False,
-    enable_model_summary=False,
-    num_sanity_val_steps=0,
-)
 
 
 def dataset(n: int = 20) -> TensorDataset:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import FAST
 from torch import nn
 from torch.optim.lr_scheduler import ReduceLROnPlateau, StepLR
 from torch.utils.data import DataLoader, TensorDataset
@@ -12,15 +13,6 @@ from torch.utils.data import DataLoader, TensorDataset
 from trainer import Task, Trainer
 from trainer.errors import ConfigError, TaskError
 from trainer.optim import SchedulerConfig, parse_optimizers
-
-FAST = dict(
-    accelerator="cpu",
-    logger=False,
-    enable_progress_bar=False,
-    enable_checkpointing=False,
-    enable_model_summary=False,
-    num_sanity_val_steps=0,
-)
 
 
 def params() -> list[nn.Parameter]:
