@@ -153,7 +153,7 @@ class ModelCheckpoint(Callback):
             return
         if self.dirpath is None:
             base = trainer.log_dir if trainer.loggers else trainer.default_root_dir
-            self.dirpath = os.path.abspath(trainer.strategy.broadcast(os.path.join(base, "checkpoints")))
+            self.dirpath = os.path.abspath(trainer.strategy.comm.broadcast(os.path.join(base, "checkpoints")))
         roots = [self.dirpath]
         if self._default_dirpath:  # earlier runs of this experiment wrote into sibling version directories
             roots += [
@@ -197,7 +197,7 @@ class ModelCheckpoint(Callback):
             now = time.monotonic()
             late = now - self._last_time >= self._interval_s
             if trainer.world_size > 1:  # clocks differ: rank 0 decides, or the ranks would not save together
-                late = bool(trainer.strategy.broadcast(late))
+                late = bool(trainer.strategy.comm.broadcast(late))
             if late:
                 self._last_time = now
             due = due or late
@@ -262,7 +262,7 @@ class ModelCheckpoint(Callback):
             self._warned.add(message)
             return None
         values = {n: float(candidates[n]) for n in names}
-        return trainer.strategy.broadcast(values) if trainer.world_size > 1 else values
+        return trainer.strategy.comm.broadcast(values) if trainer.world_size > 1 else values
 
     def _save_topk(self, trainer: Trainer, candidates: dict[str, Any]) -> None:
         names = [n for n, _ in self._fields] + ([self.monitor] if self.monitor else [])

@@ -12,16 +12,15 @@ from callbacks.timer import Timer
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
-    from trainer.trainer import Trainer
+    from trainer.options import TrainerConfig
 
 
-def default_callbacks(trainer: Trainer, given: list[Callback]) -> list[Callback]:
+def default_callbacks(cfg: TrainerConfig, given: list[Callback]) -> list[Callback]:
     """The user's callbacks plus the defaults that the Trainer's enable_* flags ask for.
 
     Checkpoint callbacks go last, so that the state they save includes every other callback's update of
     the same hook (early stopping's patience counter, for instance).
     """
-    cfg = trainer.config
     cbs = list(given)
 
     def has(kind: type) -> bool:
@@ -39,9 +38,8 @@ def default_callbacks(trainer: Trainer, given: list[Callback]) -> list[Callback]
         cbs.append(ModelSummary())
     if cfg.enable_checkpointing and not has(ModelCheckpoint):
         cbs.append(ModelCheckpoint())
-    max_time = getattr(cfg, "max_time", None)
-    if max_time is not None and not has(Timer):
-        cbs.append(Timer(duration=max_time, interval="step"))
+    if cfg.max_time is not None and not has(Timer):
+        cbs.append(Timer(duration=cfg.max_time, interval="step"))
     return [cb for cb in cbs if not hasattr(cb, "best_model_path")] + [
         cb for cb in cbs if hasattr(cb, "best_model_path")
     ]

@@ -108,7 +108,7 @@ class EarlyStopping(Callback):
         wants_stop, reason = self.evaluate(float(value))
         # every rank must leave the loop at the same step: stop everywhere if any rank wants to
         flag = torch.tensor(float(wants_stop), device=trainer.strategy.root_device)
-        if bool(trainer.strategy.reduce(flag, "max").item() > 0):
+        if bool(trainer.strategy.comm.reduce(flag, "max").item() > 0):
             trainer.should_stop = True
             self.stopped_epoch = trainer.current_epoch
             self.stopping_reason = reason if wants_stop else "another rank asked to stop"

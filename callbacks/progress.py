@@ -13,7 +13,6 @@ if TYPE_CHECKING:
     from trainer.task import Task
     from trainer.trainer import Trainer
 
-_EVAL_DESC = {"validate": "Validation", "test": "Testing", "predict": "Predicting"}
 
 
 def format_metrics(metrics: dict[str, float]) -> dict[str, str]:
@@ -72,7 +71,7 @@ class ProgressBar(Callback):
         """Open (or reset) the epoch's bar."""
         if not trainer.is_global_zero:
             return
-        total, start = trainer.num_training_batches, trainer.batch_in_epoch
+        total, start = trainer.num_training_batches, trainer.state.batch_in_epoch
         desc = f"Epoch {trainer.current_epoch}"
         if self.train_bar is None or self.leave:
             self._close_train()
@@ -114,7 +113,7 @@ class ProgressBar(Callback):
             return
         self._close_eval()
         total = sum(n if limit is None else min(n, limit) for n in sizes)
-        standalone = trainer.stage != "fit"
+        standalone = trainer.state.stage != "fit"
         self._eval_count = 0
         self.eval_bar = self._new_bar(desc, total, 1 if self.train_bar is not None else 0, leave=standalone)
 
@@ -146,7 +145,7 @@ class ProgressBar(Callback):
         self._eval_end(trainer)
 
     def on_test_start(self, trainer: Trainer, task: Task) -> None:
-        self._eval_start(trainer, _EVAL_DESC["test"], list(trainer.eval_num_batches))
+        self._eval_start(trainer, "Testing", list(trainer.num_test_batches))
 
     def on_test_batch_end(self, trainer: Trainer, task: Task, *args: Any) -> None:
         self._eval_batch_end()
@@ -155,7 +154,7 @@ class ProgressBar(Callback):
         self._eval_end(trainer)
 
     def on_predict_start(self, trainer: Trainer, task: Task) -> None:
-        self._eval_start(trainer, _EVAL_DESC["predict"], list(trainer.eval_num_batches))
+        self._eval_start(trainer, "Predicting", list(trainer.num_predict_batches))
 
     def on_predict_batch_end(self, trainer: Trainer, task: Task, *args: Any) -> None:
         self._eval_batch_end()

@@ -121,7 +121,7 @@ class Timer(Callback):
             return
         stop = self.time_elapsed("train") >= self._duration_s
         if trainer.world_size > 1:  # clocks differ between ranks: rank 0 decides for all
-            stop = bool(trainer.strategy.broadcast(stop))
+            stop = bool(trainer.strategy.comm.broadcast(stop))
         if stop and not trainer.should_stop:
             trainer.should_stop = True
             if self.verbose:

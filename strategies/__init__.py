@@ -8,63 +8,77 @@ from typing import Any
 import torch
 
 from strategies.base import Strategy
+from strategies.comm import Comm
 from strategies.precision import Precision
 from strategies.single import SingleDeviceStrategy
 from trainer.errors import ConfigError, choose
 
-# name -> "module:Class"; imported on demand so that `import trainer` stays fast.
-STRATEGIES: dict[str, str] = {
-    "single": "strategies.single:SingleDeviceStrategy",
-    "dp": "strategies.data_parallel:DataParallelStrategy",
-    "ddp": "strategies.ddp:DDPStrategy",
-    "ddp_accumulate": "strategies.ddp:DDPStrategy",  # config alias: use with accumulate_grad_batches=k
+# name -> ("module:Class", constructor arguments); imported on demand so that `import trainer` stays fast.
+STRATEGIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "single": ("strategies.single:SingleDeviceStrategy", {}),
+    "dp": ("strategies.data_parallel:DataParallelStrategy", {}),
+    "ddp": ("strategies.ddp:DDPStrategy", {}),
+    "ddp_accumulate": ("strategies.ddp:DDPStrategy", {}),  # config alias: use with accumulate_grad_batches=k
+    "ddp_find_unused_parameters_true": ("strategies.ddp:DDPStrategy", {"find_unused_parameters": True}),
 }
+#: Trainer options a strategy takes when its constructor left them unset
+FILLED = ("accelerator", "precision", "devices", "num_nodes")
 
 
-def register(name: str, target: str) -> None:
+def register(name: str, target: str, **kwargs: Any) -> None:
     """Make a strategy available by name in Trainer(strategy=...) and in config files."""
-    STRATEGIES[name] = target
+    STRATEGIES[name] = (target, kwargs)
 
 
-def _load(name: str) -> type[Strategy]:
-    module, _, cls = STRATEGIES[name].partition(":")
-    return getattr(importlib.import_module(module), cls)
+def _load(name: str) -> tuple[type[Strategy], dict[str, Any]]:
+    target, kwargs = STRATEGIES[name]
+    module, _, cls = target.partition(":")
+    return getattr(importlib.import_module(module), cls), kwargs
 
 
-def resolve_strategy(
-    strategy: Any, accelerator: str, devices: Any, precision: Any, **kwargs: Any
-) -> Strategy:
-    """Turn Trainer(strategy=..., devices=...) into a Strategy instance."""
-    if isinstance(strategy, Strategy):
-        strategy.precision = Precision(precision)
-        # Trainer(devices=..., accelerator=..., num_nodes=...) wins over the instance's defaults
-        if devices != "auto" and hasattr(strategy, "devices"):
-            strategy.devices = devices
-        if accelerator != "auto":
-            strategy.accelerator = accelerator
-        if kwargs.get("num_nodes", 1) != 1 and hasattr(strategy, "num_nodes"):
-            strategy.num_nodes = kwargs["num_nodes"]
-        return strategy
-    if not isinstance(strategy, str):
+def resolve_strategy(strategy: Any, options: dict[str, Any], given: set[str] | frozenset[str] = frozenset()) -> Strategy:
+    """Turn Trainer(strategy=..., devices=..., ...) into a configured Strategy instance.
+
+    `options` holds the Trainer's accelerator, precision, devices, num_nodes and use_distributed_sampler;
+    `given` names those the user passed. A Strategy instance keeps what its constructor set and takes the
+    rest from the Trainer; a value set on both sides that differs is a ConfigError naming both.
+    """
+    if isinstance(strategy, str):
+        choose("strategy", strategy, ["auto", *STRATEGIES])
+        strategy = _by_name(strategy, options)
+    elif not isinstance(strategy, Strategy):
         raise ConfigError(f"strategy must be a name or a Strategy instance, got {type(strategy).__name__}")
-    choose("strategy", strategy, ["auto", *STRATEGIES])
-    if devices == "auto":
-        devices = (
-            torch.cuda.device_count()
-            if accelerator in ("auto", "cuda", "gpu") and torch.cuda.is_available()
-            else 1
-        )
-        devices = max(devices, 1)
-    if strategy == "auto":
-        strategy = "single" if devices == 1 else "ddp"
-    if strategy == "single":
-        if devices != 1:
+    for name in FILLED:
+        value = options[name]
+        if name == "devices" and value == "auto":
+            value = _auto_devices(options)
+        if name == "precision" or hasattr(strategy, name):  # (reading .precision would default it)
+            strategy._fill(name, value, name in given)
+        elif name in given and value != 1:  # devices or num_nodes for a strategy of one device
             raise ConfigError(
-                f"strategy='single' runs on one device but devices={devices}; use strategy='ddp' or 'dp'."
+                f"{type(strategy).__name__} runs in one process on one device but {name}={options[name]!r}; "
+                "use strategy='ddp' (or 'dp' for several devices in one process)."
             )
-        return SingleDeviceStrategy(accelerator=accelerator, precision=precision)
-    extra = {k: v for k, v in kwargs.items() if not (k == "num_nodes" and v == 1)}
-    return _load(strategy)(accelerator=accelerator, devices=devices, precision=precision, **extra)
+    strategy.use_distributed_sampler = options.get("use_distributed_sampler", True)
+    strategy.root_device  # noqa: B018 (a missing accelerator is a ConfigError now, not at fit)
+    return strategy
 
 
-__all__ = ["STRATEGIES", "Precision", "SingleDeviceStrategy", "Strategy", "register", "resolve_strategy"]
+def _auto_devices(options: dict[str, Any]) -> int:
+    cuda = options["accelerator"] in ("auto", "cuda", "gpu") and torch.cuda.is_available()
+    return max(torch.cuda.device_count() if cuda else 1, 1)
+
+
+def _by_name(name: str, options: dict[str, Any]) -> Strategy:
+    devices = options["devices"]
+    if devices == "auto":
+        devices = _auto_devices(options)
+    if name == "auto":
+        name = "single" if devices == 1 and options["num_nodes"] == 1 else "ddp"
+    if name == "single" and devices != 1:
+        raise ConfigError(f"strategy='single' runs on one device but devices={devices}; use strategy='ddp' or 'dp'.")
+    cls, kwargs = _load(name)
+    return cls(**kwargs)
+
+
+__all__ = ["STRATEGIES", "Comm", "Precision", "SingleDeviceStrategy", "Strategy", "register", "resolve_strategy"]

@@ -1,14 +1,22 @@
-"""The Strategy interface: where the task runs and how gradients are combined."""
+"""The Strategy contract: where the task runs and how its gradients are combined.
+
+The loop drives every strategy through these members only (16): `name`, `root_device`, `precision`,
+`comm`, `launch`, `setup`, `teardown`, `process_dataloader`, `batch_to_device`, `step`, `autocast`,
+`backward`, `unscale_gradients`, `optimizer_step`, `state_dict`, `load_state_dict`. Rank information and
+collectives live on `comm` (strategies/comm.py). A strategy is fully configured by its constructor; the
+Trainer only fills what the constructor left unset (`None`), see strategies/__init__.py.
+"""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from strategies.batch import move_to_device
+from strategies.comm import Comm
 from strategies.precision import Precision
 from trainer.errors import ConfigError
 
@@ -19,7 +27,7 @@ if TYPE_CHECKING:
 class Strategy:
     """Base class for device placement, data sampling, precision and gradient reduction.
 
-    The Trainer drives every strategy through these methods only. Example::
+    Example::
 
         class MyStrategy(Strategy):
             name = "mine"
@@ -27,42 +35,32 @@ class Strategy:
     """
 
     name = "base"
-    use_distributed_sampler = True  # the Trainer sets it from its option of the same name
 
-    def __init__(self, accelerator: str = "auto", precision: Precision | str | int = "32-true") -> None:
-        self.accelerator = accelerator
-        self.precision = precision if isinstance(precision, Precision) else Precision(precision)
-        self._root_device = torch.device("cpu")
-        self._nullcontext = contextlib.nullcontext()
+    def __init__(self, accelerator: str | None = None, precision: Precision | str | int | None = None) -> None:
+        self.accelerator = accelerator  # None: the Trainer's accelerator (default "auto")
+        self._precision = None if precision is None else Precision.of(precision)
+        self._root_device: torch.device | None = None  # chosen on first use, from the accelerator
+        self.use_distributed_sampler = True
+        self.comm: Comm = Comm()
 
     # ----- where we are -------------------------------------------------------------------------
     @property
     def root_device(self) -> torch.device:
+        if self._root_device is None:
+            self._root_device = pick_device(self.accelerator or "auto")
         return self._root_device
 
     @property
-    def world_size(self) -> int:
-        return 1
-
-    @property
-    def global_rank(self) -> int:
-        return 0
-
-    @property
-    def local_rank(self) -> int:
-        return 0
-
-    @property
-    def is_global_zero(self) -> bool:
-        return self.global_rank == 0
+    def precision(self) -> Precision:
+        """The precision plugin (autocast, loss scaling, parameter dtype)."""
+        if self._precision is None:
+            self._precision = Precision("32-true")
+        return self._precision
 
     # ----- life cycle ---------------------------------------------------------------------------
-    def launch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run fn in this process (multi-process strategies start their workers here)."""
-        return fn(*args, **kwargs)
-
-    def setup_environment(self) -> None:
-        """Prepare devices and process groups before the task is touched."""
+    def launch(self) -> None:
+        """Bring this process into the job: join its process group, or start the workers (then the parent
+        exits with their status and never returns). One process: pick the device."""
 
     def setup(self, task: Task) -> None:
         """Move the task to the root device in the parameter dtype of the precision."""
@@ -70,7 +68,7 @@ class Strategy:
         task.to(device=self.root_device, dtype=self.precision.param_dtype)
 
     def teardown(self) -> None:
-        """Release what setup and setup_environment acquired."""
+        """Release what setup acquired."""
 
     # ----- data ---------------------------------------------------------------------------------
     def process_dataloader(self, loader: Any, stage: str) -> Any:
@@ -81,90 +79,75 @@ class Strategy:
         return move_to_device(batch, self.root_device, self.precision.param_dtype)
 
     # ----- steps --------------------------------------------------------------------------------
-    def training_step(self, task: Task, batch: Any, batch_idx: int) -> Any:
-        return task.training_step(batch, batch_idx)
-
-    def eval_step(
-        self, task: Task, hook: str, batch: Any, batch_idx: int, dataloader_idx: int | None = None
-    ) -> Any:
-        """Run validation_step, test_step or predict_step (`hook`); dataloader_idx is passed (even 0) only
-        when there are several loaders, as in Lightning."""
+    def step(self, task: Task, hook: str, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> Any:
+        """Run training_step, validation_step, test_step or predict_step (`hook`); dataloader_idx is passed
+        (even 0) only when there are several loaders, as in Lightning."""
         fn = getattr(task, hook)
         return fn(batch, batch_idx) if dataloader_idx is None else fn(batch, batch_idx, dataloader_idx)
 
-    def backward(self, loss: torch.Tensor) -> None:
-        self.precision.backward(loss)
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Context for the forward pass under this precision."""
+        return self.precision.autocast()
 
-    def no_sync(self, enabled: bool = True) -> contextlib.AbstractContextManager[Any]:
-        """Context in which backward does not communicate (gradient accumulation)."""
-        return self._nullcontext
+    def backward(self, loss: torch.Tensor, sync: bool = True) -> None:
+        """Backward of `loss` (scaled under 16-mixed). With sync=False the gradients only accumulate
+        locally (micro-batches 1..k-1 of an accumulation window): nothing is communicated."""
+        self.precision.scale(loss).backward()
 
-    def optimizer_step(
-        self,
-        optimizer: torch.optim.Optimizer,
-        closure: Callable[[], Any] | None = None,
-        on_before_step: Callable[[torch.optim.Optimizer], None] | None = None,
-        clip_val: float | None = None,
-        clip_algorithm: str = "norm",
-    ) -> Any:
-        """Finish gradient reduction, unscale, call the hook, clip, and step."""
+    def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        """Make the gradients final for the step: reduced across ranks and at their true scale."""
         self.precision.unscale(optimizer)
-        if on_before_step is not None:
-            on_before_step(optimizer)
-        if clip_val:
-            clip_gradients(optimizer, clip_val, clip_algorithm)
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None) -> Any:
+        """Step (under 16-mixed the scaler skips a step whose gradients are inf/nan)."""
         return self.precision.step(optimizer, closure)
 
-    # ----- agreement between ranks (trivial on one process) -------------------------------------
-    stop_check_interval = 1  # optimizer steps between checks of a stop request (SIGINT/SIGTERM)
-
-    def agree_num_batches(self, n: int | float) -> int | float:
-        """The number of batches every rank runs this epoch."""
-        return n
-
-    def join(self, has_batch: bool) -> bool:
-        """True while every rank still has a batch."""
-        return has_batch
-
-    def any_rank(self, flag: bool) -> bool:
-        """True if the flag is set on any rank."""
-        return flag
-
-    # ----- collectives (identity on one process) ------------------------------------------------
-    def reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
-        return tensor
-
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Stack each rank's tensor along a new dim 0."""
-        return tensor.unsqueeze(0)
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        return obj
-
-    def barrier(self, name: str | None = None) -> None:
-        pass
-
-    def gather_object(self, obj: Any) -> list[Any]:
-        """Every rank's `obj`, in rank order (picklable objects)."""
-        return [obj]
-
+    # ----- checkpoints --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"precision": self.precision.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.precision.load_state_dict(state.get("precision", {}))
 
+    # ----- filled in by the Trainer (strategies/__init__.py), never after setup --------------------
+    def _fill(self, name: str, value: Any, given: bool) -> None:
+        """Take the Trainer's `value` for option `name` where the constructor left it unset; a value the
+        user gave to both that differs is a ConfigError naming both."""
+        attr = "_precision" if name == "precision" else name
+        if name == "precision":
+            value = Precision.of(value)
+        own = getattr(self, attr)
+        if own is None:
+            setattr(self, attr, value)
+        elif given and not _same(name, own, value):
+            raise ConfigError(
+                f"{type(self).__name__}({name}={_show(own)}) conflicts with Trainer({name}={_show(value)}); "
+                f"set {name} in one place only."
+            )
 
-def clip_gradients(optimizer: torch.optim.Optimizer, clip_val: float, algorithm: str = "norm") -> None:
-    """Clip the gradients of the optimizer's parameters by total norm or by value."""
-    params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-    if algorithm == "norm":
-        torch.nn.utils.clip_grad_norm_(params, clip_val)
-    elif algorithm == "value":
-        torch.nn.utils.clip_grad_value_(params, clip_val)
-    else:
-        raise ConfigError(f"gradient_clip_algorithm must be 'norm' or 'value', got {algorithm!r}")
+
+def _same(name: str, own: Any, value: Any) -> bool:
+    if isinstance(own, Precision):
+        return own.name == value.name
+    if name == "devices" and isinstance(own, (list, tuple)) and isinstance(value, int):
+        return len(own) == value
+    return own == value
 
 
-def iter_params(task: torch.nn.Module) -> Iterator[torch.nn.Parameter]:
-    return (p for p in task.parameters() if p.requires_grad)
+def _show(value: Any) -> str:
+    return repr(value.name) if isinstance(value, Precision) else repr(value)
+
+
+def pick_device(accelerator: str = "auto", index: int = 0) -> torch.device:
+    """Resolve 'auto' | 'cpu' | 'cuda' | 'gpu' | 'mps' to a torch.device, with a clear error if absent."""
+    acc = {"gpu": "cuda"}.get(accelerator, accelerator)
+    mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    if acc == "auto":
+        acc = "cuda" if torch.cuda.is_available() else "mps" if mps else "cpu"
+    if acc == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("accelerator='cuda' was requested but no CUDA GPU is visible; use accelerator='cpu'.")
+    if acc == "mps" and not mps:
+        raise ConfigError("accelerator='mps' was requested but MPS is not available; use accelerator='cpu'.")
+    if acc not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"unknown accelerator {accelerator!r} (valid: 'auto', 'cpu', 'cuda', 'gpu', 'mps')")
+    return torch.device(acc, index) if acc == "cuda" else torch.device(acc)

@@ -48,13 +48,13 @@ class DataParallelStrategy(Strategy):
 
     def __init__(
         self,
-        accelerator: str = "auto",
-        devices: int | str | Sequence[int] = 1,
-        precision: Precision | str | int = "32-true",
+        accelerator: str | None = None,
+        devices: int | str | Sequence[int] | None = None,
+        precision: Precision | str | int | None = None,
     ) -> None:
         super().__init__(accelerator, precision)
-        self.devices = _resolve_devices(accelerator, devices)
-        self._root_device = self.devices[0]
+        self.devices = devices  # None: the Trainer's devices
+        self._device_list: list[torch.device] | None = None
         self._local = threading.local()  # the device of the replica running in this thread
         self._threads: _ReplicaThreads | None = None
         self._metric_clones: dict[tuple[int, int], tuple[weakref.ref[Any], torch.nn.Module]] = {}
@@ -64,10 +64,17 @@ class DataParallelStrategy(Strategy):
         )
 
     @property
+    def device_list(self) -> list[torch.device]:
+        """The replicas' devices (resolved from `devices` and the accelerator on first use)."""
+        if self._device_list is None:
+            self._device_list = _resolve_devices(self.accelerator or "auto", 1 if self.devices is None else self.devices)
+        return self._device_list
+
+    @property
     def root_device(self) -> torch.device:
         """The primary device, or inside a replica's step the replica's device (so `Task.device` is right)."""
         device = getattr(self._local, "device", None)
-        return self._root_device if device is None else device
+        return self.device_list[0] if device is None else device
 
     def teardown(self) -> None:
         if self._threads is not None:
@@ -76,15 +83,10 @@ class DataParallelStrategy(Strategy):
         self._metric_clones.clear()
 
     # ----- steps --------------------------------------------------------------------------------
-    def training_step(self, task: Task, batch: Any, batch_idx: int) -> Any:
-        return self._step(task, "training_step", batch, (batch_idx,))
-
-    def eval_step(self, task: Task, hook: str, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
-        return self._step(task, hook, batch, (batch_idx, dataloader_idx) if dataloader_idx else (batch_idx,))
-
-    def _step(self, task: Task, hook: str, batch: Any, args: tuple[int, ...]) -> Any:
+    def step(self, task: Task, hook: str, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> Any:
+        args = (batch_idx,) if dataloader_idx is None else (batch_idx, dataloader_idx)
         t0 = time.perf_counter()
-        chunks, sizes = scatter(batch, self.devices)
+        chunks, sizes = scatter(batch, self.device_list)
         if len(chunks) == 1:  # one device, or a batch of one sample: nothing to split
             return getattr(task, hook)(batch, *args)
         if hook == "training_step" and not task.automatic_optimization:
@@ -93,16 +95,17 @@ class DataParallelStrategy(Strategy):
                 "from inside it; use automatic optimization, or strategy='single' or 'ddp'."
             )
         t1 = time.perf_counter()
-        devices = self.devices[: len(chunks)]
+        devices = self.device_list[: len(chunks)]
         replicas = Replicas(task, devices, torch.is_grad_enabled(), self._metric_clones)
         t2 = time.perf_counter()
         modules = replicas.modules
         outputs = self._in_threads(lambda i: getattr(modules[i], hook)(chunks[i], *args), devices)
         t3 = time.perf_counter()
         replicas.merge_metrics()
-        replicas.replay_logs(task, sizes, self._root_device)
-        out = gather(outputs, sizes, self._root_device)
-        if hook == "training_step" and self._root_device.type == "cpu" and torch.is_grad_enabled():
+        root = self.device_list[0]
+        replicas.replay_logs(task, sizes, root)
+        out = gather(outputs, sizes, root)
+        if hook == "training_step" and root.type == "cpu" and torch.is_grad_enabled():
             foreign = replicas.foreign or any(t.requires_grad for t in tensors_in(batch))
             out = out if foreign else self._parallel_backward_loss(out, outputs, sizes, replicas)
         t4 = time.perf_counter()
@@ -132,16 +135,16 @@ class DataParallelStrategy(Strategy):
         out["loss"] = loss  # `out` is gather's own new container
         return out
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, sync: bool = True) -> None:
         t0 = time.perf_counter()
-        super().backward(loss)
+        super().backward(loss, sync)
         self.stats["backward_s"] += time.perf_counter() - t0
 
     def _in_threads(self, fn: Callable[[int], Any], devices: list[torch.device]) -> list[Any]:
         """fn(i) for every replica i in its own thread (replica 0 in this one), with this thread's grad
         mode, autocast and CUDA streams; the first failure is re-raised naming its replica."""
         grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
-        kind = self._root_device.type
+        kind = self.device_list[0].type
         autocast = torch.is_autocast_enabled(kind) if kind in ("cpu", "cuda", "mps") else False
         cast_dtype = torch.get_autocast_dtype(kind) if autocast else None
         cast_cache = torch.is_autocast_cache_enabled()
@@ -168,7 +171,7 @@ class DataParallelStrategy(Strategy):
             results = [run(i) for i in range(len(devices))]
         else:
             if self._threads is None:
-                self._threads = _ReplicaThreads(len(self.devices))
+                self._threads = _ReplicaThreads(len(self.device_list))
             futures = [self._threads.submit(i, run) for i in range(1, len(devices))]
             results = [run(0)] + [f.result() for f in futures]
         failed = [(i, value) for i, (ok, value) in enumerate(results) if not ok]
@@ -331,7 +334,7 @@ class _GatherLoss(torch.autograd.Function):
             g = (grad * weights[i]).to(losses[i].device)
             return torch.autograd.grad(losses[i], inputs[i], g, allow_unused=True)
 
-        per_replica = ctx.strategy._in_threads(replica_grads, ctx.strategy.devices[: len(losses)])
+        per_replica = ctx.strategy._in_threads(replica_grads, ctx.strategy.device_list[: len(losses)])
         sums: list[torch.Tensor | None] = []
         for j, t in enumerate(inputs[0]):
             parts = [grads[j].to(t.device) for grads in per_replica if grads[j] is not None]

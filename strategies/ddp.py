@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import atexit
-import contextlib
 import datetime
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -14,23 +13,15 @@ import torch.distributed as dist
 from torch.utils.data import DistributedSampler, RandomSampler, Sampler
 
 from strategies import launch
-from strategies.base import Strategy
+from strategies.base import Strategy, pick_device
+from strategies.comm import ProcessGroupComm
 from strategies.precision import Precision
-from strategies.single import pick_device
 from trainer.data import rebuild, rebuildable
-from trainer.errors import ConfigError, DistributedError, choose
+from trainer.errors import ConfigError, choose
 
 if TYPE_CHECKING:
     from strategies.reducer import Reducer
     from trainer.task import Task
-
-_OPS = {
-    "sum": dist.ReduceOp.SUM,
-    "mean": dist.ReduceOp.SUM,
-    "max": dist.ReduceOp.MAX,
-    "min": dist.ReduceOp.MIN,
-}
-
 
 def _destroy_group() -> None:
     if dist.is_initialized():
@@ -88,10 +79,10 @@ class DDPStrategy(Strategy):
 
     def __init__(
         self,
-        accelerator: str = "auto",
-        devices: int = 1,
-        precision: Precision | str | int = "32-true",
-        num_nodes: int = 1,
+        accelerator: str | None = None,
+        devices: int | None = None,
+        precision: Precision | str | int | None = None,
+        num_nodes: int | None = None,
         bucket_cap_mb: float = 25.0,
         find_unused_parameters: bool = False,
         gradient_as_bucket_view: bool = True,
@@ -104,46 +95,35 @@ class DDPStrategy(Strategy):
     ) -> None:
         super().__init__(accelerator, precision)
         choose("comm_hook", str(comm_hook), ("None", "fp16", "bf16"))
-        self.devices, self.num_nodes = devices, num_nodes
+        self.devices, self.num_nodes = devices, num_nodes  # None: the Trainer's
         self.bucket_cap_mb, self.find_unused_parameters = bucket_cap_mb, find_unused_parameters
         self.gradient_as_bucket_view, self.comm_hook = gradient_as_bucket_view, comm_hook
         self.static_graph, self.broadcast_buffers = static_graph, broadcast_buffers
         self.backend, self.timeout_s, self.max_restarts = process_group_backend, timeout_s, max_restarts
+        self.comm: ProcessGroupComm = ProcessGroupComm(timeout_s)
         self.reducer: Reducer | None = None
-        self._syncing = True
-        self._synced_backward = False  # the last backward ran with the reducer's hooks armed
-        self._step_join = False  # per-step agreement on "every rank still has a batch" (unknown lengths)
-        self.stop_check_interval = 10  # optimizer steps between agreements on a stop request (SIGTERM)
-
-    # ----- where we are -------------------------------------------------------------------------
-    @property
-    def world_size(self) -> int:
-        return int(os.environ.get("WORLD_SIZE", self.devices * self.num_nodes))
+        self._unsynced = False  # gradients accumulated by backward(sync=False) and not reduced since
 
     @property
-    def global_rank(self) -> int:
-        return int(os.environ.get("RANK", 0))
-
-    @property
-    def local_rank(self) -> int:
-        return int(os.environ.get("LOCAL_RANK", 0))
+    def _world(self) -> tuple[int, int]:
+        return (self.devices or 1), (self.num_nodes or 1)
 
     # ----- life cycle ---------------------------------------------------------------------------
-    def launch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def launch(self) -> None:
+        devices, nodes = self._world
         if launch.launched_externally():
-            local = int(os.environ.get("LOCAL_WORLD_SIZE", self.devices))
-            if local != self.devices:
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", devices))
+            if local != devices:
                 raise ConfigError(
-                    f"this job was launched with {local} processes per node but Trainer has devices={self.devices};"
-                    f" make them agree (e.g. torchrun --nproc_per_node={self.devices}, or devices={local})."
+                    f"this job was launched with {local} processes per node but Trainer has devices={devices};"
+                    f" make them agree (e.g. torchrun --nproc_per_node={devices}, or devices={local})."
                 )
-            return fn(*args, **kwargs)
-        if self.num_nodes > 1:
+        elif nodes > 1:
             raise ConfigError(
-                f"num_nodes={self.num_nodes} needs a multi-node launcher: start the script with "
+                f"num_nodes={nodes} needs a multi-node launcher: start the script with "
                 "torchrun (--nnodes, --rdzv-endpoint) or srun on every node."
             )
-        if self.devices == 1:  # a group of one, in this process
+        elif devices == 1:  # a group of one, in this process
             os.environ.update(
                 RANK="0",
                 WORLD_SIZE="1",
@@ -152,27 +132,35 @@ class DDPStrategy(Strategy):
                 MASTER_ADDR="127.0.0.1",
                 MASTER_PORT=str(launch._free_port()),
             )
-            return fn(*args, **kwargs)
-        launch.relaunch(self.devices, self.max_restarts)
+        else:
+            launch.relaunch(devices, self.max_restarts)  # the parent exits with the workers' status
+        self._join_group()
 
-    def setup_environment(self) -> None:
-        device = pick_device(self.accelerator, self.local_rank)
+    def _join_group(self) -> None:
+        device = pick_device(self.accelerator or "auto", self.comm.local_rank)
         if device.type == "cuda":
             torch.cuda.set_device(device)
         self._root_device = device
-        if not dist.is_initialized():
-            backend = self.backend or ("nccl" if device.type == "cuda" else "gloo")
-            timeout = datetime.timedelta(seconds=self.timeout_s)
-            store = _attempt_store(timeout)
-            if store is None:
-                dist.init_process_group(backend, timeout=timeout)
-            else:
-                dist.init_process_group(
-                    backend, store=store, rank=self.global_rank, world_size=self.world_size, timeout=timeout
-                )
-            # A group left to interpreter shutdown can abort the process ("terminate called without an
-            # active exception", exit -6) after a successful run: close the one we opened, in order.
-            atexit.register(_destroy_group)
+        if dist.is_initialized():
+            return
+        backend = self.backend or ("nccl" if device.type == "cuda" else "gloo")
+        timeout = datetime.timedelta(seconds=self.timeout_s)
+        store = _attempt_store(timeout)
+        if store is None:
+            dist.init_process_group(backend, timeout=timeout)
+        else:
+            dist.init_process_group(
+                backend, store=store, rank=self.comm.rank, world_size=self.comm.world_size, timeout=timeout
+            )
+        # A group left to interpreter shutdown can abort the process ("terminate called without an
+        # active exception", exit -6) after a successful run: close the one we opened, in order.
+        atexit.register(_destroy_group)
+
+    @property
+    def root_device(self) -> torch.device:
+        if self._root_device is None:
+            self._root_device = pick_device(self.accelerator or "auto", self.comm.local_rank)
+        return self._root_device
 
     def setup(self, task: Task) -> None:
         from strategies.reducer import Reducer
@@ -189,6 +177,7 @@ class DDPStrategy(Strategy):
             broadcast_buffers=self.broadcast_buffers,
             static_graph=self.static_graph,
         )
+        self._unsynced = False
 
     def teardown(self) -> None:
         if self.reducer is not None:  # kept (without hooks) so that its bucket statistics can be read
@@ -197,7 +186,8 @@ class DDPStrategy(Strategy):
     # ----- data ---------------------------------------------------------------------------------
     def process_dataloader(self, loader: Any, stage: str) -> Any:
         """Give each rank its shard: DistributedSampler for training, an unpadded shard for evaluation."""
-        if not self.use_distributed_sampler or self.world_size == 1 or not rebuildable(loader):
+        world, rank = self.comm.world_size, self.comm.rank
+        if not self.use_distributed_sampler or world == 1 or not rebuildable(loader):
             return loader
         sampler = loader.sampler
         if isinstance(sampler, (DistributedSampler, ShardSampler)) or loader.batch_size is None:
@@ -205,51 +195,43 @@ class DDPStrategy(Strategy):
         if stage == "train":
             sampler = DistributedSampler(
                 loader.dataset,
-                num_replicas=self.world_size,
-                rank=self.global_rank,
+                num_replicas=world,
+                rank=rank,
                 shuffle=isinstance(sampler, RandomSampler),
                 seed=int(os.environ.get("TANDEM_GLOBAL_SEED", 0)),
                 drop_last=loader.drop_last,
             )
         else:
-            sampler = ShardSampler(len(loader.dataset), self.global_rank, self.world_size)
+            sampler = ShardSampler(len(loader.dataset), rank, world)
         return rebuild(loader, sampler=sampler)
 
     # ----- steps --------------------------------------------------------------------------------
-    def training_step(self, task: Task, batch: Any, batch_idx: int) -> Any:
-        if self.broadcast_buffers and self.reducer is not None:
-            self._collective("buffer broadcast", self.reducer.sync_buffers)
-        return task.training_step(batch, batch_idx)
+    def step(self, task: Task, hook: str, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> Any:
+        if hook == "training_step" and self.broadcast_buffers and self.reducer is not None:
+            self.comm.run("buffer broadcast", self.reducer.sync_buffers)
+        return super().step(task, hook, batch, batch_idx, dataloader_idx)
 
-    def no_sync(self, enabled: bool = True) -> contextlib.AbstractContextManager[Any]:
-        if enabled and self.reducer is not None:
-            return self._no_sync()
-        return self._nullcontext
+    def backward(self, loss: torch.Tensor, sync: bool = True) -> None:
+        """With sync, buckets are all-reduced while backward runs and averaged when it ends (gradients
+        are final afterwards, as with torch's DDP); without, they only accumulate locally."""
+        reducer = self.reducer
+        if reducer is None:
+            self.precision.scale(loss).backward()
+        elif sync:
+            reducer.prepare_for_backward(loss)
+            self.precision.scale(loss).backward()
+            self.comm.run("gradient all-reduce", reducer.finalize)
+            self._unsynced = False
+        else:
+            with reducer.no_sync():
+                self.precision.scale(loss).backward()
+            self._unsynced = True
 
-    @contextlib.contextmanager
-    def _no_sync(self) -> Iterator[None]:
-        assert self.reducer is not None
-        self._syncing = False
-        try:
-            with self.reducer.no_sync():
-                yield
-        finally:
-            self._syncing = True
-
-    def backward(self, loss: torch.Tensor) -> None:
-        if self.reducer is not None and self._syncing:
-            self.reducer.prepare_for_backward(loss)
-        self._synced_backward = self._syncing
-        self.precision.backward(loss)
-
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
-        if self.reducer is not None:
-            if self._synced_backward:  # wait for the buckets still in flight and average
-                self._collective("gradient all-reduce", self.reducer.finalize)
-            else:  # the data ended inside an accumulation window whose last backward skipped sync
-                self._collective("gradient all-reduce", self._average_grads_now)
-            self._synced_backward = False
-        return super().optimizer_step(optimizer, *args, **kwargs)
+    def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        if self._unsynced:  # the data ended inside an accumulation window whose last backward skipped sync
+            self.comm.run("gradient all-reduce", self._average_grads_now)
+            self._unsynced = False
+        super().unscale_gradients(optimizer)
 
     def _average_grads_now(self) -> None:
         """Average the locally accumulated gradients in one flat all-reduce (end of an unknown-length epoch)."""
@@ -259,81 +241,9 @@ class DDPStrategy(Strategy):
             return
         flat = torch.cat([p.grad.reshape(-1).to(torch.float64) for p in params])
         dist.all_reduce(flat)
-        flat /= self.world_size
+        flat /= self.comm.world_size
         offset = 0
         for p in params:
             n = p.grad.numel()
             p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
             offset += n
-
-    # ----- agreement between ranks --------------------------------------------------------------
-    def agree_num_batches(self, n: int | float) -> int | float:
-        """Every rank runs the shortest rank's epoch (one all-gather per epoch), so uneven loaders
-        cannot leave a rank waiting in a collective; with an unknown length (an IterableDataset) the
-        ranks agree batch by batch instead (see `join`)."""
-        unknown = -1
-        mine = torch.tensor([unknown if n == float("inf") else int(n)], dtype=torch.int64)
-        lengths = self.all_gather(mine).view(-1).tolist()
-        self._step_join = unknown in lengths
-        known = [v for v in lengths if v != unknown]
-        return min(known) if known else float("inf")
-
-    def join(self, has_batch: bool) -> bool:
-        """True while every rank still has a batch; a 1-element all-reduce per step, only for unknown lengths."""
-        if not self._step_join:
-            return has_batch
-        return not self._any(not has_batch, "join all-reduce")
-
-    def any_rank(self, flag: bool) -> bool:
-        return self._any(flag, "stop-request all-reduce")
-
-    def _any(self, flag: bool, op: str) -> bool:
-        """True if `flag` is set on any rank: a 1-element MAX all-reduce."""
-        flag_t = torch.tensor([1 if flag else 0], dtype=torch.int32)
-        self._collective(op, dist.all_reduce, flag_t, dist.ReduceOp.MAX)
-        return bool(flag_t.item())
-
-    def _collective(self, op: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run a collective; a timeout becomes a DistributedError naming this rank and the operation."""
-        try:
-            return fn(*args)
-        except RuntimeError as e:
-            text = str(e).lower()
-            if (
-                "timed out" in text
-                or "timeout" in text
-                or "connection closed" in text
-                or "pair closure" in text
-            ):
-                raise DistributedError(
-                    f"rank {self.global_rank}/{self.world_size}: {op} did not complete within timeout_s="
-                    f"{self.timeout_s:g}s ({e}). Another rank has probably failed or is stuck: look at its "
-                    "output; raise DDPStrategy(timeout_s=...) if its steps are legitimately this slow."
-                ) from e
-            raise
-
-    # ----- collectives --------------------------------------------------------------------------
-    def reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
-        choose("reduce op", op, tuple(_OPS))
-        out = tensor.detach().clone()
-        self._collective(f"{op} all-reduce", dist.all_reduce, out, _OPS[op])
-        return out / self.world_size if op == "mean" else out
-
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        self._collective("all-gather", dist.all_gather, parts, tensor.contiguous())
-        return torch.stack(parts)
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        box = [obj]
-        self._collective("broadcast", dist.broadcast_object_list, box, src)
-        return box[0]
-
-    def gather_object(self, obj: Any) -> list[Any]:
-        out: list[Any] = [None] * self.world_size
-        self._collective("object all-gather", dist.all_gather_object, out, obj)
-        return out
-
-    def barrier(self, name: str | None = None) -> None:
-        if dist.is_initialized():
-            self._collective(f"barrier{f' ({name})' if name else ''}", dist.barrier)

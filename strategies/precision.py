@@ -39,6 +39,25 @@ class Precision:
         self.scaler: torch.amp.GradScaler | None = None
         self._autocast: Callable[[], Any] = contextlib.nullcontext
 
+    @classmethod
+    def of(cls, precision: Precision | str | int) -> Precision:
+        """The given Precision, or a new one for a name ("bf16-mixed", 16, ...)."""
+        return precision if isinstance(precision, Precision) else cls(precision)
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to another Precision or a name of the same setting: ``trainer.precision == "16-mixed"``."""
+        if isinstance(other, Precision):
+            return self.name == other.name
+        if isinstance(other, (str, int)):
+            return self.name == _ALIASES.get(str(other))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __repr__(self) -> str:
+        return f"Precision({self.name!r})"
+
     @property
     def param_dtype(self) -> torch.dtype | None:
         """The dtype parameters and float inputs are converted to, or None to leave them."""
@@ -65,11 +84,9 @@ class Precision:
         """Context manager for the forward pass."""
         return self._autocast()
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """Backward, scaling the loss first under 16-mixed."""
-        if self.scaler is not None:
-            loss = self.scaler.scale(loss)
-        loss.backward()
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss to call backward on: scaled under 16-mixed, else unchanged."""
+        return self.scaler.scale(loss) if self.scaler is not None else loss
 
     def unscale(self, optimizer: torch.optim.Optimizer) -> None:
         """Bring gradients back to their true scale so hooks and clipping see real values."""

@@ -1,49 +1,165 @@
-"""Checkpoint files: atomic writes and checked reads."""
+"""Checkpoints: what a Trainer saves and restores, atomic writes, and checked reads."""
 
 from __future__ import annotations
 
+import glob
 import os
-import tempfile
-from typing import Any
+import warnings
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from trainer.errors import CheckpointError
+from trainer.fileio import atomic_write
+from trainer.optim import step_schedulers
+
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
+
+FORMAT_VERSION = 2
 
 
 def atomic_save(obj: Any, path: str | os.PathLike[str]) -> None:
-    """Write `obj` to `path` so that a crash at any moment leaves either the old file or the new one.
-
-    The bytes go to a temporary file in the same directory, are fsynced, then renamed over `path`.
-    """
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".ckpt", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:  # make the rename itself durable
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    """torch.save `obj` to `path` atomically (see trainer.fileio.atomic_write)."""
+    atomic_write(path, lambda f: torch.save(obj, f))
 
 
+def save(t: Trainer, path: str, weights_only: bool = False) -> None:
+    """Write the run's state to `path`: rank 0 writes, every rank contributes its own part and waits."""
+    task, comm = t.task, t.strategy.comm
+    if task is None:
+        raise CheckpointError("save_checkpoint needs a task: call it during or after fit().")
+    ckpt: dict[str, Any] = {
+        "tandem_version": FORMAT_VERSION,
+        "task_class": f"{type(task).__module__}.{type(task).__qualname__}",
+        "state_dict": task.state_dict(),
+        "hyper_parameters": dict(task.hparams),
+        "config": t.resolved_config,  # the run config that built this trainer (trainer/config.py)
+    }
+    if weights_only:
+        ckpt.update(t.state.state_dict())
+    else:
+        mid_window = t.state.mid_window(t.config.accumulate_grad_batches, task.automatic_optimization)
+        grads = [None if p.grad is None else p.grad.detach().cpu().clone() for p in task.parameters()] if mid_window else None
+        ckpt.update(t.state.state_dict(ranks=comm.gather_object(t.state.rank_state(grads))))
+        # what a ReduceLROnPlateau needs when resuming from inside an epoch's end
+        ckpt["loop"]["callback_metrics"] = {k: v.detach().cpu() for k, v in t.callback_metrics.items()}
+        ckpt.update(
+            optimizer_states=[o.state_dict() for o in t.optimizers],
+            lr_schedulers=[c.scheduler.state_dict() for c in t.lr_scheduler_configs],
+            strategy=t.strategy.state_dict(),
+            callbacks={cb.state_key: cb.state_dict() for cb in t.callbacks},
+        )
+        if t.datamodule is not None:
+            ckpt["datamodule"] = t.datamodule.state_dict()
+        t.hooks.call("on_save_checkpoint", ckpt)
+    if comm.is_global_zero:
+        atomic_save(ckpt, path)
+    comm.barrier("save_checkpoint")
+
+
+def restore(t: Trainer, path: str, stage: str) -> None:
+    """Load `path` ("best", "last" or a file) into the task and, for fit, into the whole run."""
+    path = resolve_path(t, path)
+    task = t.task
+    assert task is not None
+    ckpt = load(path)
+    check_compatible(task, ckpt["state_dict"], path)
+    task.load_state_dict(ckpt["state_dict"])
+    if stage == "fit" and "ranks" in ckpt.get("loop", {}):
+        if len(ckpt["optimizer_states"]) != len(t.optimizers):
+            raise CheckpointError(
+                f"checkpoint {path!r} has {len(ckpt['optimizer_states'])} optimizer(s) but "
+                f"configure_optimizers returned {len(t.optimizers)}."
+            )
+        for opt, state in zip(t.optimizers, ckpt["optimizer_states"]):
+            opt.load_state_dict(state)
+        for cfg, state in zip(t.lr_scheduler_configs, ckpt["lr_schedulers"]):
+            cfg.scheduler.load_state_dict(state)
+        t.strategy.load_state_dict(ckpt.get("strategy", {}))
+        _restore_loop(t, ckpt)
+        for cb in t.callbacks:
+            if cb.state_key in ckpt.get("callbacks", {}):
+                cb.load_state_dict(ckpt["callbacks"][cb.state_key])
+        if t.datamodule is not None and "datamodule" in ckpt:
+            t.datamodule.load_state_dict(ckpt["datamodule"])
+    t.hooks.call("on_load_checkpoint", ckpt)
+
+
+def _restore_loop(t: Trainer, ckpt: dict[str, Any]) -> None:
+    task, state = t.task, t.state
+    assert task is not None
+    state.load_state_dict(ckpt, t.global_rank)
+    if state.window_grads is not None:  # inside an accumulation window the gradients so far are state too
+        for p, g in zip(task.parameters(), state.window_grads):
+            p.grad = None if g is None else g.to(p.device)
+        state.window_grads = None
+    if state.epoch_finished:  # saved during the epoch's end, before its schedulers stepped: finish it
+        if task.automatic_optimization:
+            t.metric_store.callback_metrics.update(ckpt["loop"].get("callback_metrics", {}))
+            # the fresh optimizer has not stepped yet, so torch's order warning does not apply
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+                step_schedulers(t, "epoch")
+        state.next_epoch()
+
+
+# ----- finding files ------------------------------------------------------------------------------
+def find_last(t: Trainer) -> str | None:
+    """For resume='auto': the checkpoint callbacks' last file, else the newest last.ckpt under
+    default_root_dir (log versions change between restarts), else None for a fresh start."""
+    last = _callback_last(t)
+    if last is not None:
+        return last
+    found = glob.glob(os.path.join(t.default_root_dir, "**", "last.ckpt"), recursive=True)
+    return max(found, key=os.path.getmtime) if found else None
+
+
+def _callback_last(t: Trainer) -> str | None:
+    for cb in t.checkpoint_callbacks:
+        last = getattr(cb, "last_checkpoint_path", lambda: None)()
+        if last and os.path.isfile(last):
+            return last
+    return None
+
+
+def resolve_path(t: Trainer, path: str) -> str:
+    """"best" and "last" (Lightning's shorthands) through the checkpoint callback, else the path itself."""
+    if path == "best":
+        for cb in t.checkpoint_callbacks:
+            best = getattr(cb, "best_model_path", "")
+            if best and os.path.isfile(best):
+                return best
+        raise CheckpointError(
+            "ckpt_path='best' found no best checkpoint; enable ModelCheckpoint(monitor=...) "
+            "in this Trainer's fit, or pass a file path."
+        )
+    if path != "last":
+        return path
+    last = _callback_last(t)
+    if last is not None:
+        return last
+    raise CheckpointError(
+        "ckpt_path='last' found no last checkpoint; enable ModelCheckpoint(save_last=True) "
+        "in the run you resume, or pass a file path."
+    )
+
+
+def stop_path(t: Trainer) -> str:
+    """Where a SIGINT/SIGTERM stop writes: the checkpoint callback's last.ckpt, or <root>/checkpoints."""
+    for cb in t.checkpoint_callbacks:
+        dirpath = getattr(cb, "dirpath", None)
+        if dirpath:
+            return os.path.join(dirpath, "last.ckpt")
+    return os.path.join(t.default_root_dir, "checkpoints", "last.ckpt")
+
+
+# ----- reading ------------------------------------------------------------------------------------
 def load(path: str | os.PathLike[str], map_location: Any = "cpu") -> dict[str, Any]:
     """Read a checkpoint written by Trainer.save_checkpoint."""
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise CheckpointError(
-            f"checkpoint {path!r} does not exist; pass an existing file or ckpt_path='last'."
-        )
+        raise CheckpointError(f"checkpoint {path!r} does not exist; pass an existing file or ckpt_path='last'.")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=False)
     except Exception as e:

@@ -100,7 +100,7 @@ def needs_closure(optimizer: torch.optim.Optimizer) -> bool:
 
 def step_schedulers(trainer: Trainer, interval: str) -> None:
     """Step every scheduler of this interval whose frequency divides the step or epoch count."""
-    count = trainer.global_step if interval == "step" else trainer.current_epoch + 1
+    count = trainer.state.global_step if interval == "step" else trainer.state.epoch + 1
     for cfg in trainer.lr_scheduler_configs:
         if cfg.interval != interval or count % cfg.frequency:
             continue
@@ -118,6 +118,47 @@ def step_schedulers(trainer: Trainer, interval: str) -> None:
             cfg.scheduler.step()
 
 
+def check_optimizers(optimizers: list[torch.optim.Optimizer], automatic: bool, accumulate: int) -> None:
+    """Refuse combinations that automatic optimization cannot run, saying what to do instead."""
+    if automatic and len(optimizers) > 1:
+        raise TaskError(
+            "automatic optimization supports one optimizer; for several set "
+            "self.automatic_optimization = False and step them in training_step."
+        )
+    closure_opts = [type(o).__name__ for o in optimizers if needs_closure(o)]
+    if automatic and closure_opts:
+        raise TaskError(
+            f"{closure_opts[0]} needs a closure that re-evaluates the loss; set "
+            "self.automatic_optimization = False and call self.optimizers().step(closure) in training_step."
+        )
+    if not automatic and accumulate > 1:
+        raise TaskError(
+            "accumulate_grad_batches applies to automatic optimization only; with "
+            "self.automatic_optimization = False step the optimizer every k batches yourself."
+        )
+
+
+def optimizer_step(trainer: Trainer, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None) -> Any:
+    """Final gradients (reduced, unscaled), on_before_optimizer_step, clipping, then the step."""
+    strategy, cfg = trainer.strategy, trainer.config
+    strategy.unscale_gradients(optimizer)
+    trainer.hooks.call("on_before_optimizer_step", optimizer)
+    if cfg.gradient_clip_val:
+        clip_gradients(optimizer, cfg.gradient_clip_val, cfg.gradient_clip_algorithm)
+    return strategy.optimizer_step(optimizer, closure)
+
+
+def clip_gradients(optimizer: torch.optim.Optimizer, clip_val: float, algorithm: str = "norm") -> None:
+    """Clip the gradients of the optimizer's parameters by total norm or by value."""
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    if algorithm == "norm":
+        torch.nn.utils.clip_grad_norm_(params, clip_val)
+    elif algorithm == "value":
+        torch.nn.utils.clip_grad_value_(params, clip_val)
+    else:
+        raise ConfigError(f"gradient_clip_algorithm must be 'norm' or 'value', got {algorithm!r}")
+
+
 class TaskOptimizer:
     """Wraps an optimizer for manual optimization: step() goes through the strategy and counts steps."""
 
@@ -125,9 +166,13 @@ class TaskOptimizer:
         self._optimizer = optimizer
         self._trainer = trainer
 
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self._optimizer
+
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        out = self._trainer._optimizer_step(self._optimizer, closure)
-        self._trainer.global_step += 1
+        out = optimizer_step(self._trainer, self._optimizer, closure)
+        self._trainer.state.global_step += 1
         return out
 
     def zero_grad(self, set_to_none: bool = True) -> None:

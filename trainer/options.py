@@ -148,3 +148,31 @@ class TrainerConfig:
     @classmethod
     def names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> TrainerConfig:
+        """Validated options with fast_dev_run and the max_epochs default applied (temporary; see h-config)."""
+        from trainer.errors import did_you_mean
+
+        for key in kwargs:
+            if key not in cls.names():
+                raise ConfigError(f"Trainer got an unknown keyword {key!r}{did_you_mean(key, cls.names())}")
+        cfg = cls(**kwargs)
+        if cfg.fast_dev_run:
+            n = 1 if cfg.fast_dev_run is True else int(cfg.fast_dev_run)
+            cfg.max_epochs, cfg.max_steps, cfg.num_sanity_val_steps = 1, n, 0
+            cfg.limit_train_batches = cfg.limit_val_batches = cfg.limit_test_batches = n
+            cfg.limit_predict_batches, cfg.val_check_interval = n, 1.0
+            cfg.logger, cfg.enable_checkpointing = False, False
+        if cfg.max_epochs is None:
+            cfg.max_epochs = 1000 if cfg.max_steps == -1 else -1
+        return cfg
+
+    @classmethod
+    def signature(cls) -> Any:
+        import inspect
+
+        kw = inspect.Parameter.KEYWORD_ONLY
+        params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)]
+        params += [inspect.Parameter(f.name, kw, default=f.default) for f in fields(cls)]
+        return inspect.Signature(params)

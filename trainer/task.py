@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer.errors import TaskError
+from trainer.hooks import TASK, add_hook_stubs
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -45,6 +46,7 @@ class Task(torch.nn.Module):
         super().__init__()
         self._trainer: Trainer | None = None
         self._hparams = AttributeDict()
+        self._optimizers: list[Any] = []  # TaskOptimizer wrappers, set when fit starts
         self.automatic_optimization = True
 
     # ----- what the user implements -------------------------------------------------------------
@@ -69,111 +71,6 @@ class Task(torch.nn.Module):
         """Return an optimizer, a list of them, or a dict with 'optimizer' and 'lr_scheduler'."""
         raise TaskError(f"{type(self).__name__} must implement configure_optimizers() to be trained.")
 
-    # ----- hooks (no-ops; override what you need) -----------------------------------------------
-    def on_fit_start(self) -> None:
-        """Called once at the start of fit, on every rank."""
-
-    def on_fit_end(self) -> None:
-        """Called once at the end of fit."""
-
-    def on_train_start(self) -> None:
-        """Called before the first training epoch."""
-
-    def on_train_end(self) -> None:
-        """Called after the last training epoch."""
-
-    def on_train_epoch_start(self) -> None:
-        """Called at the start of every training epoch."""
-
-    def on_train_epoch_end(self) -> None:
-        """Called at the end of every training epoch."""
-
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> Any:
-        """Called before training_step; returning -1 skips the rest of the epoch."""
-
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        """Called after the optimizer step (if any) of a batch."""
-
-    def on_validation_start(self) -> None:
-        """Called before a validation run."""
-
-    def on_validation_end(self) -> None:
-        """Called after a validation run."""
-
-    def on_validation_epoch_start(self) -> None:
-        """Called at the start of a validation epoch."""
-
-    def on_validation_epoch_end(self) -> None:
-        """Called at the end of a validation epoch."""
-
-    def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
-        """Called before validation_step."""
-
-    def on_validation_batch_end(
-        self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
-        """Called after validation_step."""
-
-    def on_test_start(self) -> None:
-        """Called before testing."""
-
-    def on_test_end(self) -> None:
-        """Called after testing."""
-
-    def on_test_epoch_start(self) -> None:
-        """Called at the start of the test epoch."""
-
-    def on_test_epoch_end(self) -> None:
-        """Called at the end of the test epoch."""
-
-    def on_test_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
-        """Called before test_step."""
-
-    def on_test_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
-        """Called after test_step."""
-
-    def on_predict_start(self) -> None:
-        """Called before predicting."""
-
-    def on_predict_end(self) -> None:
-        """Called after predicting."""
-
-    def on_predict_epoch_start(self) -> None:
-        """Called at the start of the predict epoch."""
-
-    def on_predict_epoch_end(self) -> None:
-        """Called at the end of the predict epoch."""
-
-    def on_predict_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
-        """Called before predict_step."""
-
-    def on_predict_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
-        """Called after predict_step."""
-
-    def on_before_backward(self, loss: torch.Tensor) -> None:
-        """Called before loss.backward()."""
-
-    def on_after_backward(self) -> None:
-        """Called after backward, before gradients are reduced or stepped."""
-
-    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Called with unscaled, reduced gradients, before clipping and the step."""
-
-    def on_before_zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
-        """Called before optimizer.zero_grad()."""
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Add to the checkpoint dict before it is written."""
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Read what on_save_checkpoint added."""
-
-    def setup(self, stage: str) -> None:
-        """Called at the start of fit/validate/test/predict on every rank."""
-
-    def teardown(self, stage: str) -> None:
-        """Called at the end of fit/validate/test/predict on every rank."""
-
     # ----- what the Trainer provides ------------------------------------------------------------
     @property
     def trainer(self) -> Trainer:
@@ -196,7 +93,7 @@ class Task(torch.nn.Module):
 
     @property
     def local_rank(self) -> int:
-        return self._trainer.strategy.local_rank if self._trainer is not None else 0
+        return self._trainer.local_rank if self._trainer is not None else 0
 
     @property
     def current_epoch(self) -> int:
@@ -236,7 +133,7 @@ class Task(torch.nn.Module):
     def log(self, name: str, value: Any, **kwargs: Any) -> None:
         """Record a metric; see trainer.metrics.MetricStore.log for the options (Lightning's)."""
         if self._trainer is not None:
-            self._trainer._metrics.log(name, value, **kwargs)
+            self._trainer.metric_store.log(name, value, **kwargs)
 
     def log_dict(self, values: Mapping[str, Any], **kwargs: Any) -> None:
         """Log every item of a mapping with the same options."""
@@ -245,7 +142,8 @@ class Task(torch.nn.Module):
 
     def optimizers(self) -> Any:
         """The optimizer(s), wrapped so that .step() goes through the strategy (manual optimization)."""
-        opts = self.trainer._task_optimizers
+        self.trainer  # noqa: B018 (raises the not-attached error)
+        opts = self._optimizers
         return opts[0] if len(opts) == 1 else opts
 
     def lr_schedulers(self) -> Any:
@@ -256,11 +154,14 @@ class Task(torch.nn.Module):
     def manual_backward(self, loss: torch.Tensor) -> None:
         """Backward through the strategy and precision (scaling, DDP hooks), with the backward hooks."""
         trainer = self.trainer
-        trainer._call("on_before_backward", loss)
+        trainer.hooks.call("on_before_backward", loss)
         trainer.strategy.backward(loss)
-        trainer._call("on_after_backward")
+        trainer.hooks.call("on_after_backward")
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """print() on global rank 0 only."""
         if self.global_rank == 0:
             print(*args, **kwargs)
+
+
+add_hook_stubs(Task, TASK)  # on_fit_start, on_train_batch_end, ... as documented no-ops (trainer/hooks.py)

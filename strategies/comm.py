@@ -1,0 +1,176 @@
+"""Collectives between the processes of a job: one object per strategy, ``strategy.comm``.
+
+`Comm` is the single-process version (every collective is the identity); `ProcessGroupComm` runs them on
+the torch.distributed default group and turns a failed or timed-out collective into a DistributedError
+that names this rank and the operation.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from trainer.errors import DistributedError, choose
+
+REDUCE_OPS = ("sum", "mean", "max", "min")
+
+
+class Comm:
+    """Rank information and collectives of a job of one process. Example::
+
+    total = trainer.strategy.comm.reduce(torch.tensor(3.0), op="sum")
+    """
+
+    #: optimizer steps between agreements on a stop request (SIGINT/SIGTERM)
+    stop_check_interval = 1
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    @property
+    def rank(self) -> int:
+        return 0
+
+    @property
+    def local_rank(self) -> int:
+        return 0
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.rank == 0
+
+    def reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
+        """`op` ("sum", "mean", "max", "min") of the tensor over all ranks."""
+        choose("reduce op", op, REDUCE_OPS)
+        return tensor
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's tensor, stacked along a new dim 0 in rank order."""
+        return tensor.unsqueeze(0)
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Rank `src`'s picklable object on every rank."""
+        return obj
+
+    def gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's picklable object, in rank order."""
+        return [obj]
+
+    def barrier(self, name: str | None = None) -> None:
+        """Wait until every rank arrives."""
+
+    def any_rank(self, flag: bool) -> bool:
+        """True if the flag is set on any rank."""
+        return flag
+
+    def agree_num_batches(self, n: int | float) -> int | float:
+        """The number of batches every rank runs this epoch (the shortest rank's)."""
+        return n
+
+    def join(self, has_batch: bool) -> bool:
+        """True while every rank still has a batch."""
+        return has_batch
+
+
+class ProcessGroupComm(Comm):
+    """Collectives on torch.distributed's default process group (gloo or NCCL)."""
+
+    stop_check_interval = 10
+
+    def __init__(self, timeout_s: float = 1800.0) -> None:
+        self.timeout_s = timeout_s
+        self._step_join = False  # per-step agreement on "every rank still has a batch" (unknown lengths)
+
+    @property
+    def world_size(self) -> int:
+        return int(os.environ.get("WORLD_SIZE", 1))
+
+    @property
+    def rank(self) -> int:
+        return int(os.environ.get("RANK", 0))
+
+    @property
+    def local_rank(self) -> int:
+        return int(os.environ.get("LOCAL_RANK", 0))
+
+    def run(self, op: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a collective; a timeout or a lost peer becomes a DistributedError naming rank and operation."""
+        try:
+            return fn(*args)
+        except RuntimeError as e:
+            text = str(e).lower()
+            if any(s in text for s in ("timed out", "timeout", "connection closed", "pair closure")):
+                raise DistributedError(
+                    f"rank {self.rank}/{self.world_size}: {op} did not complete within timeout_s="
+                    f"{self.timeout_s:g}s ({e}). Another rank has probably failed or is stuck: look at its "
+                    "output; raise DDPStrategy(timeout_s=...) if its steps are legitimately this slow."
+                ) from e
+            raise
+
+    def reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
+        import torch.distributed as dist
+
+        choose("reduce op", op, REDUCE_OPS)
+        ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+        out = tensor.detach().clone()
+        self.run(f"{op} all-reduce", dist.all_reduce, out, ops.get(op, dist.ReduceOp.MIN))
+        return out / self.world_size if op == "mean" else out
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        self.run("all-gather", dist.all_gather, parts, tensor.contiguous())
+        return torch.stack(parts)
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        import torch.distributed as dist
+
+        box = [obj]
+        self.run("broadcast", dist.broadcast_object_list, box, src)
+        return box[0]
+
+    def gather_object(self, obj: Any) -> list[Any]:
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world_size
+        self.run("object all-gather", dist.all_gather_object, out, obj)
+        return out
+
+    def barrier(self, name: str | None = None) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            self.run(f"barrier{f' ({name})' if name else ''}", dist.barrier)
+
+    def any_rank(self, flag: bool) -> bool:
+        return self._any(flag, "stop-request all-reduce")
+
+    def _any(self, flag: bool, op: str) -> bool:
+        """True if `flag` is set on any rank: a 1-element MAX all-reduce."""
+        import torch.distributed as dist
+
+        flag_t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        self.run(op, dist.all_reduce, flag_t, dist.ReduceOp.MAX)
+        return bool(flag_t.item())
+
+    def agree_num_batches(self, n: int | float) -> int | float:
+        """Every rank runs the shortest rank's epoch (one all-gather per epoch), so uneven loaders cannot
+        leave a rank waiting in a collective; with an unknown length (an IterableDataset) the ranks agree
+        batch by batch instead (see `join`)."""
+        unknown = -1
+        mine = torch.tensor([unknown if n == float("inf") else int(n)], dtype=torch.int64)
+        lengths = self.all_gather(mine).view(-1).tolist()
+        self._step_join = unknown in lengths
+        known = [v for v in lengths if v != unknown]
+        return min(known) if known else float("inf")
+
+    def join(self, has_batch: bool) -> bool:
+        """True while every rank still has a batch; a 1-element all-reduce per step, only for unknown lengths."""
+        if not self._step_join:
+            return has_batch
+        return not self._any(not has_batch, "join all-reduce")

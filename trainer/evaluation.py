@@ -1,0 +1,85 @@
+"""Evaluation loops: validation (inside fit or alone), test and predict share `run_eval`."""
+
+from __future__ import annotations
+
+import re
+from itertools import islice
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainer.reporting import finalize_loggers, log_metrics
+
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
+
+HOOK_PREFIX = {"val": "validation", "test": "test", "predict": "predict"}  # phase -> Lightning's hook names
+
+
+def evaluate(t: Trainer, stage: str) -> Any:
+    """validate(), test() or predict(): one pass over that stage's loaders."""
+    out = run_eval(t, {"validate": "val"}.get(stage, stage))
+    if stage != "predict":
+        finalize_loggers(t, "success")
+    return out
+
+
+def run_eval(t: Trainer, phase: str, limit: int | None = None) -> Any:
+    """One pass over the loaders of `phase` ('val', 'test' or 'predict') without gradients; returns the
+    logged epoch metrics per loader, or for predict the outputs."""
+    task, strategy, hooks, store = t.task, t.strategy, t.hooks, t.metric_store
+    assert task is not None
+    loaders, sizes = t.loaders.get(phase, []), t.loader_sizes.get(phase, [])
+    prefix = HOOK_PREFIX[phase]
+    step_name = f"{prefix}_step"
+    was_training = task.training
+    task.eval()
+    store.reset(phase)
+    hooks.call(f"on_{prefix}_start")
+    hooks.call(f"on_{prefix}_epoch_start")
+    predictions: list[list[Any]] = []
+    multi = len(loaders) > 1
+    with torch.no_grad():
+        for dl_idx, (loader, n) in enumerate(zip(loaders, sizes)):
+            store.dataloader_suffix = f"/dataloader_idx_{dl_idx}" if multi else ""
+            extra = (dl_idx,) if multi else ()
+            outputs: list[Any] = []
+            n = n if limit is None else min(n, limit)
+            if n == 0:
+                continue
+            for batch_idx, batch in enumerate(islice(loader, None if n == float("inf") else int(n))):
+                batch = strategy.batch_to_device(batch)
+                store.set_batch(batch)
+                hooks.call(f"on_{prefix}_batch_start", batch, batch_idx, *extra)
+                with strategy.autocast():
+                    out = strategy.step(task, step_name, batch, batch_idx, dl_idx if multi else None)
+                if phase == "predict":
+                    outputs.append(out)
+                hooks.call(f"on_{prefix}_batch_end", out, batch, batch_idx, *extra)
+            predictions.append(outputs)
+    store.dataloader_suffix = ""
+    store.in_epoch_hook = True
+    hooks.call(f"on_{prefix}_epoch_end")
+    logged = store.epoch_end()
+    store.in_epoch_hook = False
+    results: list[dict[str, float]] = []
+    if not t.state.sanity_checking:
+        log_metrics(t, logged)
+        results = _per_loader({k: float(v) for k, v in logged.items()}, len(loaders))
+    hooks.call(f"on_{prefix}_end")
+    task.train(was_training)
+    store.switch("train")
+    if phase == "predict":
+        return predictions[0] if len(predictions) == 1 else predictions
+    return results
+
+
+def _per_loader(values: dict[str, float], n_loaders: int) -> list[dict[str, float]]:
+    """One dict per loader (Lightning's result shape): its own '/dataloader_idx_i' metrics plus the shared ones."""
+    if n_loaders <= 1:
+        return [values]
+    owner = {k: re.search(r"/dataloader_idx_(\d+)", k) for k in values}
+    return [
+        {k: v for k, v in values.items() if owner[k] is None or int(owner[k].group(1)) == i}  # type: ignore[union-attr]
+        for i in range(n_loaders)
+    ]

@@ -1,0 +1,150 @@
+"""Every hook, declared once, and the dispatcher that calls the overridden ones.
+
+`HOOKS` is the one list of hook names with their arguments and meaning. The no-op methods of `Task` and of
+`Callback` are generated from it (`add_hook_stubs`), so the two never drift apart; Lightning's signatures:
+a Task's hook takes the arguments, a Callback's takes ``(trainer, task, *arguments)``. At the start of each
+stage the `Hooks` dispatcher collects only the methods that the task and each callback override, so a
+step pays nothing for hooks nobody overrides.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+TASK, CALLBACK = "task", "callback"
+
+
+@dataclass(frozen=True)
+class Hook:
+    """A hook's name, its arguments after (trainer, task) for callbacks, who may define it, and its meaning."""
+
+    name: str
+    args: tuple[str, ...]
+    doc: str
+    owners: tuple[str, ...] = (TASK, CALLBACK)
+
+
+def _h(name: str, args: str, doc: str, owners: tuple[str, ...] = (TASK, CALLBACK)) -> Hook:
+    return Hook(name, tuple(a for a in args.replace(" ", "").split(",") if a), doc, owners)
+
+
+_BATCH = "batch, batch_idx, dataloader_idx=0"
+_BATCH_END = "outputs, batch, batch_idx, dataloader_idx=0"
+
+HOOKS: tuple[Hook, ...] = (
+    _h("setup", "stage", "Called at the start of fit/validate/test/predict, on every rank."),
+    _h("teardown", "stage", "Called at the end of fit/validate/test/predict, on every rank."),
+    _h("on_fit_start", "", "Called once at the start of fit."),
+    _h("on_fit_end", "", "Called once at the end of fit."),
+    _h("on_sanity_check_start", "", "Called before the sanity validation steps.", (CALLBACK,)),
+    _h("on_sanity_check_end", "", "Called after the sanity validation steps.", (CALLBACK,)),
+    _h("on_train_start", "", "Called before the first training epoch."),
+    _h("on_train_end", "", "Called after the last training epoch."),
+    _h("on_train_epoch_start", "", "Called at the start of every training epoch."),
+    _h("on_train_epoch_end", "", "Called at the end of every training epoch."),
+    _h("on_train_batch_start", "batch, batch_idx", "Called before training_step; returning -1 ends the epoch."),
+    _h("on_train_batch_end", "outputs, batch, batch_idx", "Called after a batch and its optimizer step, if any."),
+    _h("on_validation_start", "", "Called before a validation run."),
+    _h("on_validation_end", "", "Called after a validation run."),
+    _h("on_validation_epoch_start", "", "Called at the start of a validation epoch."),
+    _h("on_validation_epoch_end", "", "Called at the end of a validation epoch."),
+    _h("on_validation_batch_start", _BATCH, "Called before validation_step."),
+    _h("on_validation_batch_end", _BATCH_END, "Called after validation_step."),
+    _h("on_test_start", "", "Called before testing."),
+    _h("on_test_end", "", "Called after testing."),
+    _h("on_test_epoch_start", "", "Called at the start of the test epoch."),
+    _h("on_test_epoch_end", "", "Called at the end of the test epoch."),
+    _h("on_test_batch_start", _BATCH, "Called before test_step."),
+    _h("on_test_batch_end", _BATCH_END, "Called after test_step."),
+    _h("on_predict_start", "", "Called before predicting."),
+    _h("on_predict_end", "", "Called after predicting."),
+    _h("on_predict_epoch_start", "", "Called at the start of the predict epoch."),
+    _h("on_predict_epoch_end", "", "Called at the end of the predict epoch."),
+    _h("on_predict_batch_start", _BATCH, "Called before predict_step."),
+    _h("on_predict_batch_end", _BATCH_END, "Called after predict_step."),
+    _h("on_before_backward", "loss", "Called before backward."),
+    _h("on_after_backward", "", "Called after backward (under DDP the gradients are already averaged)."),
+    _h("on_before_optimizer_step", "optimizer", "Called with final, unscaled gradients, before clipping and the step."),
+    _h("on_before_zero_grad", "optimizer", "Called before optimizer.zero_grad()."),
+    _h("on_save_checkpoint", "checkpoint", "Add to the checkpoint dict before it is written."),
+    _h("on_load_checkpoint", "checkpoint", "Read back what on_save_checkpoint added."),
+    _h("on_exception", "exception", "Called when fit/validate/test/predict raises.", (CALLBACK,)),
+)
+HOOK_NAMES = frozenset(h.name for h in HOOKS)
+
+
+def _params(names: tuple[str, ...]) -> list[inspect.Parameter]:
+    out = []
+    for a in names:
+        name, _, default = a.partition("=")
+        kw: dict[str, Any] = {"default": int(default)} if default else {}
+        out.append(inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, **kw))
+    return out
+
+
+def add_hook_stubs(cls: type, owner: str) -> type:
+    """Give `cls` a documented no-op method for every hook `owner` ("task" or "callback") may define."""
+    lead = ("self",) if owner == TASK else ("self", "trainer", "task")
+    for hook in HOOKS:
+        if owner not in hook.owners or hook.name in cls.__dict__:
+            continue
+
+        def stub(self: Any, *args: Any, **kwargs: Any) -> None:
+            return None
+
+        stub.__name__, stub.__qualname__ = hook.name, f"{cls.__qualname__}.{hook.name}"
+        stub.__doc__ = hook.doc
+        stub.__signature__ = inspect.Signature(_params(lead) + _params(hook.args))  # type: ignore[attr-defined]
+        stub._tandem_stub = True  # type: ignore[attr-defined]
+        setattr(cls, hook.name, stub)
+    return cls
+
+
+def overrides(obj: Any, name: str) -> bool:
+    """True if `obj`'s class defines hook `name` itself (not the generated no-op)."""
+    fn = getattr(type(obj), name, None)
+    return fn is not None and not getattr(fn, "_tandem_stub", False)
+
+
+class Hooks:
+    """Calls the overridden hooks of a task and its callbacks, in Lightning's order: the plain callbacks,
+    then the task, then the monitoring callbacks (checkpointing, early stopping). Example::
+
+        hooks = Hooks(task, callbacks, trainer); hooks.call("on_train_epoch_start")
+    """
+
+    def __init__(self, task: Any, callbacks: list[Any], trainer: Any) -> None:
+        self._table: dict[str, tuple[list[Callable[..., Any]], list[Callable[..., Any]]]] = {}
+        for hook in HOOKS:
+            plain: list[Callable[..., Any]] = []
+            monitoring: list[Callable[..., Any]] = []
+            for cb in callbacks:
+                if overrides(cb, hook.name):
+                    fn = functools.partial(getattr(cb, hook.name), trainer, task)
+                    (monitoring if getattr(cb, "monitoring", False) else plain).append(fn)
+            if TASK in hook.owners and overrides(task, hook.name):
+                plain.append(getattr(task, hook.name))
+            if plain or monitoring:
+                self._table[hook.name] = (plain, monitoring)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._table
+
+    def call(self, name: str, *args: Any, monitoring: bool | None = None) -> Any:
+        """Call every override of hook `name` (only one side when `monitoring` is given); return the last
+        non-None result (the task's -1 from on_train_batch_start)."""
+        groups = self._table.get(name)
+        if groups is None:
+            return None
+        out = None
+        for side, fns in enumerate(groups):
+            if monitoring is None or monitoring == bool(side):
+                for fn in fns:
+                    result = fn(*args)
+                    if result is not None:
+                        out = result
+        return out

@@ -1,0 +1,35 @@
+"""Metrics to the loggers: where logged tensors become floats (rank 0 writes), and the run's last word."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from trainer.metrics import to_floats
+
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
+
+
+def log_metrics(t: Trainer, metrics: dict[str, torch.Tensor], step: int | None = None) -> None:
+    """Send metrics to the loggers (rank 0, not during the sanity check); one host copy per device."""
+    if not metrics:
+        return
+    values = {k: float(v) for k, v in to_floats(metrics).items()}
+    t.logged_metrics.update(values)
+    if t.loggers and t.is_global_zero and not t.state.sanity_checking:
+        values["epoch"] = float(t.state.epoch)
+        for lg in t.loggers:
+            lg.log_metrics(values, t.state.global_step if step is None else step)
+
+
+def finalize_loggers(t: Trainer, status: str) -> None:
+    """Write the hyperparameters with the final metrics, and close the loggers (rank 0)."""
+    if not t.is_global_zero:
+        return
+    for lg in t.loggers:
+        if t.task is not None and t.task.hparams:
+            final = {k: float(v) for k, v in t.callback_metrics.items()}
+            lg.log_hyperparams(dict(t.task.hparams), final)
+        lg.finalize(status)

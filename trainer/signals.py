@@ -1,0 +1,62 @@
+"""SIGINT/SIGTERM during fit: ask the loop to stop at the next agreed step boundary (it checkpoints first)."""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+import threading
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
+
+STOP_GRACE_S = 20.0  # after SIGINT/SIGTERM, a rank that reaches no step boundary in this time exits
+
+
+class StopSignals:
+    """Installs the handlers for one fit; a second signal stops at once (KeyboardInterrupt)."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+        self.previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self.previous[signum] = signal.getsignal(signum)
+            signal.signal(signum, self._handle)
+
+    def restore(self) -> None:
+        for signum, previous in self.previous.items():
+            signal.signal(signum, previous)
+        self.previous = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        state, rank = self.trainer.state, self.trainer.global_rank
+        if state.stop_signal is not None:  # asked twice: stop now
+            raise KeyboardInterrupt
+        state.stop_signal = signum
+        print(
+            f"[tandem] rank {rank} received {signal.Signals(signum).name}: stopping at the next step boundary "
+            "(send it again to stop at once)",
+            file=sys.stderr,
+            flush=True,
+        )
+        watchdog = threading.Timer(STOP_GRACE_S, _stuck_exit, args=(rank, signum))
+        watchdog.daemon = True
+        watchdog.start()
+
+
+def _stuck_exit(rank: int, signum: int) -> None:
+    """The rank did not reach a step boundary after a stop signal: show where it is stuck, then exit."""
+    print(
+        f"[tandem] rank {rank} did not reach a step boundary within {STOP_GRACE_S:g} s of "
+        f"{signal.Signals(signum).name}; exiting without a checkpoint. It is stuck here:",
+        file=sys.stderr,
+        flush=True,
+    )
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    os._exit(128 + int(signum))

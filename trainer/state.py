@@ -1,0 +1,72 @@
+"""LoopState: where the loop is. The loop reads and advances it, checkpoints save it, callbacks and the
+Task read it (``trainer.state``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from trainer.seed import get_rng_state
+
+STAGES = ("fit", "validate", "test", "predict")  # what the user runs
+PHASES = ("train", "val", "test", "predict")  # what a loop is doing
+
+
+@dataclass
+class LoopState:
+    """The loop's position and what a resumed run needs to continue exactly.
+
+    Per-rank parts (the RNG snapshots, the gradients of an unfinished accumulation window) are saved as one
+    entry per rank by the checkpoint code and given back to each rank by `load_state_dict(state, rank)`.
+    """
+
+    stage: str | None = None  # "fit", "validate", "test" or "predict" while one runs
+    epoch: int = 0
+    global_step: int = 0  # optimizer steps taken
+    batch_in_epoch: int = 0  # training batches of the current epoch already consumed
+    epoch_finished: bool = False  # the current epoch's training batches are exhausted (its end is running)
+    val_pending: bool = False  # a mid-epoch validation is due after the current batch
+    sanity_checking: bool = False
+    should_stop: bool = False  # asked by a callback or the task (honoured once min_epochs/min_steps are met)
+    stop_signal: int | None = None  # SIGINT/SIGTERM received during fit
+    last_logged_step: int = -1
+    epoch_start_rng: dict[str, Any] | None = None  # RNG snapshot at the start of the current epoch
+    resume_rng: dict[str, Any] | None = None  # RNG snapshot of the checkpoint, applied once the loop resumes
+    window_grads: list[torch.Tensor | None] | None = field(default=None, repr=False)  # restored mid-window
+
+    def mid_window(self, k: int, automatic: bool) -> bool:
+        """True between the micro-batches of one optimizer step (automatic optimization)."""
+        return automatic and k > 1 and not self.epoch_finished and self.batch_in_epoch % k != 0
+
+    def state_dict(self, ranks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The checkpoint keys this state owns: Lightning's top-level "epoch" and "global_step", and "loop"
+        with the rest of the position and, when given, every rank's own part (see `rank_state`)."""
+        loop: dict[str, Any] = {
+            "batch_in_epoch": self.batch_in_epoch,
+            "epoch_finished": self.epoch_finished,
+            "val_pending": self.val_pending,
+        }
+        if ranks is not None:
+            loop["ranks"] = ranks
+        return {"epoch": self.epoch, "global_step": self.global_step, "loop": loop}
+
+    def rank_state(self, grads: list[torch.Tensor | None] | None) -> dict[str, Any]:
+        """This rank's own part: its RNG now and at the epoch's start, and `grads` of an unfinished window."""
+        return {"rng": get_rng_state(), "epoch_start_rng": self.epoch_start_rng, "window_grads": grads}
+
+    def load_state_dict(self, ckpt: dict[str, Any], rank: int = 0) -> None:
+        """Restore what state_dict wrote, taking this rank's own part (a 1-process file serves every rank)."""
+        loop = ckpt["loop"]
+        self.epoch, self.global_step = int(ckpt["epoch"]), int(ckpt["global_step"])
+        self.batch_in_epoch, self.epoch_finished = int(loop["batch_in_epoch"]), bool(loop["epoch_finished"])
+        self.val_pending = bool(loop.get("val_pending", False))
+        ranks = loop.get("ranks") or [{}]
+        own = ranks[rank] if rank < len(ranks) else ranks[0]
+        self.epoch_start_rng, self.resume_rng = own.get("epoch_start_rng"), own.get("rng")
+        self.window_grads = own.get("window_grads")
+
+    def next_epoch(self) -> None:
+        self.epoch += 1
+        self.batch_in_epoch, self.epoch_finished = 0, False
