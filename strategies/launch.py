@@ -86,7 +86,7 @@ def relaunch(nprocs: int, max_restarts: int = 0) -> NoReturn:
         max_restarts=max_restarts,
         monitor_interval=0.1,
         # grace between SIGTERM and SIGKILL when this launcher is signalled (torch 2.13 applies its fixed
-        # 30 s when a worker fails; a stuck worker exits on its own after trainer.STOP_GRACE_S anyway)
+        # 30 s when a worker fails; a stuck worker exits on its own after STOP_GRACE_S of trainer/signals.py anyway)
         shutdown_timeout=25,
     )
     try:

@@ -280,3 +280,65 @@ def test_seed_everything_reproduces_a_run(tmp_path):
         return [p.detach().clone() for p in t.parameters()]
 
     assert all(torch.equal(a, b) for a, b in zip(run(), run()))
+
+
+class _BackwardProbe(torch.autograd.Function):
+    """Identity whose backward records the Python call stack (our frames between fit and backward)."""
+
+    stacks: list[list[str]] = []
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        import traceback
+
+        import os
+
+        frames = traceback.extract_stack()
+        names = [f"{os.path.basename(os.path.dirname(f.filename))}/{os.path.basename(f.filename)}:{f.name}" for f in frames]
+        _BackwardProbe.stacks.append(names)
+        return g
+
+
+class Probe(Task):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(2, 1)
+
+    def training_step(self, batch, batch_idx):
+        return _BackwardProbe.apply(self.net(batch[0])).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def calls_from_fit_to_backward(stack: list[str]) -> list[str]:
+    """The calls from Trainer.fit down to Tensor.backward (both ends included)."""
+    start = next(i for i, f in enumerate(stack) if f.endswith("trainer/trainer.py:fit"))
+    end = next(i for i, f in enumerate(stack) if f.endswith("torch/_tensor.py:backward"))
+    return stack[start : end + 1]
+
+
+def test_fit_reaches_loss_backward_in_at_most_four_calls():
+    _BackwardProbe.stacks.clear()
+    Trainer(max_steps=1, **FAST).fit(Probe(), DataLoader(TensorDataset(torch.randn(4, 2)), batch_size=4))
+    path = calls_from_fit_to_backward(_BackwardProbe.stacks[0])
+    assert len(path) - 1 <= 4, path  # fit -> loop.fit -> train_epoch -> strategy.backward -> loss.backward
+
+
+def _ddp_backward_path(rank, world_size):
+    from strategies.ddp import DDPStrategy
+
+    _BackwardProbe.stacks.clear()
+    data = DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=2)
+    Trainer(strategy=DDPStrategy(), devices=world_size, max_steps=1, **FAST).fit(Probe(), data)
+    return calls_from_fit_to_backward(_BackwardProbe.stacks[0])
+
+
+def test_ddp_fit_reaches_loss_backward_in_at_most_four_calls(dist_run):
+    for path in dist_run(_ddp_backward_path):
+        assert len(path) - 1 <= 4, path
+        assert any(f.endswith("strategies/ddp.py:backward") for f in path)
