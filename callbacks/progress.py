@@ -14,7 +14,6 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 
-
 def format_metrics(metrics: dict[str, float]) -> dict[str, str]:
     """Three significant digits, as Lightning's bar shows them."""
     return {k: f"{v:.3g}" for k, v in metrics.items()}

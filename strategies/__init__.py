@@ -36,7 +36,9 @@ def _load(name: str) -> tuple[type[Strategy], dict[str, Any]]:
     return getattr(importlib.import_module(module), cls), kwargs
 
 
-def resolve_strategy(strategy: Any, options: dict[str, Any], given: set[str] | frozenset[str] = frozenset()) -> Strategy:
+def resolve_strategy(
+    strategy: Any, options: dict[str, Any], given: set[str] | frozenset[str] = frozenset()
+) -> Strategy:
     """Turn Trainer(strategy=..., devices=..., ...) into a configured Strategy instance.
 
     `options` holds the Trainer's accelerator, precision, devices, num_nodes and use_distributed_sampler;
@@ -76,9 +78,19 @@ def _by_name(name: str, options: dict[str, Any]) -> Strategy:
     if name == "auto":
         name = "single" if devices == 1 and options["num_nodes"] == 1 else "ddp"
     if name == "single" and devices != 1:
-        raise ConfigError(f"strategy='single' runs on one device but devices={devices}; use strategy='ddp' or 'dp'.")
+        raise ConfigError(
+            f"strategy='single' runs on one device but devices={devices}; use strategy='ddp' or 'dp'."
+        )
     cls, kwargs = _load(name)
     return cls(**kwargs)
 
 
-__all__ = ["STRATEGIES", "Comm", "Precision", "SingleDeviceStrategy", "Strategy", "register", "resolve_strategy"]
+__all__ = [
+    "STRATEGIES",
+    "Comm",
+    "Precision",
+    "SingleDeviceStrategy",
+    "Strategy",
+    "register",
+    "resolve_strategy",
+]

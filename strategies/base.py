@@ -10,6 +10,8 @@ Trainer only fills what the constructor left unset (`None`), see strategies/__in
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +38,9 @@ class Strategy:
 
     name = "base"
 
-    def __init__(self, accelerator: str | None = None, precision: Precision | str | int | None = None) -> None:
+    def __init__(
+        self, accelerator: str | None = None, precision: Precision | str | int | None = None
+    ) -> None:
         self.accelerator = accelerator  # None: the Trainer's accelerator (default "auto")
         self._precision = None if precision is None else Precision.of(precision)
         self._root_device: torch.device | None = None  # chosen on first use, from the accelerator
@@ -79,26 +83,33 @@ class Strategy:
         return move_to_device(batch, self.root_device, self.precision.param_dtype)
 
     # ----- steps --------------------------------------------------------------------------------
-    def step(self, task: Task, hook: str, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> Any:
+    def step(
+        self, task: Task, hook: str, batch: Any, batch_idx: int, dataloader_idx: int | None = None
+    ) -> Any:
         """Run training_step, validation_step, test_step or predict_step (`hook`); dataloader_idx is passed
         (even 0) only when there are several loaders, as in Lightning."""
-        fn = getattr(task, hook)
-        return fn(batch, batch_idx) if dataloader_idx is None else fn(batch, batch_idx, dataloader_idx)
+        return call_step(getattr(task, hook), batch, batch_idx, dataloader_idx)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """Context for the forward pass under this precision."""
         return self.precision.autocast()
 
-    def backward(self, loss: torch.Tensor, sync: bool = True) -> None:
-        """Backward of `loss` (scaled under 16-mixed). With sync=False the gradients only accumulate
-        locally (micro-batches 1..k-1 of an accumulation window): nothing is communicated."""
-        self.precision.scale(loss).backward()
+    def backward(
+        self, loss: torch.Tensor, sync: bool = True, run: Callable[[torch.Tensor], Any] | None = None
+    ) -> None:
+        """Backward of `loss` (scaled under 16-mixed), through `run(scaled_loss)` when given (a task's own
+        backward). With sync=False the gradients only accumulate locally (micro-batches 1..k-1 of an
+        accumulation window): nothing is communicated."""
+        scaled = self.precision.scale(loss)
+        scaled.backward() if run is None else run(scaled)  # noqa: B018 (a call, not an expression)
 
     def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         """Make the gradients final for the step: reduced across ranks and at their true scale."""
         self.precision.unscale(optimizer)
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None) -> Any:
+    def optimizer_step(
+        self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None
+    ) -> Any:
         """Step (under 16-mixed the scaler skips a step whose gradients are inf/nan)."""
         return self.precision.step(optimizer, closure)
 
@@ -126,6 +137,29 @@ class Strategy:
             )
 
 
+def call_step(fn: Callable[..., Any], batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> Any:
+    """Call a *_step method with the arguments its signature takes: Lightning allows
+    ``training_step(self, batch)`` without batch_idx, and passes dataloader_idx only with several loaders."""
+    takes = _positional_count(getattr(fn, "__func__", fn))
+    if dataloader_idx is not None and takes >= 3:
+        return fn(batch, batch_idx, dataloader_idx)
+    return fn(batch, batch_idx) if takes >= 2 else fn(batch)
+
+
+@functools.lru_cache(maxsize=256)
+def _positional_count(fn: Callable[..., Any]) -> int:
+    """How many positional arguments (after self) `fn` accepts; *args counts as many."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return 3
+    if params and params[0].name == "self":
+        params = params[1:]
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return 3
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+
+
 def _same(name: str, own: Any, value: Any) -> bool:
     if isinstance(own, Precision):
         return own.name == value.name
@@ -145,7 +179,9 @@ def pick_device(accelerator: str = "auto", index: int = 0) -> torch.device:
     if acc == "auto":
         acc = "cuda" if torch.cuda.is_available() else "mps" if mps else "cpu"
     if acc == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("accelerator='cuda' was requested but no CUDA GPU is visible; use accelerator='cpu'.")
+        raise ConfigError(
+            "accelerator='cuda' was requested but no CUDA GPU is visible; use accelerator='cpu'."
+        )
     if acc == "mps" and not mps:
         raise ConfigError("accelerator='mps' was requested but MPS is not available; use accelerator='cpu'.")
     if acc not in ("cpu", "cuda", "mps"):

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from strategies.base import Strategy
+from strategies.base import Strategy, call_step
 from strategies.batch import apply_to_tensors
 from strategies.precision import Precision
 from strategies.replicate import Replicas, tensors_in
@@ -67,7 +67,9 @@ class DataParallelStrategy(Strategy):
     def device_list(self) -> list[torch.device]:
         """The replicas' devices (resolved from `devices` and the accelerator on first use)."""
         if self._device_list is None:
-            self._device_list = _resolve_devices(self.accelerator or "auto", 1 if self.devices is None else self.devices)
+            self._device_list = _resolve_devices(
+                self.accelerator or "auto", 1 if self.devices is None else self.devices
+            )
         return self._device_list
 
     @property
@@ -83,12 +85,13 @@ class DataParallelStrategy(Strategy):
         self._metric_clones.clear()
 
     # ----- steps --------------------------------------------------------------------------------
-    def step(self, task: Task, hook: str, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> Any:
-        args = (batch_idx,) if dataloader_idx is None else (batch_idx, dataloader_idx)
+    def step(
+        self, task: Task, hook: str, batch: Any, batch_idx: int, dataloader_idx: int | None = None
+    ) -> Any:
         t0 = time.perf_counter()
         chunks, sizes = scatter(batch, self.device_list)
         if len(chunks) == 1:  # one device, or a batch of one sample: nothing to split
-            return getattr(task, hook)(batch, *args)
+            return call_step(getattr(task, hook), batch, batch_idx, dataloader_idx)
         if hook == "training_step" and not task.automatic_optimization:
             raise ConfigError(
                 "strategy='dp' runs training_step on several replicas at once, so it cannot step optimizers "
@@ -99,7 +102,9 @@ class DataParallelStrategy(Strategy):
         replicas = Replicas(task, devices, torch.is_grad_enabled(), self._metric_clones)
         t2 = time.perf_counter()
         modules = replicas.modules
-        outputs = self._in_threads(lambda i: getattr(modules[i], hook)(chunks[i], *args), devices)
+        outputs = self._in_threads(
+            lambda i: call_step(getattr(modules[i], hook), chunks[i], batch_idx, dataloader_idx), devices
+        )
         t3 = time.perf_counter()
         replicas.merge_metrics()
         root = self.device_list[0]
@@ -135,9 +140,11 @@ class DataParallelStrategy(Strategy):
         out["loss"] = loss  # `out` is gather's own new container
         return out
 
-    def backward(self, loss: torch.Tensor, sync: bool = True) -> None:
+    def backward(
+        self, loss: torch.Tensor, sync: bool = True, run: Callable[[torch.Tensor], Any] | None = None
+    ) -> None:
         t0 = time.perf_counter()
-        super().backward(loss, sync)
+        super().backward(loss, sync, run)
         self.stats["backward_s"] += time.perf_counter() - t0
 
     def _in_threads(self, fn: Callable[[int], Any], devices: list[torch.device]) -> list[Any]:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -22,6 +23,7 @@ from trainer.errors import ConfigError, choose
 if TYPE_CHECKING:
     from strategies.reducer import Reducer
     from trainer.task import Task
+
 
 def _destroy_group() -> None:
     if dist.is_initialized():
@@ -206,26 +208,26 @@ class DDPStrategy(Strategy):
         return rebuild(loader, sampler=sampler)
 
     # ----- steps --------------------------------------------------------------------------------
-    def step(self, task: Task, hook: str, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> Any:
+    def step(
+        self, task: Task, hook: str, batch: Any, batch_idx: int, dataloader_idx: int | None = None
+    ) -> Any:
         if hook == "training_step" and self.broadcast_buffers and self.reducer is not None:
             self.comm.run("buffer broadcast", self.reducer.sync_buffers)
         return super().step(task, hook, batch, batch_idx, dataloader_idx)
 
-    def backward(self, loss: torch.Tensor, sync: bool = True) -> None:
+    def backward(
+        self, loss: torch.Tensor, sync: bool = True, run: Callable[[torch.Tensor], Any] | None = None
+    ) -> None:
         """With sync, buckets are all-reduced while backward runs and averaged when it ends (gradients
         are final afterwards, as with torch's DDP); without, they only accumulate locally."""
-        reducer = self.reducer
-        if reducer is None:
-            self.precision.scale(loss).backward()
-        elif sync:
+        reducer, scaled = self.reducer, self.precision.scale(loss)
+        if reducer is not None and sync:
             reducer.prepare_for_backward(loss)
-            self.precision.scale(loss).backward()
+        with reducer.no_sync() if reducer is not None and not sync else contextlib.nullcontext():
+            scaled.backward() if run is None else run(scaled)  # noqa: B018 (a call, not an expression)
+        if reducer is not None and sync:
             self.comm.run("gradient all-reduce", reducer.finalize)
-            self._unsynced = False
-        else:
-            with reducer.no_sync():
-                self.precision.scale(loss).backward()
-            self._unsynced = True
+        self._unsynced = reducer is not None and not sync
 
     def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         if self._unsynced:  # the data ended inside an accumulation window whose last backward skipped sync

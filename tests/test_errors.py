@@ -29,6 +29,10 @@ class Returns(Task):
         x, y = batch
         return self.make(F.mse_loss(self.net(x), y, reduction="none"))
 
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val/mse", F.mse_loss(self.net(x), y))
+
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
@@ -43,12 +47,8 @@ def _fit(task: Task, tmp_path, **kw) -> Trainer:
     ("make", "match"),
     [
         (
-            lambda loss: None,
-            r"training_step returned NoneType; return the loss tensor or a dict with key 'loss'",
-        ),
-        (
             lambda loss: {"los": loss.mean()},
-            r"returned dict; return the loss tensor or a dict with key 'loss'",
+            r"returned dict; return the loss tensor, a dict with key 'loss', or None to skip the batch",
         ),
         (lambda loss: loss.mean().item(), r"returned float"),
         (lambda loss: loss, r"loss of shape \(4, 1\); reduce it to a scalar"),
@@ -210,7 +210,7 @@ def test_exception_reaches_callbacks_and_teardown(tmp_path):
             seen.append(f"teardown:{stage}")
 
     with pytest.raises(TaskError):
-        _fit(Returns(lambda loss: None), tmp_path, callbacks=[Spy()])
+        _fit(Returns(lambda loss: {"los": loss}), tmp_path, callbacks=[Spy()])
     assert seen == ["TaskError", "teardown:fit"]
 
 

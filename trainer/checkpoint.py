@@ -40,7 +40,11 @@ def save(t: Trainer, path: str, weights_only: bool = False) -> None:
         ckpt.update(t.state.state_dict())
     else:
         mid_window = t.state.mid_window(t.config.accumulate_grad_batches, task.automatic_optimization)
-        grads = [None if p.grad is None else p.grad.detach().cpu().clone() for p in task.parameters()] if mid_window else None
+        grads = (
+            [None if p.grad is None else p.grad.detach().cpu().clone() for p in task.parameters()]
+            if mid_window
+            else None
+        )
         ckpt.update(t.state.state_dict(ranks=comm.gather_object(t.state.rank_state(grads))))
         # what a ReduceLROnPlateau needs when resuming from inside an epoch's end
         ckpt["loop"]["callback_metrics"] = {k: v.detach().cpu() for k, v in t.callback_metrics.items()}
@@ -52,6 +56,7 @@ def save(t: Trainer, path: str, weights_only: bool = False) -> None:
         )
         if t.datamodule is not None:
             ckpt["datamodule"] = t.datamodule.state_dict()
+            ckpt["datamodule_hyper_parameters"] = dict(t.datamodule.hparams)
         t.hooks.call("on_save_checkpoint", ckpt)
     if comm.is_global_zero:
         atomic_save(ckpt, path)
@@ -104,6 +109,20 @@ def _restore_loop(t: Trainer, ckpt: dict[str, Any]) -> None:
         state.next_epoch()
 
 
+def rebuild_task(cls: type, path: str, map_location: Any, strict: bool, overrides: dict[str, Any]) -> Any:
+    """Task.load_from_checkpoint: cls(**saved hyperparameters, **overrides) with the saved weights."""
+    ckpt = load(path, map_location if map_location is not None else "cpu")
+    task = cls(**{**ckpt.get("hyper_parameters", {}), **overrides})
+    task.configure_model()  # a task that builds layers lazily needs them before the weights load
+    if strict:
+        check_compatible(task, ckpt["state_dict"], path)
+    task.load_state_dict(ckpt["state_dict"], strict=strict)
+    task.on_load_checkpoint(ckpt)
+    if isinstance(map_location, (str, torch.device)):
+        task.to(map_location)
+    return task
+
+
 # ----- finding files ------------------------------------------------------------------------------
 def find_last(t: Trainer) -> str | None:
     """For resume='auto': the checkpoint callbacks' last file, else the newest last.ckpt under
@@ -124,7 +143,7 @@ def _callback_last(t: Trainer) -> str | None:
 
 
 def resolve_path(t: Trainer, path: str) -> str:
-    """"best" and "last" (Lightning's shorthands) through the checkpoint callback, else the path itself."""
+    """ "best" and "last" (Lightning's shorthands) through the checkpoint callback, else the path itself."""
     if path == "best":
         for cb in t.checkpoint_callbacks:
             best = getattr(cb, "best_model_path", "")
@@ -159,7 +178,9 @@ def load(path: str | os.PathLike[str], map_location: Any = "cpu") -> dict[str, A
     """Read a checkpoint written by Trainer.save_checkpoint."""
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise CheckpointError(f"checkpoint {path!r} does not exist; pass an existing file or ckpt_path='last'.")
+        raise CheckpointError(
+            f"checkpoint {path!r} does not exist; pass an existing file or ckpt_path='last'."
+        )
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=False)
     except Exception as e:

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from trainer.hooks import default
+from trainer.hparams import HyperparametersMixin
+
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
 
 
-class DataModule:
+class DataModule(HyperparametersMixin):
     """Groups the loaders of a data set. Example::
 
     class Digits(DataModule):
@@ -13,8 +19,11 @@ class DataModule:
         def train_dataloader(self): return DataLoader(self.train, batch_size=64, shuffle=True)
     """
 
+    trainer: Trainer | None = None  # set when a stage starts
+
+    @default
     def prepare_data(self) -> None:
-        """Download or prepare files; called once (on global rank 0) before setup."""
+        """Download or prepare files; called once per node (local rank 0) before setup."""
 
     def setup(self, stage: str) -> None:
         """Build data sets for `stage` ('fit', 'validate', 'test', 'predict'), on every rank."""

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer.reporting import finalize_loggers, log_metrics
+from trainer.transfer import to_device
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -18,6 +19,7 @@ HOOK_PREFIX = {"val": "validation", "test": "test", "predict": "predict"}  # pha
 
 def evaluate(t: Trainer, stage: str) -> Any:
     """validate(), test() or predict(): one pass over that stage's loaders."""
+    t.metric_store.callback_metrics.clear()  # this stage's metrics only, not an earlier fit's
     out = run_eval(t, {"validate": "val"}.get(stage, stage))
     if stage != "predict":
         finalize_loggers(t, "success")
@@ -32,8 +34,13 @@ def run_eval(t: Trainer, phase: str, limit: int | None = None) -> Any:
     loaders, sizes = t.loaders.get(phase, []), t.loader_sizes.get(phase, [])
     prefix = HOOK_PREFIX[phase]
     step_name = f"{prefix}_step"
-    was_training = task.training
-    task.eval()
+    was_training, custom = task.training, hooks.custom
+    if f"on_{prefix}_model_eval" in custom:
+        getattr(task, f"on_{prefix}_model_eval")()
+    else:
+        task.eval()
+    if phase == "val" and "on_validation_model_zero_grad" in custom:
+        task.on_validation_model_zero_grad()
     store.reset(phase)
     hooks.call(f"on_{prefix}_start")
     hooks.call(f"on_{prefix}_epoch_start")
@@ -48,7 +55,7 @@ def run_eval(t: Trainer, phase: str, limit: int | None = None) -> Any:
             if n == 0:
                 continue
             for batch_idx, batch in enumerate(islice(loader, None if n == float("inf") else int(n))):
-                batch = strategy.batch_to_device(batch)
+                batch = to_device(t, batch, dl_idx)
                 store.set_batch(batch)
                 hooks.call(f"on_{prefix}_batch_start", batch, batch_idx, *extra)
                 with strategy.autocast():
@@ -67,7 +74,10 @@ def run_eval(t: Trainer, phase: str, limit: int | None = None) -> Any:
         log_metrics(t, logged)
         results = _per_loader({k: float(v) for k, v in logged.items()}, len(loaders))
     hooks.call(f"on_{prefix}_end")
-    task.train(was_training)
+    if f"on_{prefix}_model_train" in custom:
+        getattr(task, f"on_{prefix}_model_train")()
+    else:
+        task.train(was_training)
     store.switch("train")
     if phase == "predict":
         return predictions[0] if len(predictions) == 1 else predictions

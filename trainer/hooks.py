@@ -46,8 +46,16 @@ HOOKS: tuple[Hook, ...] = (
     _h("on_train_end", "", "Called after the last training epoch."),
     _h("on_train_epoch_start", "", "Called at the start of every training epoch."),
     _h("on_train_epoch_end", "", "Called at the end of every training epoch."),
-    _h("on_train_batch_start", "batch, batch_idx", "Called before training_step; returning -1 ends the epoch."),
-    _h("on_train_batch_end", "outputs, batch, batch_idx", "Called after a batch and its optimizer step, if any."),
+    _h(
+        "on_train_batch_start",
+        "batch, batch_idx",
+        "Called before training_step; returning -1 ends the epoch.",
+    ),
+    _h(
+        "on_train_batch_end",
+        "outputs, batch, batch_idx",
+        "Called after a batch and its optimizer step, if any.",
+    ),
     _h("on_validation_start", "", "Called before a validation run."),
     _h("on_validation_end", "", "Called after a validation run."),
     _h("on_validation_epoch_start", "", "Called at the start of a validation epoch."),
@@ -68,13 +76,25 @@ HOOKS: tuple[Hook, ...] = (
     _h("on_predict_batch_end", _BATCH_END, "Called after predict_step."),
     _h("on_before_backward", "loss", "Called before backward."),
     _h("on_after_backward", "", "Called after backward (under DDP the gradients are already averaged)."),
-    _h("on_before_optimizer_step", "optimizer", "Called with final, unscaled gradients, before clipping and the step."),
+    _h(
+        "on_before_optimizer_step",
+        "optimizer",
+        "Called with final, unscaled gradients, before clipping and the step.",
+    ),
     _h("on_before_zero_grad", "optimizer", "Called before optimizer.zero_grad()."),
     _h("on_save_checkpoint", "checkpoint", "Add to the checkpoint dict before it is written."),
     _h("on_load_checkpoint", "checkpoint", "Read back what on_save_checkpoint added."),
     _h("on_exception", "exception", "Called when fit/validate/test/predict raises.", (CALLBACK,)),
 )
 HOOK_NAMES = frozenset(h.name for h in HOOKS)
+
+#: Task methods with a default behaviour (trainer/task_defaults.py) that the loop calls only when overridden
+DEFAULTS = (
+    "prepare_data", "configure_model", "configure_callbacks", "on_before_batch_transfer", "transfer_batch_to_device",
+    "on_after_batch_transfer", "backward", "optimizer_step", "optimizer_zero_grad", "configure_gradient_clipping",
+    "lr_scheduler_step", "on_validation_model_eval", "on_validation_model_train", "on_validation_model_zero_grad",
+    "on_test_model_eval", "on_test_model_train", "on_predict_model_eval",
+)  # fmt: skip
 
 
 def _params(names: tuple[str, ...]) -> list[inspect.Parameter]:
@@ -84,6 +104,12 @@ def _params(names: tuple[str, ...]) -> list[inspect.Parameter]:
         kw: dict[str, Any] = {"default": int(default)} if default else {}
         out.append(inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, **kw))
     return out
+
+
+def default(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark a Task method as Lightning's default behaviour: the loop calls it only where a task overrides it."""
+    fn._tandem_default = True  # type: ignore[attr-defined]
+    return fn
 
 
 def add_hook_stubs(cls: type, owner: str) -> type:
@@ -99,15 +125,51 @@ def add_hook_stubs(cls: type, owner: str) -> type:
         stub.__name__, stub.__qualname__ = hook.name, f"{cls.__qualname__}.{hook.name}"
         stub.__doc__ = hook.doc
         stub.__signature__ = inspect.Signature(_params(lead) + _params(hook.args))  # type: ignore[attr-defined]
-        stub._tandem_stub = True  # type: ignore[attr-defined]
+        stub._tandem_default = True  # type: ignore[attr-defined]
         setattr(cls, hook.name, stub)
     return cls
 
 
 def overrides(obj: Any, name: str) -> bool:
-    """True if `obj`'s class defines hook `name` itself (not the generated no-op)."""
+    """True if `obj`'s class defines hook or method `name` itself (not the no-op stub or Tandem's default)."""
     fn = getattr(type(obj), name, None)
-    return fn is not None and not getattr(fn, "_tandem_stub", False)
+    return fn is not None and not getattr(fn, "_tandem_default", False)
+
+
+#: Lightning 1.x names that Lightning 2 removed or renamed: defining one is a TaskError when a stage starts
+REFUSED = {
+    "configure_sharded_model": "Lightning 2.1 renamed it configure_model; rename the method",
+    "training_epoch_end": "Lightning 2.0 removed it; collect outputs in training_step and use on_train_epoch_end",
+    "validation_epoch_end": "Lightning 2.0 removed it; collect outputs in validation_step and use on_validation_epoch_end",
+    "test_epoch_end": "Lightning 2.0 removed it; collect outputs in test_step and use on_test_epoch_end",
+    "training_step_end": "Lightning 2.0 removed it; do that work at the end of training_step",
+    "validation_step_end": "Lightning 2.0 removed it; do that work at the end of validation_step",
+    "test_step_end": "Lightning 2.0 removed it; do that work at the end of test_step",
+    "on_epoch_start": "Lightning 2.0 removed it; use on_train_epoch_start (or on_validation_epoch_start)",
+    "on_epoch_end": "Lightning 2.0 removed it; use on_train_epoch_end (or on_validation_epoch_end)",
+    "on_batch_start": "Lightning 2.0 removed it; use on_train_batch_start",
+    "on_batch_end": "Lightning 2.0 removed it; use on_train_batch_end",
+    "on_pretrain_routine_start": "Lightning 2.0 removed it; use on_fit_start",
+    "on_pretrain_routine_end": "Lightning 2.0 removed it; use on_fit_start",
+    "on_init_start": "Lightning 2.0 removed it; do that work in the callback's __init__",
+    "on_init_end": "Lightning 2.0 removed it; do that work in the callback's __init__",
+    "on_keyboard_interrupt": "Lightning 2.0 removed it; use on_exception and check for KeyboardInterrupt",
+    "on_configure_sharded_model": "Lightning 2.0 removed it; use setup",
+    "on_before_accelerator_backend_setup": "Lightning 2.0 removed it; use setup",
+    "tbptt_split_batch": "Lightning 2.0 removed truncated backpropagation through time; split the sequence in training_step",
+}
+
+
+def refuse_unknown_hooks(obj: Any) -> None:
+    """Raise TaskError when `obj` (a task or callback) defines a hook that Tandem would never call."""
+    from trainer.errors import TaskError
+
+    for name, advice in REFUSED.items():
+        if callable(getattr(type(obj), name, None)):
+            raise TaskError(
+                f"{type(obj).__name__}.{name} is a Lightning hook that Tandem never calls ({advice}); "
+                "Tandem refuses it rather than skip it silently."
+            )
 
 
 class Hooks:
@@ -119,6 +181,8 @@ class Hooks:
 
     def __init__(self, task: Any, callbacks: list[Any], trainer: Any) -> None:
         self._table: dict[str, tuple[list[Callable[..., Any]], list[Callable[..., Any]]]] = {}
+        for obj in [task, *callbacks] if task is not None else callbacks:
+            refuse_unknown_hooks(obj)
         for hook in HOOKS:
             plain: list[Callable[..., Any]] = []
             monitoring: list[Callable[..., Any]] = []
@@ -130,6 +194,8 @@ class Hooks:
                 plain.append(getattr(task, hook.name))
             if plain or monitoring:
                 self._table[hook.name] = (plain, monitoring)
+        # the task's own versions of Lightning's overridable methods (optimizer_step, backward, ...)
+        self.custom = frozenset(n for n in DEFAULTS if task is not None and overrides(task, n))
 
     def __contains__(self, name: str) -> bool:
         return name in self._table

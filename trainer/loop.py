@@ -17,6 +17,7 @@ from trainer.evaluation import run_eval
 from trainer.optim import optimizer_step, step_schedulers
 from trainer.reporting import finalize_loggers, log_metrics
 from trainer.seed import get_rng_state, set_rng_state
+from trainer.transfer import to_device
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -29,12 +30,14 @@ def fit(t: Trainer) -> None:
     cfg, state, hooks = t.config, t.state, t.hooks
     hooks.call("on_fit_start")
     if cfg.num_sanity_val_steps and t.val_dataloaders:
+        rng = get_rng_state()  # isolated, as in Lightning: the check must not change what training draws
         state.sanity_checking = True
         hooks.call("on_sanity_check_start")
         run_eval(t, "val", limit=None if cfg.num_sanity_val_steps == -1 else cfg.num_sanity_val_steps)
         hooks.call("on_sanity_check_end")
         state.sanity_checking = False
         t.metric_store.callback_metrics.clear()
+        set_rng_state(rng)
     if state.resume_rng is not None and state.batch_in_epoch == 0:  # resuming at an epoch boundary
         set_rng_state(state.resume_rng)
         state.resume_rng = None
@@ -67,32 +70,34 @@ def train_epoch(t: Trainer) -> None:
         batch = next(batches, _END)
         if not strategy.comm.join(batch is not _END):  # some rank is out of data (unknown lengths only)
             break
-        batch = strategy.batch_to_device(batch)
+        batch = to_device(t, batch)
         t.metric_store.set_batch(batch)
         if hooks.call("on_train_batch_start", batch, batch_idx) == -1:
             if optimizer is not None:  # drop a cut-short window's gradients, or they leak into the next step
                 optimizer.zero_grad(set_to_none=True)
             break
-        if optimizer is not None:
+        with strategy.autocast():
+            out = strategy.step(task, "training_step", batch, batch_idx)
+        if optimizer is not None:  # automatic optimization (else the task stepped its own optimizers)
             boundary = (batch_idx + 1) % k == 0 or batch_idx + 1 == n
             # the epoch's last window may hold fewer than k micro-batches: average over those it has,
             # so that k micro-batches of b always equal one batch of k*b (the last one smaller too)
             window = min(k, n - (batch_idx - batch_idx % k))
-            with strategy.autocast():
-                out = strategy.step(task, "training_step", batch, batch_idx)
-            loss = _loss_of(out)
-            if cfg.detect_nonfinite == "off" or not _nonfinite(t, loss, batch_idx):
+            loss = _loss_of(out, t.world_size)  # None: the task skips this batch
+            if batch_idx % k == 0:  # a window starts: Lightning's moment to zero the gradients
+                _zero_grad(t, optimizer, batch_idx)
+            if loss is not None and (cfg.detect_nonfinite == "off" or not _nonfinite(t, loss, batch_idx)):
                 hooks.call("on_before_backward", loss)
-                strategy.backward(loss / window if window > 1 else loss, sync=boundary)
+                run = task.backward if "backward" in hooks.custom else None
+                strategy.backward(loss / window if window > 1 else loss, sync=boundary, run=run)
                 hooks.call("on_after_backward")
-            if boundary:
-                _step(t, optimizer)
-        else:  # manual optimization: the task steps its own optimizers
-            with strategy.autocast():
-                out = strategy.step(task, "training_step", batch, batch_idx)
+            if boundary and loss is not None:
+                _step(t, optimizer, batch_idx, loss)
         state.batch_in_epoch = batch_idx + 1
         validate_now = bool(val_every) and (batch_idx + 1) % val_every == 0 and batch_idx + 1 != n
-        state.val_pending = validate_now  # a checkpoint written in on_train_batch_end records the due validation
+        state.val_pending = (
+            validate_now  # a checkpoint written in on_train_batch_end records the due validation
+        )
         hooks.call("on_train_batch_end", out, batch, batch_idx)
         if state.global_step % cfg.log_every_n_steps == 0 and state.global_step != state.last_logged_step:
             state.last_logged_step = state.global_step
@@ -123,13 +128,27 @@ def train_epoch(t: Trainer) -> None:
     state.next_epoch()
 
 
-def _step(t: Trainer, optimizer: torch.optim.Optimizer) -> None:
-    """One optimizer step of automatic optimization: step, zero the grads, count, schedule."""
-    optimizer_step(t, optimizer)
-    t.hooks.call("on_before_zero_grad", optimizer)
-    optimizer.zero_grad(set_to_none=True)
-    t.state.global_step += 1
+def _step(
+    t: Trainer, optimizer: torch.optim.Optimizer, batch_idx: int, loss: torch.Tensor | None = None
+) -> None:
+    """One optimizer step of automatic optimization (through the task's optimizer_step if it has one),
+    then the step-interval schedulers."""
+    task, state = t.task, t.state
+    assert task is not None
+    if "optimizer_step" in t.hooks.custom:  # the closure hands back this batch's already computed loss
+        task.optimizer_step(state.epoch, batch_idx, task._optimizers[0], lambda: loss)
+    else:
+        optimizer_step(t, optimizer)
+        state.global_step += 1
     step_schedulers(t, "step")
+
+
+def _zero_grad(t: Trainer, optimizer: torch.optim.Optimizer, batch_idx: int) -> None:
+    t.hooks.call("on_before_zero_grad", optimizer)
+    if "optimizer_zero_grad" in t.hooks.custom:
+        t.task.optimizer_zero_grad(t.state.epoch, batch_idx, optimizer)  # type: ignore[union-attr]
+    else:
+        optimizer.zero_grad(set_to_none=True)
 
 
 def _step_partial_window(t: Trainer, optimizer: torch.optim.Optimizer) -> None:
@@ -144,12 +163,16 @@ def _step_partial_window(t: Trainer, optimizer: torch.optim.Optimizer) -> None:
             for p in group["params"]:
                 if p.grad is not None:
                     p.grad.mul_(k / have)
-    _step(t, optimizer)
+    _step(t, optimizer, t.state.batch_in_epoch - 1)
 
 
 def _done(t: Trainer) -> bool:
     cfg = t.config
-    return _max_steps_reached(t) or (cfg.max_epochs != -1 and t.state.epoch >= cfg.max_epochs) or _stop_requested(t)
+    return (
+        _max_steps_reached(t)
+        or (cfg.max_epochs != -1 and t.state.epoch >= cfg.max_epochs)
+        or _stop_requested(t)
+    )
 
 
 def _max_steps_reached(t: Trainer) -> bool:
@@ -221,17 +244,29 @@ def _epoch_iterator(t: Trainer) -> tuple[Any, int]:
     return it, skip
 
 
-def _loss_of(out: Any) -> torch.Tensor:
+def _loss_of(out: Any, world_size: int) -> torch.Tensor | None:
+    """The loss in training_step's output; None (Lightning's "skip this batch") only on one process."""
+    if out is None:
+        if world_size > 1:
+            raise TaskError(
+                "training_step returned None (skip this batch) under several processes: the other ranks would "
+                "wait for this one's gradients. Skip batches on one process only, or return a zero loss instead."
+            )
+        return None
     loss = out.get("loss") if isinstance(out, dict) else out
     if not isinstance(loss, torch.Tensor):
         raise TaskError(
-            f"training_step returned {type(out).__name__}; return the loss tensor or a dict with key 'loss' "
-            "(or set self.automatic_optimization = False and step the optimizer yourself)."
+            f"training_step returned {type(out).__name__}; return the loss tensor, a dict with key 'loss', or None "
+            "to skip the batch (or set self.automatic_optimization = False and step the optimizer yourself)."
         )
     if loss.ndim != 0:
-        raise TaskError(f"training_step returned a loss of shape {tuple(loss.shape)}; reduce it to a scalar (e.g. .mean()).")
+        raise TaskError(
+            f"training_step returned a loss of shape {tuple(loss.shape)}; reduce it to a scalar (e.g. .mean())."
+        )
     if not loss.requires_grad:
-        raise TaskError("training_step returned a loss that does not require grad; compute it from the model's output.")
+        raise TaskError(
+            "training_step returned a loss that does not require grad; compute it from the model's output."
+        )
     return loss
 
 
@@ -243,7 +278,9 @@ def _val_check_batches(t: Trainer) -> int:
     if isinstance(v, float):
         n = t.num_training_batches
         if n == float("inf"):
-            raise TaskError("val_check_interval as a fraction needs a training loader with a length; pass an int.")
+            raise TaskError(
+                "val_check_interval as a fraction needs a training loader with a length; pass an int."
+            )
         return max(1, int(n * v))
     return int(v)
 

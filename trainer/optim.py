@@ -113,9 +113,18 @@ def step_schedulers(trainer: Trainer, interval: str) -> None:
                         f"{sorted(trainer.callback_metrics)}. Log it with self.log or fix 'monitor'."
                     )
                 continue
-            cfg.scheduler.step(float(value))
+            _step_one(trainer, cfg.scheduler, float(value))
         else:
-            cfg.scheduler.step()
+            _step_one(trainer, cfg.scheduler, None)
+
+
+def _step_one(trainer: Trainer, scheduler: Any, metric: float | None) -> None:
+    if "lr_scheduler_step" in trainer.hooks.custom:
+        trainer.task.lr_scheduler_step(scheduler, metric)  # type: ignore[union-attr]
+    elif metric is None:
+        scheduler.step()
+    else:
+        scheduler.step(metric)
 
 
 def check_optimizers(optimizers: list[torch.optim.Optimizer], automatic: bool, accumulate: int) -> None:
@@ -138,12 +147,18 @@ def check_optimizers(optimizers: list[torch.optim.Optimizer], automatic: bool, a
         )
 
 
-def optimizer_step(trainer: Trainer, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None) -> Any:
+def optimizer_step(
+    trainer: Trainer, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None
+) -> Any:
     """Final gradients (reduced, unscaled), on_before_optimizer_step, clipping, then the step."""
-    strategy, cfg = trainer.strategy, trainer.config
+    strategy, cfg, hooks = trainer.strategy, trainer.config, trainer.hooks
     strategy.unscale_gradients(optimizer)
-    trainer.hooks.call("on_before_optimizer_step", optimizer)
-    if cfg.gradient_clip_val:
+    hooks.call("on_before_optimizer_step", optimizer)
+    if "configure_gradient_clipping" in hooks.custom:
+        trainer.task.configure_gradient_clipping(
+            optimizer, cfg.gradient_clip_val, cfg.gradient_clip_algorithm
+        )  # type: ignore[union-attr]
+    elif cfg.gradient_clip_val:
         clip_gradients(optimizer, cfg.gradient_clip_val, cfg.gradient_clip_algorithm)
     return strategy.optimizer_step(optimizer, closure)
 
@@ -171,8 +186,16 @@ class TaskOptimizer:
         return self._optimizer
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        out = optimizer_step(self._trainer, self._optimizer, closure)
-        self._trainer.state.global_step += 1
+        """Step through the strategy. Under automatic optimization the closure (from the loop, through a
+        task's optimizer_step) returns the batch's loss, already computed: it is called once here."""
+        trainer = self._trainer
+        if closure is not None and trainer.task is not None and trainer.task.automatic_optimization:
+            result = closure()
+            out = optimizer_step(trainer, self._optimizer)
+            out = result if out is None else out
+        else:
+            out = optimizer_step(trainer, self._optimizer, closure)
+        trainer.state.global_step += 1
         return out
 
     def zero_grad(self, set_to_none: bool = True) -> None:

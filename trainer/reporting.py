@@ -29,7 +29,25 @@ def finalize_loggers(t: Trainer, status: str) -> None:
     if not t.is_global_zero:
         return
     for lg in t.loggers:
-        if t.task is not None and t.task.hparams:
+        if t.task is not None and t.task.hparams and getattr(t.task, "_log_hyperparams", True):
             final = {k: float(v) for k, v in t.callback_metrics.items()}
             lg.log_hyperparams(dict(t.task.hparams), final)
         lg.finalize(status)
+
+
+def print_results(stage: str, results: list[dict[str, float]]) -> None:
+    """The table Lightning prints after validate()/test(): one column per loader."""
+    if not results or not any(results):
+        return
+    keys = sorted({k for r in results for k in r})
+    width = max(len(k) for k in keys)
+    head = f"{stage.capitalize() + ' metric':<{max(width, 13)}}" + "".join(
+        f"  {'DataLoader ' + str(i):>14}" for i in range(len(results))
+    )
+    print(head)
+    print("-" * len(head))
+    for k in keys:
+        cells = "".join(
+            f"  {results[i][k]:>14.6g}" if k in results[i] else f"  {'':>14}" for i in range(len(results))
+        )
+        print(f"{k:<{max(width, 13)}}{cells}")

@@ -11,7 +11,7 @@ import torch
 from trainer import checkpoint
 from trainer.data import num_batches, with_worker_seeding
 from trainer.errors import TaskError
-from trainer.hooks import Hooks
+from trainer.hooks import Hooks, overrides
 from trainer.optim import TaskOptimizer, check_optimizers, parse_optimizers
 from trainer.reporting import finalize_loggers
 from trainer.signals import StopSignals
@@ -45,7 +45,11 @@ class Session:
         t, task, stage = self.t, self.task, self.stage
         t.task, t.datamodule, t.state.stage = task, self.dm, stage
         task._trainer = t
+        if self.dm is not None:
+            self.dm.trainer = t
         _set_deterministic(t.config.deterministic)
+        if stage == "fit" and overrides(task, "configure_callbacks"):
+            t.callbacks = merge_callbacks(t.callbacks, task.configure_callbacks())
         t.hooks = Hooks(task, t.callbacks, t)  # only the overridden hooks, collected once per stage
         if self.signals is not None:
             self.signals.install()
@@ -58,12 +62,17 @@ class Session:
 
     def _setup(self) -> None:
         t, task, stage, dm = self.t, self.task, self.stage, self.dm
-        if dm is not None:
-            if t.is_global_zero:
-                dm.prepare_data()
+        owners = [o for o in (dm, task) if o is not None and overrides(o, "prepare_data")]
+        if owners:
+            if t.local_rank == 0:  # once per node, as Lightning's default prepare_data_per_node=True
+                for owner in owners:
+                    owner.prepare_data()
             t.strategy.comm.barrier("prepare_data")
+        if dm is not None:
             dm.setup(stage)
         t.hooks.call("setup", stage)
+        if "configure_model" in t.hooks.custom:
+            task.configure_model()
         t.strategy.setup(task)
         self._load_data()
         if stage == "fit":
@@ -88,12 +97,20 @@ class Session:
                 )
             self._add("train", [train])
         phase = PHASE[stage]
+        step = {"val": "validation_step", "test": "test_step"}.get(phase)
+        if stage == "fit" and not overrides(self.task, "validation_step"):  # Lightning runs no validation then
+            self._add(phase, [])
+            return
         evals = self.evals if self.evals is not None else self._source(f"{phase}_dataloader")
         if evals is None and stage != "fit":
             raise TaskError(
                 f"{stage}() needs data: pass dataloaders, a datamodule, or define {phase}_dataloader() on the task."
             )
-        self._add(phase, [] if evals is None else list(evals) if isinstance(evals, (list, tuple)) else [evals])
+        if step is not None and evals is not None and not overrides(self.task, step):
+            raise TaskError(f"{stage}() needs {type(self.task).__name__}.{step}(self, batch, batch_idx); define it.")
+        self._add(
+            phase, [] if evals is None else list(evals) if isinstance(evals, (list, tuple)) else [evals]
+        )
 
     def _add(self, phase: str, loaders: list[Any]) -> None:
         t = self.t
@@ -121,6 +138,21 @@ class Session:
             if self.dm is not None:
                 self.dm.teardown(self.stage)
             t.strategy.teardown()
+
+
+def merge_callbacks(callbacks: list[Any], extra: Any) -> list[Any]:
+    """configure_callbacks(): its callbacks replace the Trainer's of the same type; checkpointing stays last."""
+    from callbacks.base import Callback
+
+    extra = list(extra) if isinstance(extra, (list, tuple)) else [extra] if extra else []
+    for cb in extra:
+        if not isinstance(cb, Callback):
+            raise TaskError(f"configure_callbacks returned {type(cb).__name__}; return Callback instances.")
+    kinds = {type(cb) for cb in extra}
+    merged = [cb for cb in callbacks if type(cb) not in kinds] + extra
+    return [cb for cb in merged if not hasattr(cb, "best_model_path")] + [
+        cb for cb in merged if hasattr(cb, "best_model_path")
+    ]
 
 
 def _set_deterministic(det: bool | str | None) -> None:

@@ -2,33 +2,21 @@
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from trainer.errors import TaskError
-from trainer.hooks import TASK, add_hook_stubs
+from trainer.hooks import TASK, add_hook_stubs, default
+from trainer.hparams import HyperparametersMixin
+from trainer.task_defaults import TaskDefaults
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 
-class AttributeDict(dict):
-    """A dict whose keys are also attributes: ``hparams.lr``."""
-
-    def __getattr__(self, key: str) -> Any:
-        try:
-            return self[key]
-        except KeyError as e:
-            raise AttributeError(f"no hyperparameter {key!r} (have: {sorted(self)})") from e
-
-    def __setattr__(self, key: str, value: Any) -> None:
-        self[key] = value
-
-
-class Task(torch.nn.Module):
+class Task(TaskDefaults, torch.nn.Module, HyperparametersMixin):
     """A torch Module that knows how to train itself.
 
     Example::
@@ -45,7 +33,6 @@ class Task(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self._trainer: Trainer | None = None
-        self._hparams = AttributeDict()
         self._optimizers: list[Any] = []  # TaskOptimizer wrappers, set when fit starts
         self.automatic_optimization = True
 
@@ -54,9 +41,11 @@ class Task(torch.nn.Module):
         """Return the loss (a scalar tensor) or a dict with key 'loss'."""
         raise TaskError(f"{type(self).__name__} must implement training_step(self, batch, batch_idx).")
 
+    @default
     def validation_step(self, batch: Any, batch_idx: int) -> Any:
         """Compute and log validation metrics for one batch."""
 
+    @default
     def test_step(self, batch: Any, batch_idx: int) -> Any:
         """Compute and log test metrics for one batch."""
 
@@ -103,33 +92,6 @@ class Task(torch.nn.Module):
     def global_step(self) -> int:
         return self._trainer.global_step if self._trainer is not None else 0
 
-    @property
-    def hparams(self) -> AttributeDict:
-        return self._hparams
-
-    def save_hyperparameters(self, *names: str, ignore: Sequence[str] | str = ()) -> None:
-        """Record the caller's __init__ arguments (or just `names`) in self.hparams and in checkpoints."""
-        frame = inspect.currentframe()
-        caller = frame.f_back if frame is not None else None
-        if caller is None:
-            return
-        # the arguments of the __init__ that called us (a parent's, when a subclass calls super().__init__)
-        code = caller.f_code
-        n_args = code.co_argcount + code.co_kwonlyargcount
-        arg_names = code.co_varnames[:n_args]
-        local = caller.f_locals
-        args = {
-            k: local[k] for k in arg_names if k in local and local[k] is not self and not k.startswith("_")
-        }
-        if code.co_flags & inspect.CO_VARKEYWORDS:  # **kwargs of __init__ are hyperparameters too
-            var_kw = local.get(code.co_varnames[n_args + bool(code.co_flags & inspect.CO_VARARGS)])
-            if isinstance(var_kw, Mapping):
-                args.update(var_kw)
-        ignored = {ignore} if isinstance(ignore, str) else set(ignore)
-        if names:
-            args = {k: v for k, v in args.items() if k in names}
-        self._hparams.update({k: v for k, v in args.items() if k not in ignored})
-
     def log(self, name: str, value: Any, **kwargs: Any) -> None:
         """Record a metric; see trainer.metrics.MetricStore.log for the options (Lightning's)."""
         if self._trainer is not None:
@@ -151,12 +113,53 @@ class Task(torch.nn.Module):
         scheds = [c.scheduler for c in self.trainer.lr_scheduler_configs]
         return None if not scheds else scheds[0] if len(scheds) == 1 else scheds
 
-    def manual_backward(self, loss: torch.Tensor) -> None:
+    def manual_backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         """Backward through the strategy and precision (scaling, DDP hooks), with the backward hooks."""
         trainer = self.trainer
         trainer.hooks.call("on_before_backward", loss)
-        trainer.strategy.backward(loss)
+        trainer.strategy.backward(loss, run=lambda scaled: self.backward(scaled, *args, **kwargs))
         trainer.hooks.call("on_after_backward")
+
+    @property
+    def logger(self) -> Any:
+        """The Trainer's first logger, or None."""
+        return self._trainer.logger if self._trainer is not None else None
+
+    @property
+    def loggers(self) -> list[Any]:
+        """The Trainer's loggers."""
+        return self._trainer.loggers if self._trainer is not None else []
+
+    def all_gather(self, data: Any, group: Any = None, sync_grads: bool = False) -> Any:
+        """Every rank's tensors stacked along a new dim 0 (nested collections too); unchanged on one process,
+        as in Lightning."""
+        if group is not None or sync_grads:
+            raise TaskError(
+                "all_gather(group=..., sync_grads=True) is not supported; gather on the default group."
+            )
+        from strategies.batch import apply_to_tensors
+
+        comm = self.trainer.strategy.comm
+        return apply_to_tensors(data, comm.all_gather) if comm.world_size > 1 else data
+
+    @classmethod
+    def load_from_checkpoint(
+        cls,
+        checkpoint_path: str,
+        map_location: Any = None,
+        hparams_file: str | None = None,
+        strict: bool = True,
+        **kwargs: Any,
+    ) -> Task:
+        """A new task of this class built from the checkpoint's hyperparameters (updated by `kwargs`),
+        with its weights loaded (`strict` as in torch's load_state_dict); `map_location` as torch.load's."""
+        from trainer.checkpoint import rebuild_task
+
+        if hparams_file is not None:
+            raise TaskError(
+                "load_from_checkpoint(hparams_file=...) is not supported: Tandem keeps hparams in the checkpoint."
+            )
+        return rebuild_task(cls, checkpoint_path, map_location, strict, kwargs)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """print() on global rank 0 only."""

@@ -19,6 +19,7 @@ from trainer.loggers import Logger, TensorBoardLogger, align_versions
 from trainer.metrics import MetricStore
 from trainer.optim import SchedulerConfig
 from trainer.options import TrainerConfig
+from trainer.reporting import print_results
 from trainer.session import Session
 from trainer.state import LoopState
 from trainer.task import Task
@@ -60,11 +61,19 @@ class Trainer:
         loggers = list(logger) if isinstance(logger, (list, tuple)) else [logger]
         for lg in loggers:
             if not isinstance(lg, Logger):
-                raise ConfigError(f"logger must be True, False, a Logger or a list of Loggers; got {type(lg).__name__}")
+                raise ConfigError(
+                    f"logger must be True, False, a Logger or a list of Loggers; got {type(lg).__name__}"
+                )
         return align_versions(loggers)  # loggers sharing a directory share its version_N
 
     def _make_callbacks(self, callbacks: Any) -> list[Callback]:
-        cbs = [] if callbacks is None else list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+        cbs = (
+            []
+            if callbacks is None
+            else list(callbacks)
+            if isinstance(callbacks, (list, tuple))
+            else [callbacks]
+        )
         for cb in cbs:
             if not isinstance(cb, Callback):
                 raise ConfigError(f"callbacks must be Callback instances; got {type(cb).__name__}")
@@ -75,41 +84,49 @@ class Trainer:
     # ----- entry points --------------------------------------------------------------------------
     def fit(
         self,
-        task: Task,
+        task: Task | None = None,
         train_dataloaders: Any = None,
         val_dataloaders: Any = None,
         datamodule: DataModule | None = None,
         ckpt_path: str | None = None,
+        *,
+        model: Task | None = None,
     ) -> None:
-        """Train `task`; data from the arguments, a DataModule, or the task's *_dataloader methods."""
+        """Train `task` (Lightning's `model=` too); data from the arguments, a DataModule, or the task."""
         if isinstance(train_dataloaders, DataModule):
             datamodule, train_dataloaders = train_dataloaders, None
         self.strategy.launch()  # self-launching strategies start the workers here: the parent exits
-        with Session(self, "fit", task, datamodule, ckpt_path, train_dataloaders, val_dataloaders):
+        with Session(
+            self, "fit", _one(task, model), datamodule, ckpt_path, train_dataloaders, val_dataloaders
+        ):
             loop.fit(self)
 
-    def validate(
-        self, task: Task | None = None, dataloaders: Any = None, ckpt_path: str | None = None, datamodule: DataModule | None = None
-    ) -> list[dict[str, float]]:
-        """Run one validation epoch; returns the logged epoch metrics per loader."""
-        return self._evaluate("validate", task, dataloaders, ckpt_path, datamodule)
+    def validate(self, task: Task | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
+                 verbose: bool = True, datamodule: DataModule | None = None, *, model: Task | None = None) -> list[dict[str, float]]:  # fmt: skip
+        """Run one validation epoch; returns the logged epoch metrics per loader (printed when verbose)."""
+        return self._evaluate("validate", _one(task, model), dataloaders, ckpt_path, datamodule, verbose)
 
-    def test(
-        self, task: Task | None = None, dataloaders: Any = None, ckpt_path: str | None = None, datamodule: DataModule | None = None
-    ) -> list[dict[str, float]]:
-        """Run one test epoch; returns the logged epoch metrics per loader."""
-        return self._evaluate("test", task, dataloaders, ckpt_path, datamodule)
+    def test(self, task: Task | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
+             verbose: bool = True, datamodule: DataModule | None = None, *, model: Task | None = None) -> list[dict[str, float]]:  # fmt: skip
+        """Run one test epoch; returns the logged epoch metrics per loader (printed when verbose)."""
+        return self._evaluate("test", _one(task, model), dataloaders, ckpt_path, datamodule, verbose)
 
-    def predict(
-        self, task: Task | None = None, dataloaders: Any = None, ckpt_path: str | None = None, datamodule: DataModule | None = None
-    ) -> list[Any]:
+    def predict(self, task: Task | None = None, dataloaders: Any = None, datamodule: DataModule | None = None,
+                return_predictions: bool = True, ckpt_path: str | None = None, *, model: Task | None = None) -> Any:  # fmt: skip
         """Return predict_step's outputs, one list per loader (flattened when there is one loader)."""
-        return self._evaluate("predict", task, dataloaders, ckpt_path, datamodule)
+        out = self._evaluate("predict", _one(task, model), dataloaders, ckpt_path, datamodule, False)
+        return out if return_predictions else None
 
-    def _evaluate(self, stage: str, task: Task | None, loaders: Any, ckpt_path: str | None, dm: DataModule | None) -> Any:
+    def _evaluate(self, stage: str, task: Task | None, loaders: Any, ckpt_path: str | None,
+                  dm: DataModule | None, verbose: bool) -> Any:  # fmt: skip
+        if isinstance(loaders, DataModule):
+            dm, loaders = loaders, None
         self.strategy.launch()
         with Session(self, stage, task, dm, ckpt_path, None, loaders):
-            return evaluation.evaluate(self, stage)
+            results = evaluation.evaluate(self, stage)
+        if verbose and self.is_global_zero:
+            print_results(stage, results)
+        return results
 
     def save_checkpoint(self, path: str, weights_only: bool = False) -> None:
         """Write a checkpoint atomically (rank 0 writes, every rank waits)."""
@@ -183,6 +200,10 @@ class Trainer:
         return self.task
 
     @property
+    def model(self) -> Task | None:
+        return self.task
+
+    @property
     def logger(self) -> Logger | None:
         return self.loggers[0] if self.loggers else None
 
@@ -245,3 +266,9 @@ class Trainer:
         per_epoch = -(-self.num_training_batches // self.accumulate_grad_batches)
         by_epochs = per_epoch * self.max_epochs if self.max_epochs != -1 else float("inf")
         return min(by_epochs, self.max_steps) if self.max_steps != -1 else by_epochs
+
+
+def _one(task: Task | None, model: Task | None) -> Task | None:
+    if task is not None and model is not None:
+        raise ConfigError("pass the task once: as the first argument or as model=..., not both")
+    return task if task is not None else model

@@ -1,0 +1,147 @@
+"""The Task methods that have a default behaviour a user may override (Lightning's names and signatures).
+
+The loop calls each of them only where the task overrides it (trainer.hooks.overrides), so a plain task
+takes the direct path; the defaults here are what that direct path does.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from strategies.batch import move_to_device
+from trainer.hooks import default
+from trainer.optim import clip_gradients
+
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
+
+
+class TaskDefaults:
+    """Mixed into Task: optimizer stepping, clipping, scheduling, batch transfer, model set-up."""
+
+    trainer: Trainer
+
+    # ----- set-up ---------------------------------------------------------------------------------
+    @default
+    def prepare_data(self) -> None:
+        """Download or prepare files; called once per node (local rank 0) before setup."""
+
+    @default
+    def configure_model(self) -> None:
+        """Build modules lazily here; called at the start of every stage, before the model is placed."""
+
+    @default
+    def configure_callbacks(self) -> Any:
+        """Callbacks this task needs; they replace the Trainer's callbacks of the same type."""
+        return []
+
+    # ----- batches --------------------------------------------------------------------------------
+    @default
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Change the batch before it is moved to the device."""
+        return batch
+
+    @default
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Move the batch to `device` (tensors in lists, tuples, dicts and dataclasses)."""
+        return move_to_device(batch, device)
+
+    @default
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Change the batch after it was moved to the device."""
+        return batch
+
+    # ----- optimization ---------------------------------------------------------------------------
+    @default
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """Compute gradients of the (already scaled) loss; the strategy arranges communication around it."""
+        loss.backward(*args, **kwargs)
+
+    @default
+    def optimizer_step(
+        self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None
+    ) -> None:
+        """Step the optimizer; the closure runs training_step and backward (automatic optimization)."""
+        optimizer.step(closure=optimizer_closure)
+
+    @default
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: torch.optim.Optimizer) -> None:
+        """Reset the gradients at the start of an accumulation window."""
+        optimizer.zero_grad()
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """Clip before the step with the Trainer's gradient_clip_val/algorithm (override to change per step)."""
+        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+    def clip_gradients(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """Clip the optimizer's gradients by total norm ("norm") or by value ("value")."""
+        if gradient_clip_val:
+            clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm or "norm")
+
+    @default
+    def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
+        """Step one scheduler (with the monitored value for ReduceLROnPlateau)."""
+        if metric is None:
+            scheduler.step()
+        else:
+            scheduler.step(metric)
+
+    def toggle_optimizer(self, optimizer: Any) -> None:
+        """Compute gradients only for this optimizer's parameters (multi-optimizer manual optimization)."""
+        own = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        saved = getattr(self, "_toggled", None)
+        if saved is None:  # the flags as the user set them, restored by untoggle_optimizer
+            params = [p for opt in self.trainer.optimizers for g in opt.param_groups for p in g["params"]]
+            saved = {id(p): (p, p.requires_grad) for p in params}
+            object.__setattr__(self, "_toggled", saved)
+        for key, (p, requires_grad) in saved.items():
+            p.requires_grad = requires_grad if key in own else False
+
+    def untoggle_optimizer(self, optimizer: Any) -> None:
+        """Give back the requires_grad flags that toggle_optimizer changed."""
+        for p, requires_grad in (getattr(self, "_toggled", None) or {}).values():
+            p.requires_grad = requires_grad
+        object.__setattr__(self, "_toggled", None)
+
+    # ----- evaluation mode ------------------------------------------------------------------------
+    @default
+    def on_validation_model_eval(self) -> None:
+        """Put the model in evaluation mode for validation."""
+        self.eval()  # type: ignore[attr-defined]
+
+    @default
+    def on_validation_model_train(self) -> None:
+        """Put the model back in training mode after validation."""
+        self.train()  # type: ignore[attr-defined]
+
+    @default
+    def on_validation_model_zero_grad(self) -> None:
+        """Drop gradients before validation starts (they are not needed there)."""
+        self.zero_grad(set_to_none=True)  # type: ignore[attr-defined]
+
+    @default
+    def on_test_model_eval(self) -> None:
+        """Put the model in evaluation mode for testing."""
+        self.eval()  # type: ignore[attr-defined]
+
+    @default
+    def on_test_model_train(self) -> None:
+        """Put the model back in training mode after testing."""
+        self.train()  # type: ignore[attr-defined]
+
+    @default
+    def on_predict_model_eval(self) -> None:
+        """Put the model in evaluation mode for prediction."""
+        self.eval()  # type: ignore[attr-defined]
