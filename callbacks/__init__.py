@@ -8,6 +8,8 @@ from callbacks.model_summary import ModelSummary
 from callbacks.progress import ProgressBar
 from callbacks.timer import Timer
 
+TQDMProgressBar = ProgressBar  # Lightning's name for the tqdm bar
+
 __all__ = [
     "Callback",
     "EarlyStopping",
@@ -15,5 +17,6 @@ __all__ = [
     "ModelCheckpoint",
     "ModelSummary",
     "ProgressBar",
+    "TQDMProgressBar",
     "Timer",
 ]

@@ -9,6 +9,7 @@ import torch
 
 from strategies.base import Strategy
 from strategies.comm import Comm
+from strategies.parallel import ParallelStrategy
 from strategies.precision import Precision
 from strategies.single import SingleDeviceStrategy
 from trainer.errors import ConfigError, choose
@@ -85,9 +86,22 @@ def _by_name(name: str, options: dict[str, Any]) -> Strategy:
     return cls(**kwargs)
 
 
+_LAZY = {"DDPStrategy": "strategies.ddp", "DataParallelStrategy": "strategies.data_parallel"}
+
+
+def __getattr__(name: str) -> Any:
+    """DDPStrategy and DataParallelStrategy on first use (PEP 562), like Lightning's `from ...strategies import`."""
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'strategies' has no attribute {name!r}")
+
+
 __all__ = [
     "STRATEGIES",
     "Comm",
+    "DDPStrategy",
+    "DataParallelStrategy",
+    "ParallelStrategy",
     "Precision",
     "SingleDeviceStrategy",
     "Strategy",

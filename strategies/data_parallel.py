@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from strategies.base import Strategy, call_step
+from strategies.base import call_step
 from strategies.batch import apply_to_tensors
+from strategies.parallel import ParallelStrategy
 from strategies.precision import Precision
 from strategies.replicate import Replicas, tensors_in
 from strategies.single import pick_device
@@ -29,7 +30,7 @@ class ReplicaError(RuntimeError):
     """A replica failed with an exception that cannot be re-created with the replica's index in its message."""
 
 
-class DataParallelStrategy(Strategy):
+class DataParallelStrategy(ParallelStrategy):
     """Single-process data parallelism over `devices` replicas driven from threads (config name ``"dp"``).
 
     Each step the task is replicated onto every device with autograd connected to the primary parameters,

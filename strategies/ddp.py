@@ -14,8 +14,9 @@ import torch.distributed as dist
 from torch.utils.data import DistributedSampler, RandomSampler, Sampler
 
 from strategies import launch
-from strategies.base import Strategy, pick_device
+from strategies.base import pick_device
 from strategies.comm import ProcessGroupComm
+from strategies.parallel import ParallelStrategy
 from strategies.precision import Precision
 from trainer.data import rebuild, rebuildable
 from trainer.errors import ConfigError, choose
@@ -66,7 +67,7 @@ class ShardSampler(Sampler[int]):
         return len(self.indices)
 
 
-class DDPStrategy(Strategy):
+class DDPStrategy(ParallelStrategy):
     """Data-parallel training over processes, one device each, with our own gradient reducer.
 
     Example::

@@ -17,12 +17,14 @@ _EXPORTS = {
     "Task": "trainer.task",
     "Trainer": "trainer.trainer",
     "seed_everything": "trainer.seed",
+    "rank_zero_only": "trainer.rank_zero",
 }
 __all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:
     from trainer.datamodule import DataModule  # noqa: F401
     from trainer.errors import TandemError  # noqa: F401
+    from trainer.rank_zero import rank_zero_only  # noqa: F401
     from trainer.seed import seed_everything  # noqa: F401
     from trainer.task import Task  # noqa: F401
     from trainer.trainer import Trainer  # noqa: F401

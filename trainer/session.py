@@ -98,7 +98,9 @@ class Session:
             self._add("train", [train])
         phase = PHASE[stage]
         step = {"val": "validation_step", "test": "test_step"}.get(phase)
-        if stage == "fit" and not overrides(self.task, "validation_step"):  # Lightning runs no validation then
+        if stage == "fit" and not overrides(
+            self.task, "validation_step"
+        ):  # Lightning runs no validation then
             self._add(phase, [])
             return
         evals = self.evals if self.evals is not None else self._source(f"{phase}_dataloader")
@@ -107,7 +109,9 @@ class Session:
                 f"{stage}() needs data: pass dataloaders, a datamodule, or define {phase}_dataloader() on the task."
             )
         if step is not None and evals is not None and not overrides(self.task, step):
-            raise TaskError(f"{stage}() needs {type(self.task).__name__}.{step}(self, batch, batch_idx); define it.")
+            raise TaskError(
+                f"{stage}() needs {type(self.task).__name__}.{step}(self, batch, batch_idx); define it."
+            )
         self._add(
             phase, [] if evals is None else list(evals) if isinstance(evals, (list, tuple)) else [evals]
         )

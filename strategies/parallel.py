@@ -1,0 +1,57 @@
+"""ParallelStrategy: the base of the strategies that use several devices or processes (Lightning's class).
+
+Besides the narrow contract of strategies/base.py it offers Lightning's names for rank information and
+collectives (`world_size`, `global_rank`, `reduce`, `barrier`, ...), all delegating to `strategy.comm`,
+so that user code written against Lightning's ParallelStrategy runs unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from strategies.base import Strategy
+
+
+class ParallelStrategy(Strategy):
+    """Base of DataParallelStrategy, DDPStrategy and FSDPStrategy. Example::
+
+    if isinstance(self.trainer.strategy, ParallelStrategy):
+        n = self.trainer.strategy.world_size
+    """
+
+    @property
+    def world_size(self) -> int:
+        return self.comm.world_size
+
+    @property
+    def global_rank(self) -> int:
+        return self.comm.rank
+
+    @property
+    def local_rank(self) -> int:
+        return self.comm.local_rank
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.comm.is_global_zero
+
+    def reduce(self, tensor: torch.Tensor, reduce_op: str = "mean", group: Any = None) -> torch.Tensor:
+        """`reduce_op` ("mean", "sum", "max", "min") over all ranks (the default group only)."""
+        return self.comm.reduce(
+            tensor, op={"avg": "mean"}.get(str(reduce_op).lower(), str(reduce_op).lower())
+        )
+
+    def all_gather(self, tensor: torch.Tensor, group: Any = None, sync_grads: bool = False) -> torch.Tensor:
+        return self.comm.all_gather(tensor)
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        return self.comm.broadcast(obj, src)
+
+    def barrier(self, name: str | None = None) -> None:
+        self.comm.barrier(name)
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        """True if every rank (all=True) or any rank (all=False) decided True."""
+        return not self.comm.any_rank(not decision) if all else self.comm.any_rank(decision)
