@@ -1,0 +1,82 @@
+"""sync_batchnorm: BatchNorm statistics over the whole global batch (every process), on any device.
+
+On CUDA this is torch's own SyncBatchNorm. torch's only runs on accelerators, so on the CPU (gloo) the
+layers become `GroupBatchNorm`, which computes the same statistics with torch.distributed's
+differentiable all-reduce (`_SumAcrossRanks`), letting autograd derive the backward.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+class _SumAcrossRanks(torch.autograd.Function):
+    """Sum over ranks; the gradient of every rank's input is the sum of every rank's output gradient."""
+
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
+        out = x.clone()
+        dist.all_reduce(out)
+        return out
+
+    @staticmethod
+    def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        return grad
+
+
+class GroupBatchNorm(nn.modules.batchnorm._BatchNorm):
+    """BatchNorm whose training-mode mean and variance are taken over every process's batch."""
+
+    def _check_input_dim(self, x: torch.Tensor) -> None:
+        if x.dim() < 2:
+            raise ValueError(f"expected at least 2-D input (got {x.dim()}-D)")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not (self.training and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+            return super().forward(x)
+        all_reduce = _SumAcrossRanks.apply
+        dims = [0, *range(2, x.dim())]
+        count = torch.tensor([x.numel() / x.shape[1]], dtype=x.dtype, device=x.device)
+        total = all_reduce(torch.cat([x.sum(dims), count]))
+        n = total[-1]
+        mean = total[:-1] / n
+        shape = [1, -1] + [1] * (x.dim() - 2)
+        centred = x - mean.view(shape)
+        var = all_reduce(centred.pow(2).sum(dims)) / n
+        if self.track_running_stats and self.running_mean is not None and self.running_var is not None:
+            with torch.no_grad():
+                self.num_batches_tracked.add_(1)
+                m = self.momentum if self.momentum is not None else 1.0 / float(self.num_batches_tracked)
+                self.running_mean.mul_(1 - m).add_(mean.detach(), alpha=m)
+                self.running_var.mul_(1 - m).add_(var.detach() * n / max(float(n) - 1, 1.0), alpha=m)
+        out = centred / torch.sqrt(var.view(shape) + self.eps)
+        if self.affine:
+            out = out * self.weight.view(shape) + self.bias.view(shape)
+        return out
+
+
+def convert_sync_batchnorm(module: nn.Module, device: torch.device) -> nn.Module:
+    """Every BatchNorm layer of `module` as a synchronised one (torch's on CUDA, GroupBatchNorm elsewhere)."""
+    if device.type == "cuda":
+        return nn.SyncBatchNorm.convert_sync_batchnorm(module)
+    return _convert(module)
+
+
+def _convert(module: nn.Module) -> nn.Module:
+    out = module
+    if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, GroupBatchNorm):
+        out = GroupBatchNorm(module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats)
+        if module.affine:
+            with torch.no_grad():
+                out.weight.copy_(module.weight)
+                out.bias.copy_(module.bias)
+        out.running_mean, out.running_var = module.running_mean, module.running_var
+        out.num_batches_tracked = module.num_batches_tracked
+        out.train(module.training)
+    for name, child in module.named_children():
+        out.add_module(name, _convert(child))
+    return out
