@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer.ckpt_format import decode, encode, missing, read
 from trainer.errors import CheckpointError
 from trainer.fileio import atomic_write
 from trainer.optim import step_schedulers
@@ -33,7 +34,7 @@ def save(t: Trainer, path: str, weights_only: bool = False) -> None:
         "tandem_version": FORMAT_VERSION,
         "task_class": f"{type(task).__module__}.{type(task).__qualname__}",
         "state_dict": task.state_dict(),
-        "hyper_parameters": dict(task.hparams),
+        "hyper_parameters": encode(dict(task.hparams), "hyper_parameters"),
         "config": t.resolved_config,  # the run config that built this trainer (trainer/config.py)
     }
     if weights_only:
@@ -56,7 +57,7 @@ def save(t: Trainer, path: str, weights_only: bool = False) -> None:
         )
         if t.datamodule is not None:
             ckpt["datamodule"] = t.datamodule.state_dict()
-            ckpt["datamodule_hyper_parameters"] = dict(t.datamodule.hparams)
+            ckpt["datamodule_hyper_parameters"] = encode(dict(t.datamodule.hparams), "datamodule hparams")
         t.hooks.call("on_save_checkpoint", ckpt)
     if comm.is_global_zero:
         atomic_save(ckpt, path)
@@ -109,10 +110,24 @@ def _restore_loop(t: Trainer, ckpt: dict[str, Any]) -> None:
         state.next_epoch()
 
 
-def rebuild_task(cls: type, path: str, map_location: Any, strict: bool, overrides: dict[str, Any]) -> Any:
+def rebuild_task(
+    cls: type,
+    path: str,
+    map_location: Any,
+    strict: bool,
+    overrides: dict[str, Any],
+    weights_only: bool = True,
+) -> Any:
     """Task.load_from_checkpoint: cls(**saved hyperparameters, **overrides) with the saved weights."""
-    ckpt = load(path, map_location if map_location is not None else "cpu")
-    task = cls(**{**ckpt.get("hyper_parameters", {}), **overrides})
+    ckpt = load(path, map_location if map_location is not None else "cpu", weights_only)
+    hparams = ckpt.get("hyper_parameters", {})
+    absent = {k: v for k, v in missing(hparams).items() if k not in overrides}
+    if absent:
+        raise CheckpointError(
+            f"checkpoint {path!r} could not store hyperparameters {absent}; pass them: "
+            f"{cls.__name__}.load_from_checkpoint(path, {', '.join(f'{k}=...' for k in absent)})"
+        )
+    task = cls(**{**decode({k: v for k, v in hparams.items() if k not in overrides}), **overrides})
     task.configure_model()  # a task that builds layers lazily needs them before the weights load
     if strict:
         check_compatible(task, ckpt["state_dict"], path)
@@ -174,15 +189,19 @@ def stop_path(t: Trainer) -> str:
 
 
 # ----- reading ------------------------------------------------------------------------------------
-def load(path: str | os.PathLike[str], map_location: Any = "cpu") -> dict[str, Any]:
-    """Read a checkpoint written by Trainer.save_checkpoint."""
+def load(
+    path: str | os.PathLike[str], map_location: Any = "cpu", weights_only: bool = True
+) -> dict[str, Any]:
+    """Read a checkpoint written by Trainer.save_checkpoint (plain data only unless weights_only=False)."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise CheckpointError(
             f"checkpoint {path!r} does not exist; pass an existing file or ckpt_path='last'."
         )
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=False)
+        ckpt = read(path, map_location, weights_only)
+    except CheckpointError:
+        raise
     except Exception as e:
         raise CheckpointError(f"checkpoint {path!r} could not be read ({type(e).__name__}: {e}).") from e
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:

@@ -3,20 +3,19 @@ LoopState (trainer.state), calls hooks through trainer.hooks, and drives the str
 
 from __future__ import annotations
 
-import signal
-import sys
+import warnings
 from itertools import count, islice
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer import checkpoint
 from trainer.data import SkipBatchSampler, rebuild, rebuildable, set_epoch
 from trainer.errors import TaskError
 from trainer.evaluation import run_eval
 from trainer.optim import optimizer_step, step_schedulers
 from trainer.reporting import finalize_loggers, log_metrics
 from trainer.seed import get_rng_state, set_rng_state
+from trainer.signals import stop_on_signal
 from trainer.transfer import to_device
 
 if TYPE_CHECKING:
@@ -42,6 +41,7 @@ def fit(t: Trainer) -> None:
         set_rng_state(state.resume_rng)
         state.resume_rng = None
     hooks.call("on_train_start")
+    _warn_if_no_steps(t)
     while not _done(t):
         train_epoch(t)
     hooks.call("on_train_end")
@@ -108,7 +108,7 @@ def train_epoch(t: Trainer) -> None:
         if state.global_step != checked and state.global_step % strategy.comm.stop_check_interval == 0:
             checked = state.global_step  # ranks agree on a stop request once per so many optimizer steps
             if strategy.comm.any_rank(state.stop_signal is not None):
-                _stop_on_signal(t)
+                stop_on_signal(t)
         # never stop inside an accumulation window (its gradients would be lost)
         at_boundary = optimizer is None or (batch_idx + 1) % k == 0
         if at_boundary and (_stop_requested(t) or _max_steps_reached(t)) and batch_idx + 1 < n:
@@ -166,6 +166,20 @@ def _step_partial_window(t: Trainer, optimizer: torch.optim.Optimizer) -> None:
     _step(t, optimizer, t.state.batch_in_epoch - 1)
 
 
+def _warn_if_no_steps(t: Trainer) -> None:
+    """A fit that will take no optimizer step says why (it still ends normally: that may be what was asked)."""
+    cfg, n = t.config, t.num_training_batches
+    reason = (
+        "max_steps=0" if cfg.max_steps == 0
+        else "max_epochs=0" if cfg.max_epochs == 0
+        else "limit_train_batches=0" if cfg.limit_train_batches in (0, 0.0)
+        else "the training loader is empty" if n == 0
+        else None
+    )  # fmt: skip
+    if reason is not None and t.is_global_zero:
+        warnings.warn(f"fit() will take no optimizer step: {reason}.", UserWarning, stacklevel=2)
+
+
 def _done(t: Trainer) -> bool:
     cfg = t.config
     return (
@@ -199,23 +213,6 @@ def _nonfinite(t: Trainer, loss: torch.Tensor, batch_idx: int) -> bool:
             "pass detect_nonfinite='skip' to skip such batches."
         )
     return bad
-
-
-def _stop_on_signal(t: Trainer) -> None:
-    """SIGINT/SIGTERM reached a rank: every rank saves one checkpoint together, then exits 128+signal."""
-    signum = t.state.stop_signal or signal.SIGTERM
-    where = ""
-    if t.config.enable_checkpointing:
-        path = checkpoint.stop_path(t)
-        checkpoint.save(t, path)
-        where = f"; checkpoint saved to {path}"
-    if t.is_global_zero:
-        print(
-            f"[tandem] stopping at global step {t.state.global_step} after {signal.Signals(signum).name}{where}",
-            file=sys.stderr,
-            flush=True,
-        )
-    raise SystemExit(128 + int(signum))
 
 
 def _epoch_iterator(t: Trainer) -> tuple[Any, int]:

@@ -43,8 +43,15 @@ def worker_init_fn(worker_id: int) -> None:
 def get_rng_state() -> dict[str, Any]:
     """Snapshot of every generator's state (python, numpy, torch CPU and CUDA)."""
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if np is not None:
-        state["numpy"] = np.random.get_state()
+    if np is not None:  # as plain data (a tensor, not an ndarray), so checkpoints load with weights_only=True
+        kind, keys, pos, has_gauss, gauss = np.random.get_state()
+        state["numpy"] = (
+            kind,
+            torch.from_numpy(keys.astype(np.int64)),
+            int(pos),
+            int(has_gauss),
+            float(gauss),
+        )
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -55,6 +62,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
     if np is not None and "numpy" in state:
-        np.random.set_state(state["numpy"])
+        kind, keys, pos, has_gauss, gauss = state["numpy"]
+        keys = keys.numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys)
+        np.random.set_state((kind, keys.astype(np.uint32), pos, has_gauss, gauss))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

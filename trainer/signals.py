@@ -9,6 +9,8 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
+from trainer import checkpoint
+
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
@@ -60,3 +62,20 @@ def _stuck_exit(rank: int, signum: int) -> None:
     )
     faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
     os._exit(128 + int(signum))
+
+
+def stop_on_signal(t: Trainer) -> None:
+    """SIGINT/SIGTERM reached a rank: every rank saves one checkpoint together, then exits 128+signal."""
+    signum = t.state.stop_signal or signal.SIGTERM
+    where = ""
+    if t.config.enable_checkpointing:
+        path = checkpoint.stop_path(t)
+        checkpoint.save(t, path)
+        where = f"; checkpoint saved to {path}"
+    if t.is_global_zero:
+        print(
+            f"[tandem] stopping at global step {t.state.global_step} after {signal.Signals(signum).name}{where}",
+            file=sys.stderr,
+            flush=True,
+        )
+    raise SystemExit(128 + int(signum))

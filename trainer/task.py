@@ -149,6 +149,7 @@ class Task(TaskDefaults, torch.nn.Module, HyperparametersMixin):
         map_location: Any = None,
         hparams_file: str | None = None,
         strict: bool = True,
+        weights_only: bool = True,
         **kwargs: Any,
     ) -> Task:
         """A new task of this class built from the checkpoint's hyperparameters (updated by `kwargs`),
@@ -159,7 +160,7 @@ class Task(TaskDefaults, torch.nn.Module, HyperparametersMixin):
             raise TaskError(
                 "load_from_checkpoint(hparams_file=...) is not supported: Tandem keeps hparams in the checkpoint."
             )
-        return rebuild_task(cls, checkpoint_path, map_location, strict, kwargs)
+        return rebuild_task(cls, checkpoint_path, map_location, strict, kwargs, weights_only)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """print() on global rank 0 only."""
