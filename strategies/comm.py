@@ -24,9 +24,6 @@ class Comm:
     total = trainer.strategy.comm.reduce(torch.tensor(3.0), op="sum")
     """
 
-    #: optimizer steps between agreements on a stop request (SIGINT/SIGTERM)
-    stop_check_interval = 1
-
     @property
     def world_size(self) -> int:
         return 1
@@ -71,6 +68,14 @@ class Comm:
         """The number of batches every rank runs this epoch (the shortest rank's)."""
         return n
 
+    def agree_stop(self, flag: bool) -> bool:
+        """Called by every rank at the same points (step boundaries, validation batches): True once a stop
+        was requested on any rank. Under several processes the answer may come one call later."""
+        return flag
+
+    def settle(self) -> None:
+        """Finish any agreement still in flight (before the group is used for anything else or closed)."""
+
     def join(self, has_batch: bool) -> bool:
         """True while every rank still has a batch."""
         return has_batch
@@ -79,11 +84,10 @@ class Comm:
 class ProcessGroupComm(Comm):
     """Collectives on torch.distributed's default process group (gloo or NCCL)."""
 
-    stop_check_interval = 10
-
     def __init__(self, timeout_s: float = 1800.0) -> None:
         self.timeout_s = timeout_s
         self._step_join = False  # per-step agreement on "every rank still has a batch" (unknown lengths)
+        self._stop: tuple[torch.Tensor, Any] | None = None  # the stop agreement in flight: (flag, work)
 
     @property
     def world_size(self) -> int:
@@ -157,6 +161,31 @@ class ProcessGroupComm(Comm):
         flag_t = torch.tensor([1 if flag else 0], dtype=torch.int32)
         self.run(op, dist.all_reduce, flag_t, dist.ReduceOp.MAX)
         return bool(flag_t.item())
+
+    def agree_stop(self, flag: bool) -> bool:
+        """A pipelined agreement: each call starts a 1-element MAX all-reduce of this rank's flag without
+        waiting, and returns the result of the previous call's (long finished by now). Every rank gets the
+        same answer at the same call, one call late, at no cost to the step."""
+        import torch.distributed as dist
+
+        agreed = self._collect_stop()
+        flag_t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        self._stop = (
+            flag_t,
+            self.run("stop-request all-reduce", dist.all_reduce, flag_t, dist.ReduceOp.MAX, None, True),
+        )
+        return agreed
+
+    def _collect_stop(self) -> bool:
+        if self._stop is None:
+            return False
+        flag_t, work = self._stop
+        self._stop = None
+        self.run("stop-request all-reduce", work.wait)
+        return bool(flag_t.item())
+
+    def settle(self) -> None:
+        self._collect_stop()
 
     def agree_num_batches(self, n: int | float) -> int | float:
         """Every rank runs the shortest rank's epoch (one all-gather per epoch), so uneven loaders cannot

@@ -183,6 +183,8 @@ class DDPStrategy(ParallelStrategy):
         self._unsynced = False
 
     def teardown(self) -> None:
+        if dist.is_initialized():
+            self.comm.settle()
         if self.reducer is not None:  # kept (without hooks) so that its bucket statistics can be read
             self.reducer.remove_hooks()
 

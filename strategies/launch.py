@@ -85,9 +85,9 @@ def relaunch(nprocs: int, max_restarts: int = 0) -> NoReturn:
         rdzv_endpoint=f"127.0.0.1:{_free_port()}",
         max_restarts=max_restarts,
         monitor_interval=0.1,
-        # grace between SIGTERM and SIGKILL when this launcher is signalled (torch 2.13 applies its fixed
-        # 30 s when a worker fails; a stuck worker exits on its own after STOP_GRACE_S of trainer/signals.py anyway)
-        shutdown_timeout=25,
+        # grace between SIGTERM and SIGKILL when this launcher is signalled: room for the workers to reach
+        # their agreed stop and checkpoint (torch 2.13 applies its fixed 30 s when a worker fails instead)
+        shutdown_timeout=50,
     )
     try:
         elastic_launch(config, sys.executable)(*_command())

@@ -36,7 +36,9 @@ class GroupBatchNorm(nn.modules.batchnorm._BatchNorm):
             raise ValueError(f"expected at least 2-D input (got {x.dim()}-D)")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not (self.training and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        if not (
+            self.training and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        ):
             return super().forward(x)
         all_reduce = _SumAcrossRanks.apply
         dims = [0, *range(2, x.dim())]
@@ -69,7 +71,9 @@ def convert_sync_batchnorm(module: nn.Module, device: torch.device) -> nn.Module
 def _convert(module: nn.Module) -> nn.Module:
     out = module
     if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, GroupBatchNorm):
-        out = GroupBatchNorm(module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats)
+        out = GroupBatchNorm(
+            module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats
+        )
         if module.affine:
             with torch.no_grad():
                 out.weight.copy_(module.weight)

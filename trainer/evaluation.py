@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer.reporting import finalize_loggers, log_metrics
+from trainer.signals import check_stop
 from trainer.transfer import to_device
 
 if TYPE_CHECKING:
@@ -46,6 +47,8 @@ def run_eval(t: Trainer, phase: str, limit: int | None = None) -> Any:
     hooks.call(f"on_{prefix}_epoch_start")
     predictions: list[list[Any]] = []
     multi = len(loaders) > 1
+    # during fit the ranks agree on a stop request after each batch that every rank has
+    agree = _common_batches(t, sizes, limit) if t.state.stage == "fit" and not t.state.sanity_checking else 0
     with torch.no_grad():
         for dl_idx, (loader, n) in enumerate(zip(loaders, sizes)):
             store.dataloader_suffix = f"/dataloader_idx_{dl_idx}" if multi else ""
@@ -63,6 +66,9 @@ def run_eval(t: Trainer, phase: str, limit: int | None = None) -> Any:
                 if phase == "predict":
                     outputs.append(out)
                 hooks.call(f"on_{prefix}_batch_end", out, batch, batch_idx, *extra)
+                if agree > 0:
+                    agree -= 1
+                    check_stop(t)
             predictions.append(outputs)
     store.dataloader_suffix = ""
     store.in_epoch_hook = True
@@ -82,6 +88,15 @@ def run_eval(t: Trainer, phase: str, limit: int | None = None) -> Any:
     if phase == "predict":
         return predictions[0] if len(predictions) == 1 else predictions
     return results
+
+
+def _common_batches(t: Trainer, sizes: list[int | float], limit: int | None) -> int:
+    """How many batches of this evaluation every rank runs (ranks' shards may differ by a batch)."""
+    total = sum(min(n, limit) if limit is not None else n for n in sizes)
+    if total == float("inf"):
+        return 0
+    comm = t.strategy.comm
+    return int(total) if comm.world_size == 1 else int(comm.all_gather(torch.tensor([int(total)])).min())
 
 
 def _per_loader(values: dict[str, float], n_loaders: int) -> list[dict[str, float]]:

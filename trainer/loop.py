@@ -15,7 +15,7 @@ from trainer.evaluation import run_eval
 from trainer.optim import optimizer_step, step_schedulers
 from trainer.reporting import finalize_loggers, log_metrics
 from trainer.seed import get_rng_state, set_rng_state
-from trainer.signals import stop_on_signal
+from trainer.signals import check_stop
 from trainer.transfer import to_device
 
 if TYPE_CHECKING:
@@ -105,10 +105,9 @@ def train_epoch(t: Trainer) -> None:
         if validate_now:
             state.val_pending = False
             run_eval(t, "val")
-        if state.global_step != checked and state.global_step % strategy.comm.stop_check_interval == 0:
-            checked = state.global_step  # ranks agree on a stop request once per so many optimizer steps
-            if strategy.comm.any_rank(state.stop_signal is not None):
-                stop_on_signal(t)
+        if state.global_step != checked:  # a step boundary: the ranks agree on a stop request
+            checked = state.global_step
+            check_stop(t)
         # never stop inside an accumulation window (its gradients would be lost)
         at_boundary = optimizer is None or (batch_idx + 1) % k == 0
         if at_boundary and (_stop_requested(t) or _max_steps_reached(t)) and batch_idx + 1 < n:

@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from trainer import checkpoint
@@ -14,7 +15,19 @@ from trainer import checkpoint
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
-STOP_GRACE_S = 20.0  # after SIGINT/SIGTERM, a rank that reaches no step boundary in this time exits
+STOP_GRACE_S = 20.0  # the least time a rank has, after SIGINT/SIGTERM, to reach the agreed stop
+GRACE_PER_GAP = 4  # ... plus this many times the longest gap measured between two stop agreements
+
+
+def check_stop(t: Trainer) -> None:
+    """A point where every rank agrees on a stop request (each step boundary, each validation batch):
+    on agreement, checkpoint and exit. Measures the gap between such points for the watchdog's grace."""
+    state, now = t.state, time.monotonic()
+    if state.last_agreement is not None:
+        state.agreement_gap = max(state.agreement_gap, now - state.last_agreement)
+    state.last_agreement = now
+    if t.strategy.comm.agree_stop(state.stop_signal is not None):
+        stop_on_signal(t)
 
 
 class StopSignals:
@@ -38,24 +51,27 @@ class StopSignals:
 
     def _handle(self, signum: int, frame: Any) -> None:
         state, rank = self.trainer.state, self.trainer.global_rank
-        if state.stop_signal is not None:  # asked twice: stop now
-            raise KeyboardInterrupt
+        if state.stop_signal is not None:
+            if signum == signal.SIGINT:  # a second Ctrl-C: stop now
+                raise KeyboardInterrupt
+            return  # a repeated SIGTERM (a scheduler signals every process, the launcher forwards it too)
         state.stop_signal = signum
+        grace = STOP_GRACE_S + GRACE_PER_GAP * state.agreement_gap
         print(
-            f"[tandem] rank {rank} received {signal.Signals(signum).name}: stopping at the next step boundary "
-            "(send it again to stop at once)",
+            f"[tandem] rank {rank} received {signal.Signals(signum).name}: checkpointing at the next step boundary "
+            f"(within {grace:.0f} s; press Ctrl-C twice to stop at once)",
             file=sys.stderr,
             flush=True,
         )
-        watchdog = threading.Timer(STOP_GRACE_S, _stuck_exit, args=(rank, signum))
+        watchdog = threading.Timer(grace, _stuck_exit, args=(rank, signum, grace))
         watchdog.daemon = True
         watchdog.start()
 
 
-def _stuck_exit(rank: int, signum: int) -> None:
+def _stuck_exit(rank: int, signum: int, grace: float) -> None:
     """The rank did not reach a step boundary after a stop signal: show where it is stuck, then exit."""
     print(
-        f"[tandem] rank {rank} did not reach a step boundary within {STOP_GRACE_S:g} s of "
+        f"[tandem] rank {rank} did not reach a step boundary within {grace:.0f} s of "
         f"{signal.Signals(signum).name}; exiting without a checkpoint. It is stuck here:",
         file=sys.stderr,
         flush=True,
