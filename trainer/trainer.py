@@ -16,7 +16,6 @@ import torch
 
 from callbacks.base import Callback
 from strategies import resolve_strategy
-from strategies.base import Strategy
 from trainer import checkpoint as ckpt_io
 from trainer import loop
 from trainer.data import num_batches, with_worker_seeding
@@ -39,59 +38,8 @@ class Trainer:
     #: the whole resolved run config (every section) when built from a config (trainer/config.py), else None
     resolved_config: dict[str, Any] | None = None
 
-    @classmethod
-    def from_config(cls, config: Any, overrides: list[str] | tuple[str, ...] = ()) -> Trainer:
-        """Build from a YAML path, dict or DictConfig plus key=value overrides; see trainer/config.py."""
-        from trainer.config import trainer_from_config  # omegaconf is imported only when configs are used
-
-        return trainer_from_config(config, overrides, cls)
-
-    def __init__(
-        self,
-        *,
-        accelerator: str = "auto",
-        strategy: str | Strategy = "auto",
-        devices: int | str = "auto",
-        num_nodes: int = 1,
-        precision: str | int = "32-true",
-        logger: bool | Logger | list[Logger] = True,
-        callbacks: Callback | list[Callback] | None = None,
-        fast_dev_run: bool | int = False,
-        max_epochs: int | None = None,
-        min_epochs: int | None = None,
-        max_steps: int = -1,
-        min_steps: int | None = None,
-        max_time: Any = None,
-        limit_train_batches: int | float = 1.0,
-        limit_val_batches: int | float = 1.0,
-        limit_test_batches: int | float = 1.0,
-        limit_predict_batches: int | float = 1.0,
-        val_check_interval: int | float = 1.0,
-        check_val_every_n_epoch: int | None = 1,
-        num_sanity_val_steps: int = 2,
-        log_every_n_steps: int = 50,
-        enable_checkpointing: bool = True,
-        enable_progress_bar: bool = True,
-        enable_model_summary: bool = True,
-        accumulate_grad_batches: int = 1,
-        gradient_clip_val: float | None = None,
-        gradient_clip_algorithm: str = "norm",
-        deterministic: bool | str | None = None,
-        use_distributed_sampler: bool = True,
-        default_root_dir: str | None = None,
-        resume: str | None = None,
-        detect_nonfinite: str = "off",
-    ) -> None:
-        args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
-        self.config = cfg = TrainerConfig(**args)
-        if cfg.fast_dev_run:
-            n = 1 if cfg.fast_dev_run is True else int(cfg.fast_dev_run)
-            cfg.max_epochs, cfg.max_steps, cfg.num_sanity_val_steps = 1, n, 0
-            cfg.limit_train_batches = cfg.limit_val_batches = cfg.limit_test_batches = n
-            cfg.limit_predict_batches, cfg.val_check_interval = n, 1.0
-            cfg.logger, cfg.enable_checkpointing = False, False
-        if cfg.max_epochs is None:
-            cfg.max_epochs = 1000 if cfg.max_steps == -1 else -1
+    def __init__(self, **options: Any) -> None:
+        self.config = cfg = TrainerConfig.from_kwargs(**options).effective()
         self.default_root_dir = os.path.abspath(cfg.default_root_dir or os.getcwd())
         self.strategy = resolve_strategy(
             cfg.strategy, cfg.accelerator, cfg.devices, cfg.precision, num_nodes=cfg.num_nodes
@@ -125,6 +73,9 @@ class Trainer:
         self.val_dataloaders: list[Any] = []
         self.num_training_batches: int | float = 0
         self.num_val_batches: list[int | float] = []
+
+    __init__.__signature__ = TrainerConfig.signature("self")  # type: ignore[attr-defined]
+    __init__.__doc__ = TrainerConfig.docstring()
 
     # ----- construction helpers ------------------------------------------------------------------
     def _make_loggers(self, logger: Any) -> list[Logger]:
@@ -279,10 +230,6 @@ class Trainer:
         task._trainer = self
         self._set_deterministic()
         self.strategy.setup_environment()
-        if self.resolved_config is not None:  # built from a config: keep it with the run's logs (rank 0)
-            from trainer.config import write_run_config
-
-            write_run_config(self)
         handlers = _install_stop_handlers(self) if stage == "fit" else {}
         try:
             self._setup(stage, task, train, evals)
