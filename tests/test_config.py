@@ -133,7 +133,10 @@ def test_saved_yaml_reads_back_to_the_same_config(tmp_path):
         ("trainer.x=[", r"cannot apply override 'trainer.x=\['"),
         ("no_equals_sign", r"is not key=value"),
         ("trainer.gradient_clip_val=inf", r"trainer.gradient_clip_val: must be a number >= 0 \(finite\)"),
-        ("trainer.max_time=soon", r"trainer.max_time: must be a positive duration: 'DD:HH:MM:SS'"),
+        (
+            "trainer.max_time=soon",
+            r"trainer.max_time: must be a usable duration: Timer duration must be 'DD:HH:MM:SS'",
+        ),
         ("trainer.strategy=3", r"trainer.strategy must be a strategy name or a _target_ entry, got 3"),
     ],
 )

@@ -132,12 +132,8 @@ def _check_duration(name: str, value: Any) -> None:
 
     try:
         parse_duration(value)
-    except ConfigError:
-        raise OptionError(
-            name,
-            f"{name} must be a positive duration: 'DD:HH:MM:SS', a timedelta, a mapping such as "
-            f"{{'hours': 2}}, or seconds; got {value!r}",
-        ) from None
+    except ConfigError as e:  # its message says which forms there are, or why this one is unusable
+        raise OptionError(name, f"{name} must be a usable duration: {e}") from None
 
 
 def _finite_at_least_0(v: Any) -> bool:
