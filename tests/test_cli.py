@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+import yaml
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainer import DataModule, Task
@@ -162,6 +163,22 @@ def test_print_config_shows_the_resolved_config_and_runs_nothing(tmp_path, capsy
     assert resolved["task"]["lr"] == 0.5  # the override won over the file's 0.01
     assert resolved["logger"][0]["save_dir"] == f"{tmp_path}/runs"  # interpolated after the override
     assert not (tmp_path / "runs").exists()
+
+
+def test_quoted_and_environment_values_are_typed_by_their_option(capsys, monkeypatch):
+    monkeypatch.setenv("TANDEM_TEST_STEPS", "7")
+    overrides = [
+        "trainer.max_epochs='3'",
+        "trainer.max_steps=${oc.env:TANDEM_TEST_STEPS}",
+        "trainer.limit_val_batches='0.5'",
+        "trainer.enable_model_summary='false'",
+    ]
+    assert main(["fit", "--config", config("single.yaml"), "--print-config", *overrides]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)["trainer"]
+    typed = [printed[k] for k in ("max_epochs", "max_steps", "limit_val_batches", "enable_model_summary")]
+    assert typed == [3, 7, 0.5, False] and [type(v) for v in typed] == [int, int, float, bool]
+    assert main(["fit", "--config", config("single.yaml"), "trainer.max_steps='7.5'"]) == 2
+    assert "trainer.max_steps: must be an int >= -1, got '7.5'" in capsys.readouterr().err
 
 
 def test_saved_config_reproduces_the_run_and_resumes_it(tmp_path):

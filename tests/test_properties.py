@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from strategies.batch import apply_to_tensors, batch_size_of, move_to_device
 from trainer import Task, Trainer
 from trainer.errors import TandemError
-from trainer.options import TrainerConfig
+from trainer.options import OptionError, TrainerConfig
 
 ANY = st.one_of(
     st.none(),
@@ -38,6 +38,37 @@ def test_random_trainer_arguments_work_or_raise_tandem_errors(kwargs, tmp_path_f
         Trainer(**kwargs)
     except TandemError as e:
         assert str(e).strip(), "a TandemError must say what to change"
+
+
+@settings(max_examples=300, deadline=None)
+@given(kwargs=st.dictionaries(st.sampled_from(TrainerConfig.names()), ANY, max_size=4))
+def test_options_keep_what_they_accept_and_name_what_they_reject(kwargs):
+    try:
+        cfg = TrainerConfig.from_kwargs(**kwargs)
+    except OptionError as e:
+        assert e.option in kwargs and str(e).strip()
+        return
+    assert {k: getattr(cfg, k) for k in kwargs} == kwargs
+
+
+def _as_text(value: object) -> str:
+    """How a YAML file, the command line or an environment variable would spell `value`."""
+    return str(value).lower() if isinstance(value, bool) else repr(value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=st.sampled_from(TrainerConfig.names()), value=ANY)
+def test_an_accepted_number_or_flag_reads_back_from_its_text(name, value):
+    """Coercion by type: the text of every valid bool/int/float value of an option gives that value."""
+    if not isinstance(value, (bool, int, float)):
+        return
+    try:
+        TrainerConfig.from_kwargs(**{name: value})
+    except OptionError:
+        return
+    back = TrainerConfig.coerce({name: _as_text(value)})[name]
+    assert back == value and isinstance(back, bool) == isinstance(value, bool), (name, value, back)
+    TrainerConfig.from_kwargs(**{name: back})
 
 
 class _Echo(Task):

@@ -104,8 +104,9 @@ def _run(args: argparse.Namespace) -> int:
 
     # A launcher process (ddp with devices > 1) exits in launch() once its workers are done, so it never
     # builds the task or the data: each worker does. Inside body, fit() calls launch() again, which in a
-    # worker (or a single process) just runs its function.
-    result = run.trainer.strategy.launch(body)
+    # worker (or a single process) only joins the group it already joined.
+    run.trainer.strategy.launch()
+    result = body()
     if run.trainer.is_global_zero:
         _report(args.command, result, run.trainer)
     return 0

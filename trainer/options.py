@@ -1,178 +1,364 @@
-"""TrainerConfig: the one typed list of Trainer options, checked by Trainer.__init__ and by the config loader."""
+"""TrainerConfig: the one definition of every Trainer option: its name, type, default, doc and check.
+
+`Trainer(**options)` takes its signature, its docstring and its validation from here, and the config
+layer (trainer/config_schema.py) its schema of the ``trainer:`` section. Example::
+
+    cfg = TrainerConfig.from_kwargs(max_epochs=3, precision="bf16-mixed")  # ConfigError if wrong
+    cfg.effective().max_epochs  # the values a run uses (fast_dev_run applied, max_epochs filled in)
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import math
 import os
-from dataclasses import dataclass, fields
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
-from trainer.errors import ConfigError, choose
+from trainer.errors import ConfigError, did_you_mean
+
+if TYPE_CHECKING:
+    from datetime import timedelta
+
+    from callbacks.base import Callback
+    from strategies.base import Strategy
+    from trainer.loggers import Logger
+
+Check = Callable[[str, Any], None]  # check(name, value) raises OptionError when the value is invalid
+ACCELERATORS = ("auto", "cpu", "cuda", "gpu", "mps")
 
 
-@dataclass
+class OptionError(ConfigError):
+    """A Trainer option is unknown or has an invalid value; `option` names it."""
+
+    def __init__(self, option: str, message: str, suggestion: str = "", unknown: bool = False) -> None:
+        super().__init__(message)
+        self.option, self.suggestion, self.unknown = option, suggestion, unknown
+
+    @property
+    def problem(self) -> str:
+        """The message without the option's name in front ("must be ...", "unknown strategy ...")."""
+        text = str(self)
+        return text[len(self.option) + 1 :] if text.startswith(f"{self.option} ") else text
+
+
+# ----- checks ---------------------------------------------------------------------------------------
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is(v: Any, text: str) -> bool:
+    return isinstance(v, str) and v == text
+
+
+def _int_from(lo: int, none: bool = False) -> Callable[[Any], bool]:
+    return lambda v: (none and v is None) or (_is_int(v) and v >= lo)
+
+
+def _must(ok: Callable[[Any], bool], what: str) -> Check:
+    """A check that says ``<name> must be <what>, got <value>``."""
+
+    def check(name: str, value: Any) -> None:
+        if not ok(value):
+            raise OptionError(name, f"{name} must be {what}, got {value!r}")
+
+    return check
+
+
+def _choice(choices: Iterable[str] | Callable[[], Iterable[str]], ints: bool = False) -> Check:
+    """One of `choices` (a callable is asked at check time: strategies can be registered later)."""
+
+    def check(name: str, value: Any) -> None:
+        valid = list(choices() if callable(choices) else choices)
+        if (isinstance(value, str) or (ints and _is_int(value))) and str(value) in valid:
+            return
+        listed = ", ".join(repr(c) for c in valid)
+        hint = did_you_mean(str(value), valid)
+        raise OptionError(name, f"unknown {name} {value!r}{hint} (valid: {listed})", hint)
+
+    return check
+
+
+def _strategy_names() -> list[str]:
+    from strategies import STRATEGIES
+
+    return ["auto", *STRATEGIES]
+
+
+def _precisions() -> tuple[str, ...]:
+    from strategies.precision import PRECISIONS
+
+    return PRECISIONS
+
+
+def _check_strategy(name: str, value: Any) -> None:
+    from strategies.base import Strategy
+
+    if isinstance(value, Strategy):
+        return
+    if not isinstance(value, str):
+        raise OptionError(name, f"{name} must be a name or a Strategy instance, got {type(value).__name__}")
+    _choice(_strategy_names)(name, value)
+
+
+def _check_logger(name: str, value: Any) -> None:
+    if value is None or isinstance(value, bool):
+        return
+    from trainer.loggers import Logger
+
+    for item in value if isinstance(value, (list, tuple)) else [value]:
+        if not isinstance(item, Logger):
+            raise OptionError(
+                name, f"{name} must be True, False, a Logger or a list of Loggers; got {type(item).__name__}"
+            )
+
+
+def _check_callbacks(name: str, value: Any) -> None:
+    if value is None:
+        return
+    from callbacks.base import Callback
+
+    for item in value if isinstance(value, (list, tuple)) else [value]:
+        if not isinstance(item, Callback):
+            raise OptionError(name, f"{name} must be Callback instances; got {type(item).__name__}")
+
+
+def _check_duration(name: str, value: Any) -> None:
+    if value is None:
+        return
+    from callbacks.timer import parse_duration  # the Timer that max_time adds reads it the same way
+
+    try:
+        parse_duration(value)
+    except ConfigError as e:  # its message says which forms there are, or why this one is unusable
+        raise OptionError(name, f"{name} must be a usable duration: {e}") from None
+
+
+def _finite_at_least_0(v: Any) -> bool:
+    return (_is_int(v) and v >= 0) or (isinstance(v, float) and math.isfinite(v) and v >= 0)
+
+
+def _batches(v: Any) -> bool:
+    return (_is_int(v) and v >= 0) or (isinstance(v, float) and 0.0 <= v <= 1.0)
+
+
+_LIMIT = _must(_batches, "an int >= 0 (batches) or a float in [0, 1] (fraction)")
+_FLAG = _must(lambda v: isinstance(v, bool), "true or false")
+
+
+def option(default: Any, doc: str, check: Check) -> Any:
+    """A TrainerConfig field: its default, its one-line doc and its check."""
+    return field(default=default, metadata={"doc": doc, "check": check})
+
+
+# ----- the options ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
 class TrainerConfig:
-    """Every Trainer keyword with its default (Lightning 2.x names and meanings)."""
+    """Every Trainer option (Lightning 2.x names and meanings), validated when it is made."""
 
-    accelerator: str = "auto"  # "auto", "cpu", "cuda"/"gpu", "mps"
-    strategy: Any = "auto"  # "auto", "single", "dp", "ddp", "ddp_accumulate", or a Strategy instance
-    devices: Any = "auto"  # number of devices (processes for ddp, replicas for dp) or "auto"
-    num_nodes: int = 1
-    precision: Any = "32-true"  # "32-true", "64-true", "bf16-mixed", "16-mixed" (or 32, 64, "bf16", 16)
-    logger: Any = True  # True (TensorBoard), False, a Logger, or a list of them
-    callbacks: Any = None  # a Callback or a list of them
-    fast_dev_run: Any = False  # True or n: run n (1) batches of train and val, no logging or checkpoints
-    max_epochs: Any = None  # None means 1000 unless max_steps is set; -1 means no limit
-    min_epochs: Any = None
-    max_steps: int = -1  # optimizer steps; -1 means no limit
-    min_steps: Any = None
-    max_time: Any = None  # "DD:HH:MM:SS", a timedelta, a dict or seconds: stop training after it (a Timer)
-    limit_train_batches: Any = 1.0  # int: batches per epoch; float: fraction of the loader
-    limit_val_batches: Any = 1.0
-    limit_test_batches: Any = 1.0
-    limit_predict_batches: Any = 1.0
-    val_check_interval: Any = 1.0  # float: fraction of the training epoch; int: every n training batches
-    check_val_every_n_epoch: Any = 1
-    num_sanity_val_steps: int = 2  # validation batches run before training to catch bugs early
-    log_every_n_steps: int = 50
-    enable_checkpointing: bool = True
-    enable_progress_bar: bool = True
-    enable_model_summary: bool = True
-    accumulate_grad_batches: int = 1  # micro-batches per optimizer step; only the last one communicates
-    gradient_clip_val: Any = None
-    gradient_clip_algorithm: str = "norm"  # "norm" or "value"
-    deterministic: Any = None  # True, False, "warn" or None (leave torch's setting)
-    use_distributed_sampler: bool = True  # inject a DistributedSampler into loaders under ddp
-    default_root_dir: Any = None  # where logs and checkpoints go (default: the working directory)
-    resume: Any = None  # "auto": continue from the newest last.ckpt of this run directory, if there is one
-    detect_nonfinite: str = "off"  # "raise", "skip" or "off": what a NaN/inf training loss does (checks sync)
+    accelerator: str = option("auto", "'auto', 'cpu', 'cuda' (or 'gpu'), 'mps'", _choice(ACCELERATORS))
+    strategy: str | Strategy = option(
+        "auto", "'auto', 'single', 'dp', 'ddp', 'ddp_accumulate', or a Strategy instance", _check_strategy
+    )
+    devices: int | str = option(
+        "auto",
+        "number of devices (processes for ddp, replicas for dp), or 'auto'",
+        _must(lambda v: _is(v, "auto") or _int_from(1)(v), "an int >= 1 or 'auto'"),
+    )
+    num_nodes: int = option(1, "machines in a ddp run", _must(_int_from(1), "an int >= 1"))
+    precision: str | int = option(
+        "32-true",
+        "'32-true', '64-true', 'bf16-mixed', '16-mixed' (or 32, 64, 'bf16', 16)",
+        _choice(_precisions, ints=True),
+    )
+    logger: bool | Logger | list[Logger] = option(
+        True, "True (TensorBoard), False, a Logger or a list of them", _check_logger
+    )
+    callbacks: Callback | list[Callback] | None = option(
+        None, "a Callback or a list of them", _check_callbacks
+    )
+    fast_dev_run: bool | int = option(
+        False,
+        "True or n: run n (1) batches of train and val, no logging or checkpoints",
+        _must(lambda v: isinstance(v, bool) or _int_from(0)(v), "a bool or an int >= 0"),
+    )
+    max_epochs: int | None = option(
+        None,
+        "stop after this many epochs; None: 1000, or no limit when max_steps is set; -1: no limit",
+        _must(_int_from(-1, none=True), "an int >= -1 (-1 for no limit)"),
+    )
+    min_epochs: int | None = option(
+        None,
+        "do not stop early before this many epochs",
+        _must(_int_from(0, none=True), "an int >= 0 or None"),
+    )
+    max_steps: int = option(
+        -1, "stop after this many optimizer steps; -1: no limit", _must(_int_from(-1), "an int >= -1")
+    )
+    min_steps: int | None = option(
+        None,
+        "do not stop early before this many optimizer steps",
+        _must(_int_from(0, none=True), "an int >= 0 or None"),
+    )
+    max_time: str | float | dict[str, float] | timedelta | None = option(
+        None,
+        "stop training after this long: 'DD:HH:MM:SS', a timedelta, a mapping or seconds",
+        _check_duration,
+    )
+    limit_train_batches: int | float = option(
+        1.0, "int: batches per epoch; float: fraction of the loader", _LIMIT
+    )
+    limit_val_batches: int | float = option(1.0, "the same for validation", _LIMIT)
+    limit_test_batches: int | float = option(1.0, "the same for test", _LIMIT)
+    limit_predict_batches: int | float = option(1.0, "the same for predict", _LIMIT)
+    val_check_interval: int | float = option(
+        1.0,
+        "float: validate every fraction of a training epoch; int: every n training batches",
+        _must(
+            lambda v: (_is_int(v) and v >= 1) or (isinstance(v, float) and 0.0 < v <= 1.0),
+            "an int >= 1 (batches) or a float in (0, 1]",
+        ),
+    )
+    check_val_every_n_epoch: int | None = option(
+        1,
+        "validate in every n-th epoch; None: in every epoch",
+        _must(_int_from(1, none=True), "an int >= 1 or None"),
+    )
+    num_sanity_val_steps: int = option(
+        2,
+        "validation batches run before training to catch bugs early; -1: all",
+        _must(_int_from(-1), "an int >= -1 (-1 runs all)"),
+    )
+    log_every_n_steps: int = option(
+        50, "write training metrics every n optimizer steps", _must(_int_from(1), "an int >= 1")
+    )
+    enable_checkpointing: bool = option(True, "add a default ModelCheckpoint unless one is given", _FLAG)
+    enable_progress_bar: bool = option(True, "show the progress bar (rank 0)", _FLAG)
+    enable_model_summary: bool = option(True, "print the table of the task's modules at the start", _FLAG)
+    accumulate_grad_batches: int = option(
+        1,
+        "micro-batches per optimizer step; only the last one communicates",
+        _must(_int_from(1), "an int >= 1"),
+    )
+    gradient_clip_val: float | None = option(
+        None,
+        "clip gradients to this value (after unscaling); None: no clipping",
+        _must(lambda v: v is None or _finite_at_least_0(v), "a number >= 0 (finite) or None"),
+    )
+    gradient_clip_algorithm: str = option(
+        "norm", "'norm' (total 2-norm) or 'value' (each element)", _choice(("norm", "value"))
+    )
+    deterministic: bool | str | None = option(
+        None,
+        "True, False, 'warn' or None (leave torch's setting)",
+        _must(lambda v: v is None or isinstance(v, bool) or _is(v, "warn"), "True, False, 'warn' or None"),
+    )
+    use_distributed_sampler: bool = option(True, "inject a DistributedSampler into loaders under ddp", _FLAG)
+    default_root_dir: str | os.PathLike[str] | None = option(
+        None,
+        "where logs and checkpoints go (None: the working directory)",
+        _must(lambda v: v is None or isinstance(v, (str, os.PathLike)), "a path (a string) or None"),
+    )
+    resume: str | None = option(
+        None,
+        "'auto': fit continues from the newest last.ckpt of this run directory, if there is one",
+        _must(lambda v: v is None or _is(v, "auto"), "None or 'auto'"),
+    )
+    detect_nonfinite: str = option(
+        "off",
+        "'raise', 'skip' or 'off': what a NaN/inf training loss does",
+        _choice(("off", "raise", "skip")),
+    )
 
     def __post_init__(self) -> None:
-        self.validate()
+        for f in fields(self):
+            f.metadata["check"](f.name, getattr(self, f.name))
 
-    def validate(self) -> None:
-        """Raise ConfigError naming the option and what to change."""
-
-        def check(ok: bool, msg: str) -> None:
-            if not ok:
-                raise ConfigError(msg)
-
-        def is_int(v: Any) -> bool:
-            return isinstance(v, int) and not isinstance(v, bool)
-
-        check(
-            self.max_epochs is None or (is_int(self.max_epochs) and self.max_epochs >= -1),
-            f"max_epochs must be an int >= -1 (-1 for no limit), got {self.max_epochs!r}",
-        )
-        check(
-            is_int(self.max_steps) and self.max_steps >= -1,
-            f"max_steps must be an int >= -1, got {self.max_steps!r}",
-        )
-        check(
-            is_int(self.accumulate_grad_batches) and self.accumulate_grad_batches >= 1,
-            f"accumulate_grad_batches must be an int >= 1, got {self.accumulate_grad_batches!r}",
-        )
-        check(
-            is_int(self.log_every_n_steps) and self.log_every_n_steps >= 1,
-            f"log_every_n_steps must be an int >= 1, got {self.log_every_n_steps!r}",
-        )
-        check(
-            is_int(self.num_sanity_val_steps) and self.num_sanity_val_steps >= -1,
-            f"num_sanity_val_steps must be an int >= -1 (-1 runs all), got {self.num_sanity_val_steps!r}",
-        )
-        check(
-            is_int(self.num_nodes) and self.num_nodes >= 1,
-            f"num_nodes must be an int >= 1, got {self.num_nodes!r}",
-        )
-        check(
-            self.devices == "auto" or (is_int(self.devices) and self.devices >= 1),
-            f"devices must be an int >= 1 or 'auto', got {self.devices!r}",
-        )
-        for name in (
-            "limit_train_batches",
-            "limit_val_batches",
-            "limit_test_batches",
-            "limit_predict_batches",
-        ):
-            v = getattr(self, name)
-            check(
-                (is_int(v) and v >= 0) or (isinstance(v, float) and 0.0 <= v <= 1.0),
-                f"{name} must be an int >= 0 (batches) or a float in [0, 1] (fraction), got {v!r}",
-            )
-        v = self.val_check_interval
-        check(
-            (is_int(v) and v >= 1) or (isinstance(v, float) and 0.0 < v <= 1.0),
-            f"val_check_interval must be an int >= 1 (batches) or a float in (0, 1], got {v!r}",
-        )
-        check(
-            self.check_val_every_n_epoch is None
-            or (is_int(self.check_val_every_n_epoch) and self.check_val_every_n_epoch >= 1),
-            f"check_val_every_n_epoch must be an int >= 1 or None, got {self.check_val_every_n_epoch!r}",
-        )
-        check(
-            self.gradient_clip_val is None
-            or (isinstance(self.gradient_clip_val, (int, float)) and self.gradient_clip_val >= 0),
-            f"gradient_clip_val must be a number >= 0 or None, got {self.gradient_clip_val!r}",
-        )
-        choose("gradient_clip_algorithm", self.gradient_clip_algorithm, ("norm", "value"))
-        check(
-            self.deterministic in (None, True, False, "warn"),
-            f"deterministic must be True, False, 'warn' or None, got {self.deterministic!r}",
-        )
-        check(
-            isinstance(self.fast_dev_run, bool) or (is_int(self.fast_dev_run) and self.fast_dev_run >= 0),
-            f"fast_dev_run must be a bool or an int >= 0, got {self.fast_dev_run!r}",
-        )
-        # the options below also arrive from YAML files and CLI overrides (trainer/config.py), so their
-        # types are checked here too: a typo like enable_checkpointing=flase must not read as True
-        check(
-            isinstance(self.accelerator, str),
-            f"accelerator must be a string ('auto', 'cpu', 'cuda', 'gpu', 'mps'), got {self.accelerator!r}",
-        )
-        if isinstance(self.accelerator, str):
-            choose("accelerator", self.accelerator, ("auto", "cpu", "cuda", "gpu", "mps"))
-        bools = ("enable_checkpointing", "enable_progress_bar", "enable_model_summary")
-        for name in (*bools, "use_distributed_sampler"):
-            v = getattr(self, name)
-            check(isinstance(v, bool), f"{name} must be true or false, got {v!r}")
-        for name in ("min_epochs", "min_steps"):
-            v = getattr(self, name)
-            check(v is None or (is_int(v) and v >= 0), f"{name} must be an int >= 0 or None, got {v!r}")
-        check(
-            self.default_root_dir is None or isinstance(self.default_root_dir, (str, os.PathLike)),
-            f"default_root_dir must be a path (a string) or None, got {self.default_root_dir!r}",
-        )
-
-        check(self.resume in (None, "auto"), f"resume must be None or 'auto', got {self.resume!r}")
-        choose("detect_nonfinite", str(self.detect_nonfinite), ("off", "raise", "skip"))
+    # ----- construction --------------------------------------------------------------------------
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> TrainerConfig:
+        """The options `kwargs` names (the others at their defaults); an OptionError if one is wrong."""
+        cls.check_names(kwargs)
+        return cls(**kwargs)
 
     @classmethod
+    def check_names(cls, names: Iterable[str]) -> None:
+        """Raise an OptionError for the first name that is no option, suggesting the closest one."""
+        valid = cls.names()
+        for name in names:
+            if name not in valid:
+                hint = did_you_mean(str(name), valid)
+                raise OptionError(
+                    str(name),
+                    f"unknown Trainer option {name!r}{hint} (every option: docs/configuration.md)",
+                    hint,
+                    unknown=True,
+                )
+
+    @classmethod
+    def coerce(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        """`options` with strings (from YAML, the command line, ``${oc.env:...}``) turned into the bool,
+        int or float their option's type names, where they read as one; everything else as given."""
+        types = {f.name: [t.strip() for t in str(f.type).split("|")] for f in fields(cls)}
+        return {k: _from_text(v, types[k]) if k in types else v for k, v in options.items()}
+
+    def effective(self) -> TrainerConfig:
+        """The values a run uses: fast_dev_run's limits applied and max_epochs' None filled in."""
+        changes: dict[str, Any] = {}
+        if self.fast_dev_run:
+            n = 1 if self.fast_dev_run is True else int(self.fast_dev_run)
+            changes.update(max_epochs=1, max_steps=n, num_sanity_val_steps=0, val_check_interval=1.0)
+            changes.update(limit_train_batches=n, limit_val_batches=n, limit_test_batches=n)
+            changes.update(limit_predict_batches=n, logger=False, enable_checkpointing=False)
+        max_epochs = changes.get("max_epochs", self.max_epochs)
+        if max_epochs is None:
+            changes["max_epochs"] = 1000 if changes.get("max_steps", self.max_steps) == -1 else -1
+        return dataclasses.replace(self, **changes) if changes else self
+
+    # ----- description ---------------------------------------------------------------------------
+    @classmethod
     def names(cls) -> list[str]:
+        """Every option's name, in the order of this class."""
         return [f.name for f in fields(cls)]
 
     @classmethod
-    def from_kwargs(cls, **kwargs: Any) -> TrainerConfig:
-        """Validated options with fast_dev_run and the max_epochs default applied (temporary; see h-config)."""
-        from trainer.errors import did_you_mean
-
-        for key in kwargs:
-            if key not in cls.names():
-                raise ConfigError(f"Trainer got an unknown keyword {key!r}{did_you_mean(key, cls.names())}")
-        cfg = cls(**kwargs)
-        if cfg.fast_dev_run:
-            n = 1 if cfg.fast_dev_run is True else int(cfg.fast_dev_run)
-            cfg.max_epochs, cfg.max_steps, cfg.num_sanity_val_steps = 1, n, 0
-            cfg.limit_train_batches = cfg.limit_val_batches = cfg.limit_test_batches = n
-            cfg.limit_predict_batches, cfg.val_check_interval = n, 1.0
-            cfg.logger, cfg.enable_checkpointing = False, False
-        if cfg.max_epochs is None:
-            cfg.max_epochs = 1000 if cfg.max_steps == -1 else -1
-        return cfg
+    def defaults(cls) -> dict[str, Any]:
+        """Every option with its default, in the order of this class."""
+        return {f.name: f.default for f in fields(cls)}
 
     @classmethod
-    def signature(cls) -> Any:
-        import inspect
+    def signature(cls, first: str | None = None) -> inspect.Signature:
+        """Keyword-only parameters with defaults and annotations; `first` ("self") puts a positional
+        parameter in front, as ``Trainer.__init__.__signature__`` needs."""
+        params = [
+            inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
+            for f in fields(cls)
+        ]
+        if first is None:
+            return inspect.Signature(params)
+        head = inspect.Parameter(first, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        return inspect.Signature([head, *params], return_annotation="None")
 
-        kw = inspect.Parameter.KEYWORD_ONLY
-        params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)]
-        params += [inspect.Parameter(f.name, kw, default=f.default) for f in fields(cls)]
-        return inspect.Signature(params)
+    @classmethod
+    def docstring(cls) -> str:
+        """One line per option (``name (type) = default: doc``), for ``Trainer.__init__.__doc__``."""
+        lines = [f"    {f.name} ({f.type}) = {f.default!r}: {f.metadata['doc']}" for f in fields(cls)]
+        return "Configure a run; every option is keyword-only (trainer/options.py):\n\n" + "\n".join(lines)
+
+
+def _from_text(value: Any, types: list[str]) -> Any:
+    """A string read as the first of bool, int, float that `types` allows and that parses it."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if "bool" in types and text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        if kind.__name__ in types:
+            try:
+                return kind(text)
+            except ValueError:
+                pass
+    return value

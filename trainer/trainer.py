@@ -35,7 +35,7 @@ class Trainer:
     resolved_config: dict[str, Any] | None = None
 
     def __init__(self, **options: Any) -> None:
-        self.config = cfg = TrainerConfig.from_kwargs(**options)
+        self.config = cfg = TrainerConfig.from_kwargs(**options).effective()
         self.default_root_dir = os.path.abspath(cfg.default_root_dir or os.getcwd())
         self.strategy: Strategy = resolve_strategy(cfg.strategy, vars(cfg), set(options))
         self.loggers: list[Logger] = self._make_loggers(cfg.logger)
@@ -51,7 +51,8 @@ class Trainer:
         self.loaders: dict[str, list[Any]] = {}  # phase ("train", "val", "test", "predict") -> loaders
         self.loader_sizes: dict[str, list[int | float]] = {}  # phase -> batches per loader (after limits)
 
-    __init__.__signature__ = TrainerConfig.signature()  # type: ignore[attr-defined]
+    __init__.__signature__ = TrainerConfig.signature("self")  # type: ignore[attr-defined]
+    __init__.__doc__ = TrainerConfig.docstring()
 
     def _make_loggers(self, logger: Any) -> list[Logger]:
         if logger is True:

@@ -1,0 +1,67 @@
+"""A tiny task, data module and callback that config tests name in ``_target_`` entries, and `base()`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from callbacks import Callback
+from trainer import DataModule, Task
+
+HERE = __name__  # the import path of this module, whatever pytest's import mode made it
+
+
+class TinyTask(Task):
+    """A linear regressor: enough to build, fit a few steps and checkpoint."""
+
+    def __init__(self, width: int = 4, lr: float = 0.1, head: Any = None) -> None:
+        super().__init__()
+        self.save_hyperparameters(ignore="head")
+        self.net = torch.nn.Linear(width, 1)
+        self.head = head
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
+class TinyData(DataModule):
+    def __init__(self, n: int = 16, width: int = 4, batch_size: int = 4) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.data = TensorDataset(torch.randn(n, width, generator=g), torch.randn(n, 1, generator=g))
+        self.batch_size = batch_size
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.data, batch_size=self.batch_size)
+
+
+class Counter(Callback):
+    def __init__(self, label: str = "c") -> None:
+        self.label, self.steps = label, 0
+
+    def on_train_batch_end(self, trainer: Any, task: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.steps += 1
+
+
+def needs_n(n: int) -> Counter:
+    return Counter(str(n))
+
+
+def base(tmp_path: Any = None, **trainer: Any) -> dict[str, Any]:
+    """A quiet config of TinyTask on TinyData for 2 steps; `trainer` keywords go to its trainer section."""
+    quiet = dict(
+        logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False
+    )
+    root = {"default_root_dir": str(tmp_path)} if tmp_path is not None else {}
+    return {
+        "seed_everything": 0,
+        "trainer": {"accelerator": "cpu", "max_steps": 2, **quiet, **root, **trainer},
+        "task": {"_target_": f"{HERE}.TinyTask", "lr": 0.1},
+        "data": {"_target_": f"{HERE}.TinyData"},
+    }

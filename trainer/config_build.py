@@ -1,0 +1,151 @@
+"""Building a run from its config: seed, callbacks, loggers, strategy and Trainer, then task and data.
+
+The Trainer does not know about configs: this module builds it with plain keywords, sets its
+``resolved_config`` and adds the SaveRunConfig callback that keeps the config with the run's logs.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from trainer.config_load import Source, resolve
+from trainer.config_save import SaveRunConfig
+from trainer.config_schema import FROM_TRAINER
+from trainer.config_targets import TARGET, built, instantiate, locate, params
+from trainer.errors import ConfigError, TandemError
+from trainer.options import TrainerConfig
+
+if TYPE_CHECKING:
+    from trainer.datamodule import DataModule
+    from trainer.task import Task
+    from trainer.trainer import Trainer
+
+
+@dataclass
+class Run:
+    """What a config builds: ``run.trainer.fit(run.task, datamodule=run.datamodule)``."""
+
+    trainer: Trainer
+    task: Task | None
+    datamodule: DataModule | None
+    config: dict[str, Any]
+
+
+def build(
+    source: Source | Sequence[Source] | None = None,
+    overrides: Sequence[str] = (),
+    *,
+    with_task: bool = True,
+    trainer_cls: type[Trainer] | None = None,
+) -> Run:
+    """Resolve the config, seed, build the callbacks, the loggers and the Trainer, then the task and data.
+
+    `trainer_cls` builds a subclass of Trainer instead (it is given the same keywords).
+    """
+    from callbacks.base import Callback
+    from trainer.loggers import Logger
+
+    cfg = resolve(source, overrides)
+    cfg["seed_everything"] = _pick_seed(cfg["seed_everything"])  # pinned: the saved config repeats it
+    _seed(cfg)
+    callbacks = [
+        built(instantiate(c, f"callbacks[{i}]"), Callback, f"callbacks[{i}]", "callbacks.Callback")
+        for i, c in enumerate(cfg["callbacks"])
+    ]
+    loggers = [
+        built(instantiate(c, f"logger[{i}]"), Logger, f"logger[{i}]", "trainer.loggers.Logger")
+        for i, c in enumerate(cfg["logger"])
+    ]
+    kwargs = dict(cfg["trainer"], callbacks=[*callbacks, SaveRunConfig(cfg)])
+    if loggers:
+        kwargs["logger"] = loggers
+    if isinstance(kwargs["strategy"], dict):
+        kwargs["strategy"] = _build_strategy(kwargs["strategy"], kwargs)
+    try:
+        trainer = (trainer_cls or _trainer_class())(**kwargs)
+    except TandemError:
+        raise
+    except Exception as e:  # a subclass's own check, or a bug: name the section that built it
+        raise ConfigError(f"trainer: building the Trainer failed: {type(e).__name__}: {e}") from e
+    trainer.resolved_config = cfg
+    run = Run(trainer, None, None, cfg)
+    return build_task(run) if with_task else run
+
+
+def build_trainer(
+    source: Source | Sequence[Source], overrides: Sequence[str] = (), *, cls: type[Trainer] | None = None
+) -> Trainer:
+    """The Trainer of a config (its trainer, callbacks, logger and seed sections), without task or data."""
+    return build(source, overrides, with_task=False, trainer_cls=cls).trainer
+
+
+def build_task(run: Run) -> Run:
+    """Build the task and data of `run.config` into `run`, seeded afresh so that the task's initial
+    weights depend on the seed only. The command calls it inside ``strategy.launch``: a process that only
+    launches workers never builds them."""
+    from trainer.datamodule import DataModule
+    from trainer.task import Task
+
+    cfg = run.config
+    if cfg["task"] is None:
+        raise ConfigError("the config has no task section; add task: {_target_: your.module.YourTask, ...}")
+    _seed(cfg)
+    run.task = built(instantiate(cfg["task"], "task"), Task, "task", "trainer.Task")
+    if cfg["data"] is not None:
+        run.datamodule = built(instantiate(cfg["data"], "data"), DataModule, "data", "trainer.DataModule")
+    return run
+
+
+def _trainer_class() -> type[Trainer]:
+    """trainer.trainer.Trainer, imported on first use: the config layer sits above the Trainer, which
+    never imports it, and `import trainer.config` does not load the Trainer."""
+    from trainer.trainer import Trainer
+
+    return Trainer
+
+
+def _seed(cfg: dict[str, Any]) -> None:
+    if cfg["seed_everything"] is not None:
+        from trainer.seed import seed_everything
+
+        seed_everything(cfg["seed_everything"], workers=True)
+
+
+def _build_strategy(node: dict[str, Any], options: dict[str, Any]) -> Any:
+    """A strategy _target_ entry, given accelerator, devices and num_nodes from the trainer section."""
+    from strategies.base import Strategy
+
+    defaults = TrainerConfig.defaults()
+    for name in FROM_TRAINER:
+        value = options[name]
+        if name in node and value != defaults[name] and node[name] != value:
+            raise ConfigError(
+                f"trainer.strategy.{name}={node[name]!r} disagrees with trainer.{name}={value!r}; "
+                f"set {name} in the trainer section only"
+            )
+    accepts = {p.name for p in params(locate(node[TARGET])) or []}
+    if "devices" in accepts and "devices" not in node and options["devices"] == "auto":
+        raise ConfigError(
+            f"trainer.strategy: {node[TARGET]} takes its devices from trainer.devices, which is 'auto'; "
+            "set trainer.devices to a number"
+        )
+    inject = {name: options[name] for name in FROM_TRAINER}  # the entry's own values win (instantiate)
+    return built(instantiate(node, "trainer.strategy", **inject), Strategy, "trainer.strategy", "Strategy")
+
+
+def _pick_seed(value: Any) -> int | None:
+    """seed_everything: an int as given; true picks one, the same in every process of a distributed run."""
+    if value is True:
+        env = os.environ
+        if "RANK" in env:  # a worker: agree with the others without talking to them
+            if env.get("TANDEM_GLOBAL_SEED", "").isdigit():  # chosen by the process that launched us
+                return int(env["TANDEM_GLOBAL_SEED"]) % 2**32
+            basis = env.get("TORCHELASTIC_RUN_ID") or env.get("SLURM_JOB_ID") or env.get("MASTER_PORT", "")
+            return zlib.crc32(basis.encode())
+        return random.SystemRandom().randrange(2**32)
+    return None if value is None or value is False else int(value)

@@ -1,0 +1,158 @@
+"""The schema of a run config: its sections, the ``trainer:`` section (from trainer/options.py) and the
+``_target_`` entries, checked against the signatures they name. Example::
+
+    validate({"trainer": {"max_epochs": "3"}})["trainer"]["max_epochs"]  # 3: every option, typed
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from trainer.config_targets import PARTIAL, TARGET, locate, params
+from trainer.errors import ConfigError, did_you_mean
+from trainer.options import OptionError, TrainerConfig
+
+SECTIONS = ("seed_everything", "trainer", "task", "data", "callbacks", "logger")
+# A strategy given as a _target_ entry takes these from the trainer section (one place to set them).
+FROM_TRAINER = ("accelerator", "devices", "num_nodes")
+
+
+def validate(data: Any) -> dict[str, Any]:
+    """Check a plain config dict; return it with all sections, Trainer defaults and target defaults filled."""
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"a config is a mapping of sections ({', '.join(SECTIONS)}), got {type(data).__name__}"
+        )
+    for key in data:
+        if key not in SECTIONS:
+            raise ConfigError(
+                f"unknown section {key!r}{did_you_mean(str(key), SECTIONS)} (sections: {', '.join(SECTIONS)})"
+            )
+    seed = data.get("seed_everything", True)
+    if not (seed is None or isinstance(seed, bool) or (isinstance(seed, int) and 0 <= seed < 2**32)):
+        raise ConfigError(
+            f"seed_everything must be an int in [0, 2**32), true (pick one) or false, got {seed!r}"
+        )
+    out: dict[str, Any] = {"seed_everything": seed, "trainer": _check_trainer(data.get("trainer"))}
+    for name in ("task", "data"):
+        out[name] = None if data.get(name) is None else _check_target(data[name], name)
+    for name in ("callbacks", "logger"):
+        out[name] = _check_list(data.get(name), name)
+    if out["logger"] and out["trainer"]["logger"] is False:
+        raise ConfigError(
+            "trainer.logger is false but the logger section lists loggers; remove one or the other"
+        )
+    return out
+
+
+def _check_trainer(section: Any) -> dict[str, Any]:
+    """Every Trainer option: the names, types and checks are TrainerConfig's; strings are coerced first."""
+    section = {} if section is None else section
+    if not isinstance(section, dict):
+        raise ConfigError(f"trainer: expected a mapping of Trainer options, got {section!r}")
+    try:
+        TrainerConfig.check_names(section)
+    except OptionError as e:
+        raise ConfigError(
+            f"unknown key 'trainer.{e.option}'{e.suggestion} "
+            "(every Trainer option is listed in docs/configuration.md)"
+        ) from None
+    given = TrainerConfig.coerce(section)
+    _check_object_forms(given)
+    strategy = given.get("strategy")
+    if isinstance(strategy, dict):  # built by the config layer; TrainerConfig checks the Strategy it becomes
+        strategy = _check_target(strategy, "trainer.strategy", skip_defaults=(*FROM_TRAINER, "precision"))
+        given = {k: v for k, v in given.items() if k != "strategy"}
+    try:
+        options = TrainerConfig.from_kwargs(**given)
+    except OptionError as e:
+        raise ConfigError(f"trainer.{e.option}: {e.problem}") from None
+    out = {name: getattr(options, name) for name in TrainerConfig.names()}
+    if isinstance(strategy, dict):
+        out["strategy"] = strategy
+    return out
+
+
+def _check_object_forms(options: dict[str, Any]) -> None:
+    """How a config spells the options whose Python values are objects: a strategy is a name or a
+    ``_target_`` entry, loggers and callbacks come from their own top-level sections."""
+    if options.get("callbacks") is not None:
+        raise ConfigError("trainer.callbacks: list callbacks in the top-level 'callbacks:' section instead")
+    logger = options.get("logger", True)
+    if not isinstance(logger, bool):
+        raise ConfigError(
+            f"trainer.logger must be true or false, got {logger!r}; "
+            "list logger entries in the top-level 'logger:' section"
+        )
+    strategy = options.get("strategy", "auto")
+    if not isinstance(strategy, (str, dict)):
+        raise ConfigError(f"trainer.strategy must be a strategy name or a _target_ entry, got {strategy!r}")
+
+
+def _check_list(value: Any, name: str) -> list[dict[str, Any]]:
+    if value is None:
+        return []
+    if isinstance(value, dict) and TARGET in value:
+        value = [value]  # a single entry
+    if not isinstance(value, list):
+        hint = "; to turn logging off set trainer.logger: false" if name == "logger" else ""
+        raise ConfigError(f"{name}: expected a list of _target_ entries, got {value!r}{hint}")
+    return [_check_target(v, f"{name}[{i}]") for i, v in enumerate(value)]
+
+
+def _check_target(node: Any, where: str, skip_defaults: Sequence[str] = ()) -> dict[str, Any]:
+    """Check that a ``_target_`` entry imports and that its arguments match the signature; fill defaults."""
+    if not isinstance(node, dict) or TARGET not in node:
+        raise ConfigError(
+            f"{where}: expected a mapping with _target_ (an import path such as examples.digits.DigitsTask) "
+            f"and the arguments, got {node!r}"
+        )
+    target, partial = node[TARGET], node.get(PARTIAL, False)
+    obj = locate(target, f"{where}._target_")
+    if not isinstance(partial, bool):
+        raise ConfigError(f"{where}._partial_ must be true or false, got {partial!r}")
+    args: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in (TARGET, PARTIAL):
+            continue
+        if not isinstance(key, str) or not key.isidentifier():
+            raise ConfigError(f"{where}: argument names are identifiers, got {key!r}")
+        args[key] = _check_value(value, f"{where}.{key}")
+    signature = params(obj)
+    out: dict[str, Any] = {TARGET: target, **({PARTIAL: True} if partial else {})}
+    if signature is None:  # no signature to check against (some builtins)
+        return {**out, **args}
+    named = [p.name for p in signature if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if not any(p.kind == p.VAR_KEYWORD for p in signature):
+        for key in args:
+            if key not in named:
+                raise ConfigError(
+                    f"unknown key '{where}.{key}': {target} has no argument {key!r}{did_you_mean(key, named)} "
+                    f"(its arguments: {', '.join(named) or 'none'})"
+                )
+    required = [p.name for p in signature if p.name in named and p.default is p.empty and p.name not in args]
+    if required and not partial:
+        raise ConfigError(
+            f"{where}: {target} needs {', '.join(repr(n) for n in required)}; set them under {where}"
+        )
+    for p in signature:  # the signature's order, with its defaults: the saved config does not depend on them
+        if p.name in args:
+            out[p.name] = args.pop(p.name)
+        elif p.name in named and p.name not in skip_defaults and _plain(p.default):
+            out[p.name] = p.default
+    return {**out, **args}
+
+
+def _check_value(value: Any, where: str) -> Any:
+    if isinstance(value, dict):
+        if TARGET in value:
+            return _check_target(value, where)
+        return {k: _check_value(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, list):
+        return [_check_value(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
+def _plain(value: Any) -> bool:
+    return value is None or type(value) in (bool, int, float, str)
