@@ -12,7 +12,7 @@ from strategies.comm import Comm
 from strategies.parallel import ParallelStrategy
 from strategies.precision import Precision
 from strategies.single import SingleDeviceStrategy
-from trainer.errors import ConfigError, choose
+from trainer.errors import ConfigError
 
 # name -> ("module:Class", constructor arguments); imported on demand so that `import trainer` stays fast.
 STRATEGIES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -46,11 +46,8 @@ def resolve_strategy(
     `given` names those the user passed. A Strategy instance keeps what its constructor set and takes the
     rest from the Trainer; a value set on both sides that differs is a ConfigError naming both.
     """
-    if isinstance(strategy, str):
-        choose("strategy", strategy, ["auto", *STRATEGIES])
+    if isinstance(strategy, str):  # (trainer/options.py checked the name)
         strategy = _by_name(strategy, options)
-    elif not isinstance(strategy, Strategy):
-        raise ConfigError(f"strategy must be a name or a Strategy instance, got {type(strategy).__name__}")
     for name in FILLED:
         value = options[name]
         if name == "devices" and value == "auto":

@@ -75,4 +75,4 @@ def test_resolve_by_name_and_lightning_aliases():
     ddp = resolve_strategy("ddp_find_unused_parameters_true", {**opts, "devices": 2}, {"devices"})
     assert isinstance(ddp, DDPStrategy) and ddp.find_unused_parameters and ddp.devices == 2
     with pytest.raises(ConfigError, match="did you mean 'ddp'"):
-        resolve_strategy("ddq", opts)
+        Trainer(strategy="ddq", **FAST)

@@ -293,9 +293,8 @@ class _BackwardProbe(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        import traceback
-
         import os
+        import traceback
 
         frames = traceback.extract_stack()
         names = [f"{os.path.basename(os.path.dirname(f.filename))}/{os.path.basename(f.filename)}:{f.name}" for f in frames]

@@ -160,7 +160,7 @@ class TrainerConfig:
 
     accelerator: str = option("auto", "'auto', 'cpu', 'cuda' (or 'gpu'), 'mps'", _choice(ACCELERATORS))
     strategy: str | Strategy = option(
-        "auto", "'auto', 'single', 'dp', 'ddp', 'ddp_accumulate', or a Strategy instance", _check_strategy
+        "auto", "'auto', 'single', 'dp', 'ddp', 'ddp_accumulate', 'ddp_find_unused_parameters_true', or a Strategy instance", _check_strategy
     )
     devices: int | str = option(
         "auto",

@@ -59,13 +59,7 @@ class Trainer:
             return [TensorBoardLogger(self.default_root_dir, name="logs")]
         if logger in (False, None):
             return []
-        loggers = list(logger) if isinstance(logger, (list, tuple)) else [logger]
-        for lg in loggers:
-            if not isinstance(lg, Logger):
-                raise ConfigError(
-                    f"logger must be True, False, a Logger or a list of Loggers; got {type(lg).__name__}"
-                )
-        return align_versions(loggers)  # loggers sharing a directory share its version_N
+        return align_versions(list(logger) if isinstance(logger, (list, tuple)) else [logger])  # loggers sharing a directory share its version_N
 
     def _make_callbacks(self, callbacks: Any) -> list[Callback]:
         cbs = (
@@ -75,9 +69,6 @@ class Trainer:
             if isinstance(callbacks, (list, tuple))
             else [callbacks]
         )
-        for cb in cbs:
-            if not isinstance(cb, Callback):
-                raise ConfigError(f"callbacks must be Callback instances; got {type(cb).__name__}")
         from callbacks.defaults import default_callbacks  # progress bar, checkpointing, summary
 
         return default_callbacks(self.config, cbs)
