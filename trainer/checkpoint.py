@@ -3,38 +3,17 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from typing import Any
 
 import torch
 
 from trainer.errors import CheckpointError
+from trainer.fileio import atomic_write
 
 
 def atomic_save(obj: Any, path: str | os.PathLike[str]) -> None:
-    """Write `obj` to `path` so that a crash at any moment leaves either the old file or the new one.
-
-    The bytes go to a temporary file in the same directory, are fsynced, then renamed over `path`.
-    """
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".ckpt", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:  # make the rename itself durable
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    """torch.save `obj` to `path` through atomic_write: a crash leaves either the old file or the new one."""
+    atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def load(path: str | os.PathLike[str], map_location: Any = "cpu") -> dict[str, Any]:
