@@ -56,7 +56,7 @@ def any_rank_wants(trainer: Trainer, flag: bool) -> bool:
     return bool(trainer.strategy.reduce(tensor, "max").item() > 0)
 
 
-# ----- which value is better ----------------------------------------------------------------------
+# ----- the monitored metric -----------------------------------------------------------------------
 class Monitor:
     """A monitored metric: its key, which direction is better and by how much, and its missing-key policy.
 
