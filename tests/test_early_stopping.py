@@ -51,7 +51,7 @@ def test_a_check_before_the_first_validation_waits_for_it():
     scores = [5.0, 4.0, 3.0, 2.0, 1.0, 0.0]
     es = EarlyStopping("val/score", patience=2, check_on_train_epoch_end=True)
     with pytest.warns(UserWarning, match="Skipping this check until validation has run"):
-        trainer = fit(Scored(scores), [es], epochs=6, check_val_every_n_epoch=2)
+        trainer = fit(Scored(scores), [es], 6, check_val_every_n_epoch=2, enable_checkpointing=False)
     assert trainer.current_epoch == 6 and es.stopping_reason is None
     assert es.best_score == scores[-1]  # the last validation's value was seen
 
