@@ -2,26 +2,21 @@
 
 from __future__ import annotations
 
-import math
 import os
-import re
-import time
-import warnings
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from callbacks.base import Callback
-from callbacks.early_stopping import missing_key_message
-from trainer.errors import ConfigError, choose
+from callbacks.checkpoint_names import format_name, newest_last, parse_template, unique_path
+from callbacks.checkpoint_schedule import SaveSchedule
+from callbacks.monitor import Monitor, at_train_epoch_end, fitting, rank_zero_decides
+from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
     from trainer.task import Task
     from trainer.trainer import Trainer
-
-_FIELD = re.compile(r"\{([^{}:]+)(?::([^{}]*))?\}")
-_LAST = re.compile(r"last(-v\d+)?\.ckpt")
 
 
 class ModelCheckpoint(Callback):
@@ -60,7 +55,7 @@ class ModelCheckpoint(Callback):
         save_on_train_epoch_end: bool | None = None,
         enable_version_counter: bool = True,
     ) -> None:
-        choose("ModelCheckpoint mode", mode, ("min", "max"))
+        self._monitor = Monitor("ModelCheckpoint", monitor, mode)
         if not isinstance(save_top_k, int) or save_top_k < -1:
             raise ConfigError(f"ModelCheckpoint(save_top_k=...) must be an int >= -1, got {save_top_k!r}.")
         if monitor is None and save_top_k not in (-1, 0, 1):
@@ -68,42 +63,18 @@ class ModelCheckpoint(Callback):
                 f"ModelCheckpoint(save_top_k={save_top_k}) needs monitor=...: without a metric "
                 "there is no 'top'; use save_top_k=-1 to keep every checkpoint."
             )
-        given = [
-            n
-            for n, v in (
-                ("every_n_train_steps", every_n_train_steps),
-                ("every_n_epochs", every_n_epochs),
-                ("train_time_interval", train_time_interval),
-            )
-            if v
-        ]
-        if len(given) > 1:
-            raise ConfigError(
-                f"ModelCheckpoint: {' and '.join(given)} are mutually exclusive; pass one of them."
-            )
-        for name, v in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
-            if v is not None and (not isinstance(v, int) or v < 0):
-                raise ConfigError(f"ModelCheckpoint({name}=...) must be an int >= 0, got {v!r}.")
+        self._schedule = SaveSchedule(every_n_train_steps, train_time_interval, every_n_epochs)
         self.dirpath = os.path.abspath(os.fspath(dirpath)) if dirpath is not None else None
         self._default_dirpath = dirpath is None
         self.filename = filename
-        self.monitor = monitor
         self.verbose = verbose
         self.save_last = save_last
         self.save_top_k = save_top_k
         self.save_weights_only = save_weights_only
-        self.mode = mode
         self.auto_insert_metric_name = auto_insert_metric_name
         self.enable_version_counter = enable_version_counter
         self._save_on_train_epoch_end = save_on_train_epoch_end
-        if isinstance(train_time_interval, (int, float)):
-            train_time_interval = timedelta(seconds=train_time_interval)
-        self.train_time_interval = train_time_interval
-        self._interval_s = train_time_interval.total_seconds() if train_time_interval else 0.0
-        no_trigger = not every_n_train_steps and every_n_epochs is None and not train_time_interval
-        self.every_n_epochs = 1 if no_trigger else (every_n_epochs or 0)
-        self.every_n_train_steps = every_n_train_steps or 0
-        self._fields = self._parse_template(filename)
+        self._fields = parse_template(filename)
         # state
         self.best_k_models: dict[str, float] = {}
         self.kth_best_model_path = ""
@@ -114,10 +85,32 @@ class ModelCheckpoint(Callback):
         self.last_model_path = ""
         self._carried: tuple[str, float] | None = None  # best of a resumed run that saved elsewhere
         self._last_global_step_saved = 0  # nothing to save before the first step
-        self._last_time = time.monotonic()
-        self._val_has_run = False
         self._search_roots: list[str] = []
-        self._warned: set[str] = set()
+
+    @property
+    def monitor(self) -> str | None:
+        """The monitored key, or None (keep the latest checkpoints)."""
+        return self._monitor.key
+
+    @property
+    def mode(self) -> str:
+        """Which direction is better for the monitored key: "min" or "max"."""
+        return self._monitor.mode
+
+    @property
+    def every_n_epochs(self) -> int:
+        """Save into the top k every this many epochs (0: not by epochs)."""
+        return self._schedule.every_n_epochs
+
+    @property
+    def every_n_train_steps(self) -> int:
+        """Save every this many optimizer steps (0: not by steps)."""
+        return self._schedule.every_n_train_steps
+
+    @property
+    def train_time_interval(self) -> timedelta | None:
+        """Save whenever this much time has passed since the last such save (None: not by time)."""
+        return self._schedule.train_time_interval
 
     @property
     def best_model_score(self) -> torch.Tensor | None:
@@ -136,24 +129,13 @@ class ModelCheckpoint(Callback):
         return f"ModelCheckpoint{keys}"
 
     # ----- set-up -------------------------------------------------------------------------------
-    def _parse_template(self, filename: str | None) -> list[tuple[str, str]]:
-        fields = [(m.group(1).strip(), m.group(2) or "") for m in _FIELD.finditer(filename or "")]
-        for name, spec in fields:
-            try:
-                format(0.0, spec)
-            except ValueError as e:
-                raise ConfigError(
-                    f"ModelCheckpoint(filename={filename!r}): bad format {spec!r} for {name!r}: {e}"
-                ) from e
-        return fields
-
     def setup(self, trainer: Trainer, task: Task, stage: str) -> None:
         """Resolve the default directory (the same on every rank: rank 0's)."""
         if stage != "fit":
             return
         if self.dirpath is None:
             base = trainer.log_dir if trainer.loggers else trainer.default_root_dir
-            self.dirpath = os.path.abspath(trainer.strategy.comm.broadcast(os.path.join(base, "checkpoints")))
+            self.dirpath = os.path.abspath(rank_zero_decides(trainer, os.path.join(base, "checkpoints")))
         roots = [self.dirpath]
         if self._default_dirpath:  # earlier runs of this experiment wrote into sibling version directories
             roots += [
@@ -165,24 +147,17 @@ class ModelCheckpoint(Callback):
         self._search_roots = roots
 
     def on_train_start(self, trainer: Trainer, task: Task) -> None:
-        self._last_time = time.monotonic()
-        self._val_has_run = False
+        self._schedule.restart()
+        self._monitor.start()
         self._last_global_step_saved = max(self._last_global_step_saved, trainer.global_step)
 
     def _on_epoch_end(self, trainer: Trainer) -> bool:
-        if self._save_on_train_epoch_end is not None:
-            return self._save_on_train_epoch_end
-        cfg = trainer.config
-        if cfg.check_val_every_n_epoch != 1:
-            return False
-        no_val = not trainer.val_dataloaders or sum(trainer.num_val_batches) == 0
-        return no_val or cfg.val_check_interval == 1.0
+        return at_train_epoch_end(trainer, self._save_on_train_epoch_end)
 
     def _skip(self, trainer: Trainer) -> bool:
         return (
             bool(trainer.config.fast_dev_run)
-            or trainer.sanity_checking
-            or trainer.stage != "fit"
+            or not fitting(trainer)
             or self._last_global_step_saved == trainer.global_step
         )
 
@@ -190,29 +165,17 @@ class ModelCheckpoint(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, task: Task, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if not (self.every_n_train_steps or self._interval_s) or self._skip(trainer):
-            return
-        due = bool(self.every_n_train_steps) and trainer.global_step % self.every_n_train_steps == 0
-        if self._interval_s:
-            now = time.monotonic()
-            late = now - self._last_time >= self._interval_s
-            if trainer.world_size > 1:  # clocks differ: rank 0 decides, or the ranks would not save together
-                late = bool(trainer.strategy.comm.broadcast(late))
-            if late:
-                self._last_time = now
-            due = due or late
-        if due:
+        if self._schedule.per_step and not self._skip(trainer) and self._schedule.step_due(trainer):
             self._save(trainer, epoch_trigger=True)
 
     def on_validation_end(self, trainer: Trainer, task: Task) -> None:
-        if trainer.stage == "fit" and not trainer.sanity_checking:
-            self._val_has_run = True
+        self._monitor.validation_ended(trainer)
         if not self._skip(trainer) and not self._on_epoch_end(trainer):
-            self._save(trainer, epoch_trigger=self._epoch_due(trainer))
+            self._save(trainer, epoch_trigger=self._schedule.epoch_due(trainer))
 
     def on_train_epoch_end(self, trainer: Trainer, task: Task) -> None:
         if not self._skip(trainer) and self._on_epoch_end(trainer):
-            self._save(trainer, epoch_trigger=self._epoch_due(trainer))
+            self._save(trainer, epoch_trigger=self._schedule.epoch_due(trainer))
 
     def on_train_end(self, trainer: Trainer, task: Task) -> None:
         """Bring last.ckpt up to date when training stopped between two saves (max_steps, a stop request)."""
@@ -222,9 +185,6 @@ class ModelCheckpoint(Callback):
             and not trainer.config.fast_dev_run
         ):
             self._save_last(trainer, self._candidates(trainer))
-
-    def _epoch_due(self, trainer: Trainer) -> bool:
-        return self.every_n_epochs >= 1 and (trainer.current_epoch + 1) % self.every_n_epochs == 0
 
     # ----- saving -------------------------------------------------------------------------------
     def _candidates(self, trainer: Trainer) -> dict[str, Any]:
@@ -243,26 +203,16 @@ class ModelCheckpoint(Callback):
         missing = [n for n in names if n not in candidates]
         if missing:
             if self.monitor in missing:
-                message = missing_key_message(
-                    f"ModelCheckpoint(monitor={self.monitor!r})", self.monitor, trainer
-                )
+                message = self._monitor.missing_message(trainer)
             else:
                 message = (
                     f"ModelCheckpoint(filename={self.filename!r}) uses {missing}, which were never logged; "
                     f"logged keys: {sorted(trainer.callback_metrics)}. Log them with self.log or change "
                     "the template."
                 )
-            no_val = not trainer.val_dataloaders or sum(trainer.num_val_batches) == 0
-            if self._val_has_run or no_val:
-                raise ConfigError(message)
-            if (
-                message not in self._warned and trainer.is_global_zero
-            ):  # perhaps a validation metric: wait for it
-                warnings.warn(message + " Skipping this save until validation has run.", stacklevel=2)
-            self._warned.add(message)
+            self._monitor.missing(trainer, message, strict=True, action="save")
             return None
-        values = {n: float(candidates[n]) for n in names}
-        return trainer.strategy.comm.broadcast(values) if trainer.world_size > 1 else values
+        return rank_zero_decides(trainer, {n: float(candidates[n]) for n in names})
 
     def _save_topk(self, trainer: Trainer, candidates: dict[str, Any]) -> None:
         names = [n for n, _ in self._fields] + ([self.monitor] if self.monitor else [])
@@ -272,13 +222,11 @@ class ModelCheckpoint(Callback):
         if self.monitor is None:
             self._save_latest(trainer, values)
             return
-        current = values[self.monitor]
-        if math.isnan(current):  # never better than anything
-            current = math.inf if self.mode == "min" else -math.inf
+        current = self._monitor.score(values[self.monitor])  # NaN: never better than anything
         if (
             self.save_top_k == -1
             or len(self.best_k_models) < self.save_top_k
-            or self._better(current, self.kth_value)
+            or self._monitor.better(current, self.kth_value)
         ):
             self._update_best_and_save(trainer, current, values)
         elif self.verbose:
@@ -286,11 +234,6 @@ class ModelCheckpoint(Callback):
                 f"Epoch {trainer.current_epoch}, step {trainer.global_step}: {self.monitor!r} = "
                 f"{current:.5g} was not in the top {self.save_top_k}"
             )
-
-    def _better(self, a: float, b: float | None) -> bool:
-        if b is None:
-            return True
-        return a < b if self.mode == "min" else a > b
 
     def _update_best_and_save(self, trainer: Trainer, current: float, values: dict[str, float]) -> None:
         k = len(self.best_k_models) + 1 if self.save_top_k == -1 else self.save_top_k
@@ -301,14 +244,13 @@ class ModelCheckpoint(Callback):
         path = self._unique_path(self.format_checkpoint_name(values, trainer), drop)
         self.current_score = current
         self.best_k_models[path] = current
-        worst, best = (max, min) if self.mode == "min" else (min, max)
         if len(self.best_k_models) == k:
-            self.kth_best_model_path = worst(self.best_k_models, key=self.best_k_models.__getitem__)
+            self.kth_best_model_path = self._monitor.worst_of(self.best_k_models)
             self.kth_value = self.best_k_models[self.kth_best_model_path]
         pool = dict(self.best_k_models)
         if self._carried is not None:
             pool.setdefault(*self._carried)
-        self.best_model_path = best(pool, key=pool.__getitem__)
+        self.best_model_path = self._monitor.best_of(pool)
         self._best_score = pool[self.best_model_path]
         if self.verbose:
             trainer.print(
@@ -351,46 +293,19 @@ class ModelCheckpoint(Callback):
 
     def _unique_path(self, path: str, replaceable: str) -> str:
         """Append -v1, -v2, ... rather than overwrite a file this callback does not own."""
-        if not self.enable_version_counter:
-            return path
-        stem, ext = os.path.splitext(path)
-        candidate, n = path, 1
-        while os.path.exists(candidate) and candidate != replaceable:
-            candidate, n = f"{stem}-v{n}{ext}", n + 1
-        return candidate
+        return unique_path(path, replaceable) if self.enable_version_counter else path
 
     def format_checkpoint_name(self, values: dict[str, float], trainer: Trainer | None = None) -> str:
         """The file path for `values` (floats of the template's keys, plus epoch and step)."""
         if trainer is not None:
             values = {"epoch": trainer.current_epoch, "step": trainer.global_step, **values}
-        template = self.filename or "{epoch}-{step}"
-
-        def fill(m: re.Match[str]) -> str:
-            name, spec = m.group(1).strip(), m.group(2) or ""
-            value = values[name]
-            if name in ("epoch", "step"):
-                value = int(value)
-            text = format(value, spec)
-            return (
-                f"{name.replace('/', '_')}{self.CHECKPOINT_EQUALS_CHAR}{text}"
-                if self.auto_insert_metric_name
-                else text
-            )
-
-        name = _FIELD.sub(fill, template).replace("/", "_")
+        equals = self.CHECKPOINT_EQUALS_CHAR if self.auto_insert_metric_name else None
+        name = format_name(self.filename or "{epoch}-{step}", values, equals)
         return os.path.join(self.dirpath or "", name + self.FILE_EXTENSION)
 
     def last_checkpoint_path(self) -> str | None:
         """The newest last*.ckpt in this callback's directory (or this experiment's earlier versions)."""
-        import glob
-
-        for root in self._search_roots:
-            found = [
-                p for p in glob.glob(os.path.join(root, "last*.ckpt")) if _LAST.fullmatch(os.path.basename(p))
-            ]
-            if found:
-                return max(found, key=os.path.getmtime)
-        return None
+        return newest_last(self._search_roots)
 
     # ----- checkpoint state ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

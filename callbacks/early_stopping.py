@@ -3,25 +3,15 @@
 from __future__ import annotations
 
 import math
-import warnings
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from callbacks.base import Callback
-from trainer.errors import ConfigError, choose
+from callbacks.monitor import Monitor, any_rank_wants, at_train_epoch_end, fitting
+from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
     from trainer.task import Task
     from trainer.trainer import Trainer
-
-
-def missing_key_message(owner: str, key: str, trainer: Trainer) -> str:
-    logged = sorted(trainer.callback_metrics)
-    return (
-        f"{owner} monitors {key!r}, which was never logged; logged keys: {logged}. "
-        f"Log it with self.log({key!r}, value) in the task, or pick one of the logged keys."
-    )
 
 
 class EarlyStopping(Callback):
@@ -49,14 +39,11 @@ class EarlyStopping(Callback):
         divergence_threshold: float | None = None,
         check_on_train_epoch_end: bool | None = None,
     ) -> None:
-        choose("EarlyStopping mode", mode, ("min", "max"))
+        self._monitor = Monitor("EarlyStopping", monitor, mode, min_delta)
         if not isinstance(patience, int) or patience < 0:
             raise ConfigError(f"EarlyStopping(patience=...) must be an int >= 0, got {patience!r}.")
-        self.monitor = monitor
-        self.min_delta = abs(min_delta)
         self.patience = patience
         self.verbose = verbose
-        self.mode = mode
         self.strict = strict
         self.check_finite = check_finite
         self.stopping_threshold = stopping_threshold
@@ -64,51 +51,51 @@ class EarlyStopping(Callback):
         self._check_on_train_epoch_end = check_on_train_epoch_end
         self.wait_count = 0
         self.stopped_epoch = 0
-        self.best_score = math.inf if mode == "min" else -math.inf
+        self.best_score = self._monitor.worst
         self.stopping_reason: str | None = None
+
+    @property
+    def monitor(self) -> str:
+        """The monitored key."""
+        return str(self._monitor.key)
+
+    @property
+    def mode(self) -> str:
+        """Which direction is an improvement: "min" or "max"."""
+        return self._monitor.mode
+
+    @property
+    def min_delta(self) -> float:
+        """How much better than the best a value must be to count as an improvement."""
+        return self._monitor.min_delta
 
     @property
     def state_key(self) -> str:
         return f"EarlyStopping{{'monitor': {self.monitor!r}, 'mode': {self.mode!r}}}"
 
-    def _better(self, a: float, b: float) -> bool:
-        return a < b if self.mode == "min" else a > b
-
     # ----- when to check ------------------------------------------------------------------------
-    def _on_epoch_end(self, trainer: Trainer) -> bool:
-        if self._check_on_train_epoch_end is not None:
-            return self._check_on_train_epoch_end
-        cfg = trainer.config
-        no_val = not trainer.val_dataloaders or sum(trainer.num_val_batches) == 0
-        return no_val or (cfg.val_check_interval == 1.0 and cfg.check_val_every_n_epoch == 1)
+    def on_train_start(self, trainer: Trainer, task: Task) -> None:
+        self._monitor.start()
 
     def on_train_epoch_end(self, trainer: Trainer, task: Task) -> None:
-        if self._on_epoch_end(trainer):
+        if at_train_epoch_end(trainer, self._check_on_train_epoch_end):
             self._run_check(trainer)
 
     def on_validation_end(self, trainer: Trainer, task: Task) -> None:
-        if trainer.stage == "fit" and not trainer.sanity_checking and not self._on_epoch_end(trainer):
+        self._monitor.validation_ended(trainer)
+        if fitting(trainer) and not at_train_epoch_end(trainer, self._check_on_train_epoch_end):
             self._run_check(trainer)
 
     # ----- the check ----------------------------------------------------------------------------
     def _run_check(self, trainer: Trainer) -> None:
         if trainer.config.fast_dev_run:
             return
-        value = trainer.callback_metrics.get(self.monitor)
+        value = self._monitor.value(trainer, strict=self.strict, action="check")
         if value is None:
-            if self.strict:
-                raise ConfigError(
-                    missing_key_message(f"EarlyStopping(monitor={self.monitor!r})", self.monitor, trainer)
-                )
-            warnings.warn(
-                missing_key_message(f"EarlyStopping(monitor={self.monitor!r})", self.monitor, trainer),
-                stacklevel=2,
-            )
             return
-        wants_stop, reason = self.evaluate(float(value))
+        wants_stop, reason = self.evaluate(value)
         # every rank must leave the loop at the same step: stop everywhere if any rank wants to
-        flag = torch.tensor(float(wants_stop), device=trainer.strategy.root_device)
-        if bool(trainer.strategy.comm.reduce(flag, "max").item() > 0):
+        if any_rank_wants(trainer, wants_stop):
             trainer.should_stop = True
             self.stopped_epoch = trainer.current_epoch
             self.stopping_reason = reason if wants_stop else "another rank asked to stop"
@@ -117,24 +104,23 @@ class EarlyStopping(Callback):
 
     def evaluate(self, current: float) -> tuple[bool, str | None]:
         """Update the state with a new value of the metric; return (stop?, why)."""
-        name = self.monitor
+        name, m = self.monitor, self._monitor
         if self.check_finite and not math.isfinite(current):
             return (
                 True,
                 f"{name} = {current} is not finite; previous best was {self.best_score:.4g}. Stopping.",
             )
-        if self.stopping_threshold is not None and self._better(current, self.stopping_threshold):
+        if self.stopping_threshold is not None and m.better(current, self.stopping_threshold):
             return (
                 True,
                 f"stopping threshold reached: {name} = {current:.4g} is better than {self.stopping_threshold}.",
             )
-        if self.divergence_threshold is not None and self._better(self.divergence_threshold, current):
+        if self.divergence_threshold is not None and m.better(self.divergence_threshold, current):
             return (
                 True,
                 f"divergence threshold reached: {name} = {current:.4g} is worse than {self.divergence_threshold}.",
             )
-        delta = -self.min_delta if self.mode == "min" else self.min_delta
-        if self._better(current, self.best_score + delta):
+        if m.improves(current, self.best_score):
             improved = "" if math.isinf(self.best_score) else f" (by {abs(self.best_score - current):.4g})"
             self.best_score, self.wait_count = current, 0
             return False, f"{name} improved{improved} to {current:.4g}."

@@ -7,6 +7,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Callback
+from callbacks.monitor import rank_zero_decides
 from trainer.errors import ConfigError, choose
 
 if TYPE_CHECKING:
@@ -120,8 +121,7 @@ class Timer(Callback):
         if self.duration is None:
             return
         stop = self.time_elapsed("train") >= self._duration_s
-        if trainer.world_size > 1:  # clocks differ between ranks: rank 0 decides for all
-            stop = bool(trainer.strategy.comm.broadcast(stop))
+        stop = bool(rank_zero_decides(trainer, stop))  # clocks differ between ranks: rank 0 decides for all
         if stop and not trainer.should_stop:
             trainer.should_stop = True
             if self.verbose:

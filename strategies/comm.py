@@ -86,6 +86,7 @@ class ProcessGroupComm(Comm):
 
     def __init__(self, timeout_s: float = 1800.0) -> None:
         self.timeout_s = timeout_s
+        self.device = torch.device("cpu")  # where small agreement tensors live (the rank's GPU under NCCL)
         self._step_join = False  # per-step agreement on "every rank still has a batch" (unknown lengths)
         self._stop: tuple[torch.Tensor, Any] | None = None  # the stop agreement in flight: (flag, work)
 
@@ -158,7 +159,7 @@ class ProcessGroupComm(Comm):
         """True if `flag` is set on any rank: a 1-element MAX all-reduce."""
         import torch.distributed as dist
 
-        flag_t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        flag_t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self.device)
         self.run(op, dist.all_reduce, flag_t, dist.ReduceOp.MAX)
         return bool(flag_t.item())
 
@@ -169,7 +170,7 @@ class ProcessGroupComm(Comm):
         import torch.distributed as dist
 
         agreed = self._collect_stop()
-        flag_t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        flag_t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self.device)
         self._stop = (
             flag_t,
             self.run("stop-request all-reduce", dist.all_reduce, flag_t, dist.ReduceOp.MAX, None, True),
@@ -192,7 +193,7 @@ class ProcessGroupComm(Comm):
         leave a rank waiting in a collective; with an unknown length (an IterableDataset) the ranks agree
         batch by batch instead (see `join`)."""
         unknown = -1
-        mine = torch.tensor([unknown if n == float("inf") else int(n)], dtype=torch.int64)
+        mine = torch.tensor([unknown if n == float("inf") else int(n)], dtype=torch.int64, device=self.device)
         lengths = self.all_gather(mine).view(-1).tolist()
         self._step_join = unknown in lengths
         known = [v for v in lengths if v != unknown]

@@ -144,6 +144,7 @@ class DDPStrategy(ParallelStrategy):
         if device.type == "cuda":
             torch.cuda.set_device(device)
         self._root_device = device
+        self.comm.device = device if device.type == "cuda" else torch.device("cpu")  # NCCL needs GPU tensors
         if dist.is_initialized():
             return
         backend = self.backend or ("nccl" if device.type == "cuda" else "gloo")

@@ -96,7 +96,7 @@ def _common_batches(t: Trainer, sizes: list[int | float], limit: int | None) -> 
     if total == float("inf"):
         return 0
     comm = t.strategy.comm
-    return int(total) if comm.world_size == 1 else int(comm.all_gather(torch.tensor([int(total)])).min())
+    return int(total) if comm.world_size == 1 else int(comm.all_gather(torch.tensor([int(total)], device=t.strategy.root_device)).min())
 
 
 def _per_loader(values: dict[str, float], n_loaders: int) -> list[dict[str, float]]:

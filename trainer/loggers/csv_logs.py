@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import csv
+import io
 import os
 from typing import Any
 
+from trainer.fileio import atomic_write
 from trainer.loggers.base import Logger, plain
 
 
@@ -50,9 +52,9 @@ class CSVLogger(Logger):
     def log_hyperparams(self, params: dict[str, Any], metrics: dict[str, float] | None = None) -> None:
         import yaml  # PyYAML comes with omegaconf
 
-        os.makedirs(self.log_dir, exist_ok=True)
-        with open(os.path.join(self.log_dir, "hparams.yaml"), "w") as f:
-            yaml.safe_dump(plain(params), f, sort_keys=False)
+        atomic_write(
+            os.path.join(self.log_dir, "hparams.yaml"), yaml.safe_dump(plain(params), sort_keys=False)
+        )
 
     def save(self) -> None:
         """Append the new rows; rewrite the file when a column was added or a written row changed."""
@@ -64,12 +66,12 @@ class CSVLogger(Logger):
         path = self.metrics_file
         if added or self._rewrite or not os.path.exists(path):
             self._columns.extend(dict.fromkeys(added))
-            with open(path + ".tmp", "w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=self._columns)
-                writer.writeheader()
-                writer.writerows(self.rows)
-            os.replace(path + ".tmp", path)
-        else:
-            with open(path, "a", newline="") as f:
+            text = io.StringIO(newline="")
+            writer = csv.DictWriter(text, fieldnames=self._columns)
+            writer.writeheader()
+            writer.writerows(self.rows)
+            atomic_write(path, text.getvalue())  # the header or a written row changed: replace it all
+        else:  # cheap, and a crash can tear at most the rows of this append, never earlier ones
+            with open(path, "a", newline="", encoding="utf-8") as f:
                 csv.DictWriter(f, fieldnames=self._columns).writerows(new)
         self._written, self._rewrite = len(self.rows), False
