@@ -77,10 +77,11 @@ def test_buckets_launch_during_backward_without_blocking_it(dist_run, tmp_path) 
             assert launch == sorted(launch), f"{where}: buckets launched out of index order: {launch}"
             assert all(r <= t for r, t in zip(ready, launch)), f"{where}: launched before ready"
             assert last_grad > 0.0, f"{where}: the last gradient's arrival was not recorded"
-            # Orders of events, not durations: every bucket but the last completes in a gradient hook
-            # before the last gradient arrives, so its all-reduce must have been launched by then.
+            # Orders of events, not durations: the last gradients are layer 0's, and at most the last two
+            # buckets hold any of them (bias and weight may arrive in either order); every other bucket is
+            # complete in a gradient hook before then, so its all-reduce must have been launched by then.
             during = [t < last_grad for t in launch]
-            assert all(during[:-1]), (
+            assert all(during[:-2]), (
                 f"{where}: buckets {[i for i, d in enumerate(during) if not d]} of {len(launch)} were "
                 f"launched after the last gradient ({last_grad * 1e3:.2f} ms): launch_s "
                 f"{[round(t * 1e3, 2) for t in launch]} ms, not overlapped with backward"
