@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+# First, even when PYTHONPATH has it: benchmarks/ (sys.path[0] for a script) holds a strategies.py.
+sys.path.insert(0, ROOT)
 
 from strategies.reducer import Reducer  # noqa: E402
 
@@ -137,7 +137,7 @@ def timeline_step(step: Callable, x: torch.Tensor, y: torch.Tensor) -> dict:
 
     def poll() -> None:  # instrumentation only: when did each all_reduce really finish (gloo)?
         while not stop.is_set():
-            for b in reducer._buckets:
+            for b in reducer._layout.buckets:
                 if b.work is not None and b.index not in completed and b.work.is_completed():
                     completed[b.index] = time.perf_counter() - start
             time.sleep(0.0002)

@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+# First, even when PYTHONPATH has it: benchmarks/ (sys.path[0] for a script) holds a strategies.py.
+sys.path.insert(0, ROOT)
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 _RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")

@@ -8,68 +8,18 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from strategies.buckets import BucketLayout, BucketStats, assign_buckets
 from trainer.errors import DistributedError
+
+__all__ = ["BucketStats", "Reducer", "assign_buckets"]
 
 _MB = 1024 * 1024
 _COMPRESS = {"fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-@dataclass
-class BucketStats:
-    """One bucket of the last synchronised backward; times are seconds since prepare_for_backward."""
-
-    index: int
-    numel: int
-    nbytes: int
-    dtype: torch.dtype
-    device: torch.device
-    param_names: list[str]
-    ready_s: float = 0.0  # its last gradient became ready
-    launch_s: float = 0.0  # its all_reduce was launched
-    wait_s: float = 0.0  # blocked in wait() inside finalize: communication not hidden by backward
-    done_s: float = 0.0  # wait() returned (an upper bound on when the all_reduce finished)
-
-
-@dataclass(slots=True)
-class _Bucket:
-    """One flat gradient buffer, the parameters laid out in it and its in-flight work."""
-
-    index: int
-    params: list[int]
-    buf: torch.Tensor
-    comp: torch.Tensor | None  # the fp16/bf16 copy that travels, with a compression hook
-    pending: int = 0
-    work: dist.Work | None = None
-
-
-def assign_buckets(
-    sizes: list[int], keys: list[object], order: list[int], first_cap: int, cap: int
-) -> list[list[int]]:
-    """Group indices (visited in `order`) into buckets of one key each; a key's first bucket <= first_cap."""
-    open_: dict[object, list[int]] = {}
-    filled: dict[object, int] = {}
-    limit: dict[object, int] = {}
-    done: list[list[int]] = []
-    for i in order:
-        key = keys[i]
-        current = open_.setdefault(key, [])
-        # Close before overflowing, so a bucket exceeds its cap only when one parameter alone does.
-        if current and filled[key] + sizes[i] > limit.get(key, first_cap):
-            done.append(current)
-            current = open_[key] = []
-            limit[key] = cap
-        filled[key] = (filled[key] if current else 0) + sizes[i]
-        current.append(i)
-    done.extend(b for b in open_.values() if b)
-    # Launch order follows the expected gradient order, whatever the bucket's dtype or device.
-    position = {i: k for k, i in enumerate(order)}
-    return sorted(done, key=lambda bucket: position[bucket[0]])
 
 
 def _broadcast(tensors: list[torch.Tensor], src: int, group: dist.ProcessGroup | None) -> None:
@@ -128,9 +78,6 @@ class Reducer:
         # runs once and its answer is reused (it costs a traversal of the whole autograd graph per step)
         self.static_graph = static_graph
         self._static_unused: list[int] | None = None
-        self._cap = int(bucket_cap_mb * _MB)
-        self._first_cap = min(int(first_bucket_cap_mb * _MB), self._cap)  # a smaller bucket_cap_mb wins
-        self._comp_dtype = _COMPRESS.get(comm_hook or "")
         # named_parameters() drops repeats, so a tied weight is one parameter with one hook.
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         if not named:
@@ -144,15 +91,21 @@ class Reducer:
         self._lock = threading.Lock()  # hooks may run on several autograd device threads
         self._sync, self._armed, self._rebuilt = True, False, not rebuild_buckets
         self._record: list[int] | None = None  # gradient-ready order, recorded until the rebuild
-        self._ready, self._fresh, self._used = [False] * n, [False] * n, [0] * n
+        self._ready, self._used = [False] * n, [0] * n
         self._used_t: torch.Tensor | None = None
         self._used_work: dist.Work | None = None
         self._next, self._t0 = 0, 0.0  # next bucket to launch; time origin of the stats
-        self._buckets: list[_Bucket] = []
-        self._bucket_of: list[_Bucket] = []
-        self._views: list[torch.Tensor] = []
-        self._build_buckets(list(reversed(range(n))))  # gradients arrive roughly in reverse order
-        self.stats: list[BucketStats] = self._new_stats()
+        cap = int(bucket_cap_mb * _MB)
+        first_cap = min(int(first_bucket_cap_mb * _MB), cap)  # a smaller bucket_cap_mb wins
+        comp_dtype = _COMPRESS.get(comm_hook or "")
+        self._layout = BucketLayout(
+            self.params, self.param_names, first_cap, cap, comp_dtype, gradient_as_bucket_view
+        )
+        self._layout.build(list(reversed(range(n))))  # gradients arrive roughly in reverse order
+        self.stats: list[BucketStats] = self._layout.new_stats()
+        # When the last gradient hook of the last synchronised backward ran (seconds since
+        # prepare_for_backward): the end of backward as far as gradients go; launches before it overlap.
+        self.last_grad_s = 0.0
         self._handles = [
             p.register_post_accumulate_grad_hook(functools.partial(self._on_grad_ready, i))
             for i, p in enumerate(self.params)
@@ -161,7 +114,7 @@ class Reducer:
     @property
     def bucket_indices(self) -> list[list[int]]:
         """Parameter indices (into the trainable parameters) per bucket, in launch order."""
-        return [list(b.params) for b in self._buckets]
+        return self._layout.indices
 
     def _check_same_params(self) -> None:
         """Raise on every rank if any rank's trainable parameters differ in name, shape or dtype."""
@@ -179,42 +132,6 @@ class Reducer:
                         f"{has[1]}; build the same model (shapes, dtypes, requires_grad) on every rank"
                     )
 
-    def _build_buckets(self, order: list[int]) -> None:
-        """Lay parameters out in flat buffers following `order`, keeping any existing .grad values."""
-        sizes = [p.numel() * p.element_size() for p in self.params]
-        keys: list[object] = [(p.device, p.dtype) for p in self.params]
-        assignment = assign_buckets(sizes, keys, order, self._first_cap, self._cap)
-        if assignment == self.bucket_indices:
-            return  # nothing moves: keep the buffers (and the .grad views into them)
-        self._buckets = []
-        self._views = [torch.empty(0)] * len(sizes)  # placeholders, all replaced below
-        self._bucket_of = [None] * len(sizes)  # type: ignore[list-item]
-        for index, members in enumerate(assignment):
-            like = self.params[members[0]]
-            buf = torch.zeros(
-                sum(self.params[i].numel() for i in members), dtype=like.dtype, device=like.device
-            )
-            compress = self._comp_dtype is not None and like.is_floating_point() and like.element_size() > 2
-            bucket = _Bucket(index, members, buf, buf.to(self._comp_dtype) if compress else None)
-            self._buckets.append(bucket)
-            for i, view in zip(members, buf.split([self.params[i].numel() for i in members])):
-                self._views[i], self._bucket_of[i] = view.view_as(self.params[i]), bucket
-        with torch.no_grad():  # gradients already there (the first iteration's) move to the new buffers
-            for p, view in zip(self.params, self._views):
-                if p.grad is not None:
-                    view.copy_(p.grad)
-                    if self.gradient_as_bucket_view:
-                        p.grad = view
-
-    def _new_stats(self) -> list[BucketStats]:
-        """Empty statistics, one per bucket."""
-        stats = []
-        for b in self._buckets:
-            names = [self.param_names[i] for i in b.params]
-            nbytes = b.buf.numel() * b.buf.element_size()
-            stats.append(BucketStats(b.index, b.buf.numel(), nbytes, b.buf.dtype, b.buf.device, names))
-        return stats
-
     def prepare_for_backward(self, outputs: torch.Tensor | Sequence[torch.Tensor] | None = None) -> None:
         """Arm the hooks for the next backward; with find_unused_parameters, mark unreachable ones ready."""
         if not self._sync:
@@ -227,8 +144,8 @@ class Reducer:
         self._armed, self._next, self._used_work = True, 0, None
         self._ready = [False] * len(self.params)
         self._record = None if self._rebuilt else []
-        self.stats = self._new_stats()
-        for b in self._buckets:
+        self.stats, self.last_grad_s = self._layout.new_stats(), 0.0
+        for b in self._layout.buckets:
             b.pending, b.work = len(b.params), None
         if not self.find_unused_parameters:
             unused = []
@@ -239,27 +156,10 @@ class Reducer:
             if self.static_graph and outputs is not None:
                 self._static_unused = unused
         if self.gradient_as_bucket_view:
-            self._attach_views()
+            self._layout.attach_views()
         self._t0 = time.perf_counter()
         for i in unused:
             self._mark_ready(i)
-
-    def _attach_views(self) -> None:
-        """Point every .grad at its bucket slot so AccumulateGrad adds in place (zero_grad may have set None)."""
-        self._fresh = [p.grad is None for p in self.params]  # unused by every rank -> back to None, as DDP
-        with torch.no_grad():
-            for b in self._buckets:
-                whole = all(self._fresh[i] for i in b.params)
-                if whole:
-                    b.buf.zero_()  # one fill per bucket rather than one per parameter
-                for i in b.params:
-                    p, view = self.params[i], self._views[i]
-                    if p.grad is None and not whole:
-                        view.zero_()
-                    elif p.grad is not None and p.grad is not view:
-                        view.copy_(p.grad)
-                    if p.grad is not view:
-                        p.grad = view
 
     def _unreachable(self, outputs: torch.Tensor | Sequence[torch.Tensor] | None) -> list[int]:
         """Indices of parameters that the autograd graph of `outputs` does not reach."""
@@ -293,29 +193,22 @@ class Reducer:
                     "after it was marked unused: call prepare_for_backward(loss) with the tensor you call "
                     "backward on, once per synchronised backward, and run extra backward passes inside no_sync()"
                 )
+            self.last_grad_s = time.perf_counter() - self._t0
             if self._record is not None:
                 self._record.append(i)
             self._mark_ready(i)
 
     def _mark_ready(self, i: int) -> None:
         """Stage parameter i's gradient (zero if it has none) in its bucket; launch the buckets now complete."""
-        grad, view = self.params[i].grad, self._views[i]
-        if grad is None:
-            view.zero_()  # unused here: contributes nothing, and .grad stays None for now
-        elif grad is not view:  # copy mode, or AccumulateGrad replaced the view with a new tensor
-            view.copy_(grad)
-            if self.gradient_as_bucket_view:
-                self.params[i].grad = view
         self._ready[i] = True
-        bucket = self._bucket_of[i]
-        bucket.pending -= 1
+        bucket = self._layout.stage(i)
         if bucket.pending == 0:
             self.stats[bucket.index].ready_s = time.perf_counter() - self._t0
             self._launch_ready()
 
     def _launch_ready(self) -> None:
         """Launch complete buckets strictly in index order, so every rank issues the same collectives."""
-        buckets = self._buckets
+        buckets = self._layout.buckets
         while self._next < len(buckets) and buckets[self._next].pending == 0:
             b = buckets[self._next]
             self._next += 1
@@ -339,7 +232,7 @@ class Reducer:
             with self._lock:  # launch the rest even when about to raise, so no other rank is left hanging
                 for i in missing:
                     self._mark_ready(i)
-            for b in self._buckets:
+            for b in self._layout.buckets:
                 start = time.perf_counter()
                 b.work.wait()  # type: ignore[union-attr]
                 stats = self.stats[b.index]
@@ -360,22 +253,9 @@ class Reducer:
                 f"parameters {names}{more} got no gradient in this backward: pass find_unused_parameters=True, "
                 "use them in the loss, or set requires_grad=False on them"
             )
-        self._write_grads(used)
+        self._layout.write_grads(used)
         if not self._rebuilt:
             self._rebuild()
-
-    def _write_grads(self, used: list[int] | None) -> None:
-        """Expose the averaged buckets as .grad, keeping None for parameters that no rank used."""
-        view_mode = self.gradient_as_bucket_view
-        with torch.no_grad():
-            for i, p in enumerate(self.params):
-                view = self._views[i]
-                if used is not None and not used[i] and (p.grad is None or (view_mode and self._fresh[i])):
-                    p.grad = None
-                elif p.grad is None:
-                    p.grad = view if view_mode else view.clone()
-                elif p.grad is not view:
-                    p.grad.copy_(view)
 
     def _rebuild(self) -> None:
         """Rebuild the buckets once, in rank 0's observed gradient-ready order, identically on every rank."""
@@ -383,9 +263,9 @@ class Reducer:
         record, self._record = self._record or [], None
         seen = set(record)
         order = record + [i for i in reversed(range(len(self.params))) if i not in seen]
-        order_t = torch.tensor(order, dtype=torch.int64, device=self._buckets[0].buf.device)
+        order_t = torch.tensor(order, dtype=torch.int64, device=self._layout.buckets[0].buf.device)
         dist.broadcast(order_t, src=self._src, group=self.process_group)
-        self._build_buckets(order_t.tolist())
+        self._layout.build(order_t.tolist())
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:

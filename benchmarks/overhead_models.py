@@ -1,0 +1,182 @@
+"""The models and contenders of benchmarks/overhead.py: Lightning's parity models, a raw loop, Tandem, Lightning."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+
+# ----- the models: PyTorch Lightning's parity-benchmark models, written out here ------------------------
+class LSTMNet(torch.nn.Module):
+    """LSTM 10 -> 20 over sequences of 100 steps, then Linear 20 -> 5 at every step; MSE loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = torch.nn.LSTM(10, 20, batch_first=True)
+        self.head = torch.nn.Linear(20, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.rnn(x)[0])
+
+    @staticmethod
+    def loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.mse_loss(out, y)
+
+    @staticmethod
+    def batch(g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(30, 100, 10, generator=g), torch.randn(30, 100, 5, generator=g)
+
+
+class MLPNet(torch.nn.Module):
+    """784 -> 128, tanh, BatchNorm, dropout, -> 10; cross-entropy loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(784, 128),
+            torch.nn.Tanh(),
+            torch.nn.BatchNorm1d(128),
+            torch.nn.Dropout(0.3),
+            torch.nn.Linear(128, 10),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    @staticmethod
+    def loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(out, y)
+
+    @staticmethod
+    def batch(g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(128, 784, generator=g), torch.randint(0, 10, (128,), generator=g)
+
+
+class TinyNet(torch.nn.Module):
+    """Linear 16 -> 1 on batches of 8: a step that costs almost nothing, so the framework's fixed cost shows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x)
+
+    @staticmethod
+    def loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.mse_loss(out, y)
+
+    @staticmethod
+    def batch(g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(8, 16, generator=g), torch.randn(8, 1, generator=g)
+
+
+MODELS: dict[str, type[torch.nn.Module]] = {"lstm": LSTMNet, "mlp": MLPNet, "tiny": TinyNet}
+LR = 0.02
+
+
+def make_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
+    """The same optimizer for every contender."""
+    return torch.optim.Adam(model.parameters(), lr=LR)
+
+
+# ----- the contenders: each trains on a DataLoader until it runs out ----------------------------------
+def run_raw(model: torch.nn.Module, loader: DataLoader, workdir: str) -> None:
+    """The hand-written loop: forward, loss, backward, step, zero_grad."""
+    opt = make_optimizer(model)
+    model.train()
+    for x, y in loader:
+        loss = model.loss(model(x), y)  # type: ignore[operator]
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def _tandem(model: torch.nn.Module, loader: DataLoader, workdir: str, defaults: bool) -> None:
+    """Tandem's Trainer, with its defaults or with logger, bar, checkpointing and summary off."""
+    from trainer import Task, Trainer
+
+    class Wrapped(Task):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            loss = self.model.loss(self.model(x), y)
+            self.log("train/loss", loss, prog_bar=True)
+            return loss
+
+        def configure_optimizers(self) -> Any:
+            return make_optimizer(self)
+
+    off = {} if defaults else dict(logger=False, enable_progress_bar=False, enable_checkpointing=False)
+    trainer = Trainer(
+        max_epochs=1, accelerator="cpu", default_root_dir=workdir, enable_model_summary=defaults, **off
+    )
+    trainer.fit(Wrapped(), train_dataloaders=loader)
+
+
+def lightning_module() -> Any:
+    """`lightning.pytorch` or else `pytorch_lightning`; ImportError when neither is installed."""
+    try:
+        import lightning.pytorch as pl
+    except ImportError:
+        import pytorch_lightning as pl
+    return pl
+
+
+def _lightning(model: torch.nn.Module, loader: DataLoader, workdir: str, defaults: bool) -> None:
+    """PyTorch Lightning's Trainer, configured like `_tandem`."""
+    pl = lightning_module()
+
+    class Wrapped(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            loss = self.model.loss(self.model(x), y)
+            self.log("train/loss", loss, prog_bar=True)
+            return loss
+
+        def configure_optimizers(self) -> Any:
+            return make_optimizer(self)
+
+    off = (
+        {}
+        if defaults
+        else dict(
+            logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False
+        )
+    )
+    trainer = pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, default_root_dir=workdir, **off)
+    trainer.fit(Wrapped(), train_dataloaders=loader)
+
+
+def lightning_available() -> bool:
+    """Whether PyTorch Lightning can be imported."""
+    try:
+        lightning_module()
+    except ImportError:
+        return False
+    return True
+
+
+def contenders(with_lightning: bool) -> dict[str, Callable[[torch.nn.Module, DataLoader, str], None]]:
+    """Name -> function(model, loader, workdir) that trains the model on the loader."""
+    out: dict[str, Callable[[torch.nn.Module, DataLoader, str], None]] = {
+        "raw": run_raw,
+        "raw-again": run_raw,  # an A/A control: its ratio shows the harness's noise and bias (ideally 1.000)
+        "tandem": lambda m, dl, d: _tandem(m, dl, d, defaults=False),
+        "tandem-defaults": lambda m, dl, d: _tandem(m, dl, d, defaults=True),
+    }
+    if with_lightning:
+        out["lightning"] = lambda m, dl, d: _lightning(m, dl, d, defaults=False)
+        out["lightning-defaults"] = lambda m, dl, d: _lightning(m, dl, d, defaults=True)
+    return out
