@@ -96,11 +96,10 @@ def run_raw(model: torch.nn.Module, loader: DataLoader, workdir: str) -> None:
         opt.zero_grad(set_to_none=True)
 
 
-def _tandem(model: torch.nn.Module, loader: DataLoader, workdir: str, defaults: bool) -> None:
-    """Tandem's Trainer, with its defaults or with logger, bar, checkpointing and summary off."""
-    from trainer import Task, Trainer
+def wrapped(base: type, model: torch.nn.Module) -> Any:
+    """The same task code on either framework: a subclass of `base` (Task or LightningModule) around `model`."""
 
-    class Wrapped(Task):
+    class Wrapped(base):  # type: ignore[misc, valid-type]
         def __init__(self) -> None:
             super().__init__()
             self.model = model
@@ -114,11 +113,18 @@ def _tandem(model: torch.nn.Module, loader: DataLoader, workdir: str, defaults: 
         def configure_optimizers(self) -> Any:
             return make_optimizer(self)
 
+    return Wrapped()
+
+
+def _tandem(model: torch.nn.Module, loader: DataLoader, workdir: str, defaults: bool) -> None:
+    """Tandem's Trainer, with its defaults or with logger, bar, checkpointing and summary off."""
+    from trainer import Task, Trainer
+
     off = {} if defaults else dict(logger=False, enable_progress_bar=False, enable_checkpointing=False)
     trainer = Trainer(
         max_epochs=1, accelerator="cpu", default_root_dir=workdir, enable_model_summary=defaults, **off
     )
-    trainer.fit(Wrapped(), train_dataloaders=loader)
+    trainer.fit(wrapped(Task, model), train_dataloaders=loader)
 
 
 def lightning_module() -> Any:
@@ -133,21 +139,6 @@ def lightning_module() -> Any:
 def _lightning(model: torch.nn.Module, loader: DataLoader, workdir: str, defaults: bool) -> None:
     """PyTorch Lightning's Trainer, configured like `_tandem`."""
     pl = lightning_module()
-
-    class Wrapped(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            x, y = batch
-            loss = self.model.loss(self.model(x), y)
-            self.log("train/loss", loss, prog_bar=True)
-            return loss
-
-        def configure_optimizers(self) -> Any:
-            return make_optimizer(self)
-
     off = (
         {}
         if defaults
@@ -156,7 +147,7 @@ def _lightning(model: torch.nn.Module, loader: DataLoader, workdir: str, default
         )
     )
     trainer = pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, default_root_dir=workdir, **off)
-    trainer.fit(Wrapped(), train_dataloaders=loader)
+    trainer.fit(wrapped(pl.LightningModule, model), train_dataloaders=loader)
 
 
 def lightning_available() -> bool:
