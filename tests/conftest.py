@@ -24,6 +24,11 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 
+def loop_state(trainer: Any) -> Any:
+    """Where the loop position (batch_in_epoch, ...) lives: `trainer.state` after the move, else the trainer."""
+    return getattr(trainer, "state", trainer)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

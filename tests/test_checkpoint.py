@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import FAST
+from conftest import FAST, loop_state
 from helpers.checkpointing import CountingData, Net, assert_equal_weights, run_fit
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -79,7 +79,7 @@ def test_resume_at_epoch_boundary_after_max_epochs(tmp_path):
 
 def test_resume_at_epoch_boundary_after_max_steps(tmp_path):
     _, b1, _, trainer = _resume_case(tmp_path, {"max_steps": 10}, max_epochs=3)
-    assert trainer.current_epoch == 2 and trainer.batch_in_epoch == 0
+    assert trainer.current_epoch == 2 and loop_state(trainer).batch_in_epoch == 0
 
 
 def test_resume_from_checkpoint_saved_in_epoch_end_hook(tmp_path):
@@ -228,7 +228,7 @@ def test_resume_from_inside_an_accumulation_window_is_exact(tmp_path):
         **kw, callbacks=[StopAt2(), ModelCheckpoint(dirpath=str(tmp_path / "c"), save_last=True)]
     )
     stopped.fit(Lin(), data())
-    assert stopped.batch_in_epoch == 4  # ran to the end of the window before stopping
+    assert loop_state(stopped).batch_in_epoch == 4  # ran to the end of the window before stopping
     seed_everything(0)
     full = Lin()
     Trainer(**kw, enable_checkpointing=False, callbacks=[SaveAt4()]).fit(full, data())

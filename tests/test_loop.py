@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import FAST
+from conftest import FAST, loop_state
 from helpers.regression import Regressor, assert_same_weights, dataset, make_net, make_optim
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -146,7 +146,7 @@ def test_accumulation_grads_are_not_stepped_mid_window(tmp_path):
 
     class Spy(Regressor):
         def on_after_backward(self):
-            seen.append((self.trainer.batch_in_epoch, self.trainer.global_step))
+            seen.append((loop_state(self.trainer).batch_in_epoch, self.trainer.global_step))
 
     torch.manual_seed(0)
     task = Spy(dropout=0.0)
