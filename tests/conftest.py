@@ -25,7 +25,7 @@ if ROOT not in sys.path:
 
 
 def loop_state(trainer: Any) -> Any:
-    """Where the loop position (batch_in_epoch, ...) lives: `trainer.state` after the move, else the trainer."""
+    """Where the loop position (batch_in_epoch, ...) lives: trainer.state after the move, else trainer."""
     return getattr(trainer, "state", trainer)
 
 

@@ -1,5 +1,6 @@
-"""DDP checkpoints hold each rank's own state: two gloo ranks that draw different random numbers, stopped inside
-a gradient-accumulation window and resumed by a new Trainer, end bit-identical to an uninterrupted run."""
+"""DDP checkpoints hold each rank's own state: two gloo ranks that draw different random numbers,
+stopped inside a gradient-accumulation window and resumed by a new Trainer, end bit-identical to an
+uninterrupted run."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""The samplers strategy='ddp' injects, seen through the indices each of two gloo ranks trains and validates
-on: shards that are disjoint and complete (with DistributedSampler's padding), one permutation shared by every
-rank, a new one each epoch, the seed of seed_everything, and order kept for unshuffled and evaluation loaders."""
+"""The samplers strategy='ddp' injects, seen through the indices each of two gloo ranks trains and
+validates on: shards that are disjoint and complete (with DistributedSampler's padding), one permutation
+shared by every rank, a new one each epoch, the seed of seed_everything, and order kept for unshuffled
+and evaluation loaders."""
 
 from __future__ import annotations
 

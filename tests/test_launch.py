@@ -133,7 +133,7 @@ def test_master_is_the_first_host_of_the_nodelist(env, nodelist, host):
     assert os.environ["MASTER_ADDR"] == host
 
 
-# ----- the command that re-runs this program ---------------------------------------------------------------
+# ----- the command that re-runs this program ----------------------------------------------------------------
 def _main_module(env: pytest.MonkeyPatch, spec_name: str | None, argv: list[str]) -> None:
     """Pretend this program is `python -m spec_name` (or a script when None) with these sys.argv."""
     main = types.ModuleType("__main__")
@@ -161,7 +161,7 @@ def test_no_script_file_says_how_to_launch(env, argv):
         launch._command()
 
 
-# ----- where DDPStrategy.launch runs the work ----------------------------------------------------------------
+# ----- where DDPStrategy.launch runs the work ---------------------------------------------------------------
 def _no_relaunch(env: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     """Record relaunch(nprocs, max_restarts) calls instead of starting workers."""
     calls: list[tuple[int, int]] = []

@@ -1,5 +1,5 @@
-"""trainer/loggers/base.py: run-directory versions, loggers that share a directory, the Logger contract a custom
-logger relies on (what the Trainer calls, with what), and the hyperparameter conversions for TensorBoard/YAML."""
+"""trainer/loggers/base.py: run-directory versions, loggers that share a directory, the Logger contract
+a custom logger relies on (what the Trainer calls, with what), and the hyperparameter conversions."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def test_a_trainer_with_two_loggers_writes_one_version_directory(tmp_path):
     assert os.listdir(os.path.join(str(tmp_path), "logs")) == ["version_0"]
 
 
-# ----- the contract of a custom logger --------------------------------------------------------------------
+# ----- the contract of a custom logger ----------------------------------------------------------------------
 class Memory(Logger):
     """A custom logger that keeps everything the Trainer sends it."""
 
@@ -151,7 +151,7 @@ def test_the_base_logger_needs_log_metrics():
         Logger().log_metrics({"a": 1.0}, step=0)
 
 
-# ----- conversions of hyperparameters ----------------------------------------------------------------------
+# ----- conversions of hyperparameters -----------------------------------------------------------------------
 def test_flatten_joins_nested_keys_and_stringifies_the_rest():
     params = {"opt": {"lr": 0.1, "betas": (0.9, 0.99), "sched": {"name": "cos"}}, "seed": None, "amp": True}
     assert flatten(params) == {

@@ -1,5 +1,6 @@
-"""trainer/seed.py: seed_everything makes python, numpy and torch reproducible; RNG snapshots restore every
-generator exactly (also through torch.save, as in checkpoints); DataLoader workers get distinct numpy seeds."""
+"""trainer/seed.py: seed_everything makes python, numpy and torch reproducible; RNG snapshots restore
+every generator exactly (also through torch.save, as in checkpoints); DataLoader workers get distinct
+numpy seeds."""
 
 from __future__ import annotations
 
@@ -135,7 +136,7 @@ def test_rng_state_round_trip_on_cuda():
     assert torch.equal(torch.rand(4, device="cuda"), expected)
 
 
-# ----- DataLoader workers -------------------------------------------------------------------------------------
+# ----- DataLoader workers -----------------------------------------------------------------------------------
 def test_worker_init_fn_seeds_from_torch_and_the_rank(seed_env):
     def worker_draws(rank: str, torch_seed: int) -> tuple[float, float]:
         seed_env.setenv("RANK", rank)

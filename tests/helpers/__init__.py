@@ -1,1 +1,1 @@
-"""Test helpers shared by several test files (models, data, reference runs); imported as `helpers.<module>`."""
+"""Test helpers shared by several test files (models, data, reference runs): `helpers.<module>`."""
