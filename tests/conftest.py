@@ -14,19 +14,19 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-# Trainer keywords for a quiet, fast CPU run: no logger, bar, checkpoints, summary or sanity steps.
-FAST = dict(
-    accelerator="cpu",
-    logger=False,
-    enable_progress_bar=False,
-    enable_checkpointing=False,
-    enable_model_summary=False,
-    num_sanity_val_steps=0,
-)
+# Trainer keywords for a quiet run: no logger, progress bar, checkpoints or model summary.
+QUIET = dict(logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
+# ... and fast on the CPU: no sanity validation steps either.
+FAST = dict(QUIET, accelerator="cpu", num_sanity_val_steps=0)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+
+def loop_state(trainer: Any) -> Any:
+    """Where the loop position (batch_in_epoch, ...) lives: trainer.state after the move, else trainer."""
+    return getattr(trainer, "state", trainer)
 
 
 def free_port() -> int:

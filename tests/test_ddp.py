@@ -11,6 +11,7 @@ import time
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import QUIET
 from torch.utils.data import DataLoader
 
 from strategies.ddp import DDPStrategy, ShardSampler
@@ -21,8 +22,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "scripts", "ddp_train.py")
 sys.path.insert(0, os.path.join(HERE, "scripts"))
 from ddp_train import Net, make_data  # noqa: E402
-
-QUIET = dict(logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
 
 
 def single_process_weights(batch_size: int, accumulate: int = 1, epochs: int = 2) -> dict[str, torch.Tensor]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from examples.digits import DigitsData, DigitsTask, main, parse_args
 
@@ -24,13 +25,35 @@ def test_digits_cli_overrides_pass_through():
     assert parse_args([]).devices == "auto"
 
 
+def _samples(x: torch.Tensor, y: torch.Tensor) -> list[tuple[tuple[float, ...], int]]:
+    """The (image, label) pairs as a sorted list: a multiset that ignores order but not repeats."""
+    return sorted(zip(map(tuple, x.tolist()), y.tolist()))
+
+
 def test_digits_data_split_is_fixed_and_disjoint():
-    a, b = DigitsData(), DigitsData()
-    a.setup("fit")
-    b.setup("fit")
-    assert len(a.train_set) + len(a.val_set) == 1797
-    assert len(a.val_set) == int(1797 * 0.2)
-    assert (a.val_set.tensors[1] == b.val_set.tensors[1]).all()  # same split on every rank
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    full = _samples(torch.tensor(digits.data, dtype=torch.float32) / 16.0, torch.tensor(digits.target))
+    a, b, other_seed, half = (
+        DigitsData(),
+        DigitsData(),
+        DigitsData(split_seed=1),
+        DigitsData(val_fraction=0.5),
+    )
+    for dm in (a, b, other_seed, half):
+        dm.setup("fit")
+        (train_x, train_y), (val_x, val_y) = dm.train_set.tensors, dm.val_set.tensors
+        # every sample of the data set in exactly one split: train + val is the data set, repeats included
+        assert _samples(torch.cat([train_x, val_x]), torch.cat([train_y, val_y])) == full
+        assert len(dm.val_set) == int(len(full) * dm.val_fraction)
+    for i in range(2):  # the same split on every rank (a fixed split seed), another one for another seed
+        assert torch.equal(a.train_set.tensors[i], b.train_set.tensors[i])
+        assert torch.equal(a.val_set.tensors[i], b.val_set.tensors[i])
+    assert not torch.equal(a.val_set.tensors[0], other_seed.val_set.tensors[0])
+    val_set = a.val_set
+    a.setup("validate")
+    assert a.val_set is val_set  # a later stage keeps the split
     x, y = next(iter(a.train_dataloader()))
     logits = DigitsTask()(x)
     assert logits.shape == (64, 10) and x.max() <= 1.0

@@ -102,11 +102,13 @@ def test_stuck_rank_times_out_with_a_named_error(tmp_path):
     run, _ = _ft(tmp_path, "stuck", "--stall-rank", "1", "--timeout-s", "5", timeout=90)
     assert run.returncode != 0
     assert time.monotonic() - start < 50  # 5 s timeout + 20 s stop grace of the stuck rank + start-up
-    assert "rank 0/2" in run.stderr
-    stuck = run.stderr.split("rank 1 did not reach a step boundary")
+    # rank 0 waits for rank 1's gradients: a DistributedError naming the rank, the operation and the limit
     assert (
-        len(stuck) == 2 and "ft_train.py" in stuck[1]
-    )  # the dump shows where rank 1 is stuck and "did not complete within timeout_s=5s" in run.stderr
+        "DistributedError: rank 0/2: gradient all-reduce did not complete within timeout_s=5s" in run.stderr
+    )
+    assert "raise DDPStrategy(timeout_s=...)" in run.stderr  # and what to change
+    stuck = run.stderr.split("rank 1 did not reach a step boundary")
+    assert len(stuck) == 2 and "ft_train.py" in stuck[1]  # the dump shows where rank 1 is stuck
 
 
 def test_sigterm_stops_all_ranks_with_a_checkpoint(tmp_path):

@@ -6,13 +6,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torchmetrics
+from conftest import QUIET
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainer import Task, Trainer
 from trainer.errors import ConfigError, TaskError
 from trainer.metrics import MetricStore, to_floats
-
-QUIET = dict(logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
 
 
 def data(n: int = 10, seed: int = 0) -> TensorDataset:

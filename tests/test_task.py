@@ -137,22 +137,41 @@ def test_trainer_device_step_and_epoch_properties(tmp_path):
 
 
 def test_log_and_log_dict_reach_callback_metrics(tmp_path):
+    losses: list[float] = []
+
     class T(Base):
         def training_step(self, batch, batch_idx):
             loss = super().training_step(batch, batch_idx)
+            losses.append(loss.item())
             self.log("loss", loss, prog_bar=True)
-            self.log_dict({"a": 1.0, "b": torch.tensor(2.0)}, on_epoch=True, on_step=False)
+            # per-batch values and epoch-only options: log_dict must pass both through to every item
+            self.log_dict(
+                {"a": float(batch_idx), "b": torch.tensor(2.0 * batch_idx)}, on_epoch=True, on_step=False
+            )
             return loss
 
     trainer = Trainer(max_epochs=1, default_root_dir=str(tmp_path), **FAST)
     trainer.fit(T(), data())
     m = trainer.callback_metrics
-    assert float(m["a"]) == 1.0 and float(m["b"]) == 2.0 and "loss" in m
-    assert "loss" in trainer.progress_bar_metrics
+    assert float(m["loss"]) == pytest.approx(losses[-1])  # the last step's value
+    assert float(m["a"]) == 0.5 and float(m["b"]) == 1.0  # epoch means over batches 0 and 1
+    assert trainer.progress_bar_metrics.keys() == {"loss"}  # prog_bar=True only for "loss"
+    assert trainer.progress_bar_metrics["loss"] == pytest.approx(losses[-1])
 
 
-def test_log_outside_a_trainer_is_a_no_op():
-    Base().log("x", 1.0)
+def test_log_outside_a_trainer_is_a_no_op(tmp_path):
+    class Logs(Base):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            self.log("loss", loss)
+            return loss
+
+    t = Logs()
+    t.log("outside", 1.0)  # e.g. a forward() called in a notebook: no error, nothing kept
+    t.log_dict({"also_outside": 2.0})
+    trainer = Trainer(max_steps=1, default_root_dir=str(tmp_path), **FAST)
+    trainer.fit(t, data())
+    assert trainer.callback_metrics.keys() == {"loss"}  # what was logged during fit, and only that
 
 
 def test_default_predict_step_uses_forward(tmp_path):
@@ -180,10 +199,19 @@ def test_task_is_a_module_and_moves_with_precision(tmp_path):
     assert isinstance(t, nn.Module) and "net.weight" in t.state_dict()
 
 
-def test_print_only_on_rank_zero(capsys, tmp_path):
+def test_print_only_on_rank_zero(capsys, monkeypatch, tmp_path):
     t = Base()
-    t.print("hello")
-    assert capsys.readouterr().out == "hello\n"
+    t.print("before", "fit", sep="-")  # no trainer yet: rank 0
+    assert capsys.readouterr().out == "before-fit\n"
+    trainer = Trainer(max_steps=1, default_root_dir=str(tmp_path), **FAST)
+    trainer.fit(t, data())
+    t.print("rank", 0)
+    trainer.print("trainer", 0)
+    assert capsys.readouterr().out == "rank 0\ntrainer 0\n"
+    monkeypatch.setattr(type(trainer.strategy), "global_rank", property(lambda self: 1))  # as on rank 1
+    t.print("rank", 1)
+    trainer.print("trainer", 1)
+    assert capsys.readouterr().out == ""
 
 
 def test_train_eval_modes_during_fit(tmp_path):

@@ -1,0 +1,1 @@
+"""Test helpers shared by several test files (models, data, reference runs): `helpers.<module>`."""
