@@ -8,6 +8,7 @@ import pytest
 from callback_tasks import Scored, loader
 
 from callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, ModelSummary, ProgressBar
+from strategies.comm import Comm
 from strategies.single import SingleDeviceStrategy
 from trainer import Trainer
 from trainer.errors import ConfigError
@@ -32,10 +33,16 @@ def test_defaults_follow_the_enable_flags_and_put_checkpointing_last():
         ModelCheckpoint(save_top_k=3)
 
 
-class RankOne(SingleDeviceStrategy):
+class _RankOne(Comm):
     @property
-    def global_rank(self) -> int:
+    def rank(self) -> int:
         return 1
+
+
+class RankOne(SingleDeviceStrategy):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.comm = _RankOne()
 
 
 def test_other_ranks_write_no_files_and_print_nothing(tmp_path, capsys):

@@ -71,7 +71,7 @@ def test_gradients_equal_single_device_on_the_full_batch(replicas, n, batchnorm)
         t.on_train_epoch_start()
     F.cross_entropy(reference(x), y).backward()
     strategy = DataParallelStrategy(accelerator="cpu", devices=replicas)
-    out = strategy.training_step(task, (x, y), 0)
+    out = strategy.step(task, "training_step", (x, y), 0)
     out["loss"].backward()
     assert_same(grads_of(task), grads_of(reference))
     assert sorted(size for size, _ in task.seen) == sorted(len(c) for c in torch.arange(n).chunk(replicas))
@@ -84,7 +84,7 @@ def test_replicas_run_in_their_own_threads_and_replicate_every_step():
     strategy = DataParallelStrategy(accelerator="cpu", devices=3)
     x, y = make_data(9).tensors
     for _ in range(2):
-        strategy.training_step(task, (x, y), 0)["loss"].backward()
+        strategy.step(task, "training_step", (x, y), 0)["loss"].backward()
     threads = {name for _, name in task.seen}
     assert threading.current_thread().name in threads and len(threads) == 3
     assert strategy.stats["steps"] == 2 and strategy.stats["replicate_s"] > 0
@@ -104,7 +104,7 @@ def test_recurrent_modules_get_their_replica_weights():
     x = torch.randn(5, 3, 4)
     reference, task = Seq(), Seq()
     reference.training_step(x, 0).backward()
-    DataParallelStrategy(accelerator="cpu", devices=2).training_step(task, x, 0).backward()
+    DataParallelStrategy(accelerator="cpu", devices=2).step(task, "training_step", x, 0).backward()
     assert_same(grads_of(task), grads_of(reference))
 
 
@@ -120,7 +120,7 @@ def test_batchnorm_statistics_come_from_replica_zero():
             return self.bn(batch).pow(2).mean()
 
     x = torch.randn(8, 6) * 3 + 1
-    DataParallelStrategy(accelerator="cpu", devices=2).training_step(Norm().train(), x, 0)
+    DataParallelStrategy(accelerator="cpu", devices=2).step(Norm().train(), "training_step", x, 0)
     reference.train()(x[:4])  # torch's DataParallel semantics: only replica 0's batch updates the buffers
     assert_same(dict(bn.named_buffers()), dict(reference.named_buffers()))
 
@@ -139,7 +139,7 @@ def test_an_exception_in_a_replica_names_the_replica(where, index):
     x[where, 0] = 999
     strategy = DataParallelStrategy(accelerator="cpu", devices=3)
     with pytest.raises(ValueError, match=rf"dp replica {index} on cpu: ValueError: poisoned sample") as info:
-        strategy.training_step(Failing(), (x, y), 0)
+        strategy.step(Failing(), "training_step", (x, y), 0)
     assert info.value.replica_index == index
     assert isinstance(info.value.__cause__, ValueError)  # the original, with the replica thread's traceback
     strategy.teardown()
@@ -205,14 +205,14 @@ def test_each_replica_runs_its_backward_in_its_own_thread():
     F.cross_entropy(reference(x), y).backward()
     strategy = DataParallelStrategy(accelerator="cpu", devices=2)
     _Probe.threads.clear()
-    strategy.backward(strategy.training_step(task, (x, y), 0)["loss"])
+    strategy.backward(strategy.step(task, "training_step", (x, y), 0)["loss"])
     assert len(set(_Probe.threads)) == 2  # CPU autograd alone would run both on the calling thread
     assert_same(grads_of(task), grads_of(reference))
     assert strategy.stats["backward_s"] > 0
     _Probe.fail = True
     try:
         with pytest.raises(RuntimeError, match="dp replica 1 on cpu: RuntimeError: backward broke"):
-            strategy.training_step(task, (x, y), 0)["loss"].backward()
+            strategy.step(task, "training_step", (x, y), 0)["loss"].backward()
     finally:
         _Probe.fail = False
     strategy.teardown()
@@ -233,7 +233,7 @@ def test_gradients_reach_tensors_that_are_not_parameters(outside):
         task.scales = [torch.tensor(0.5, requires_grad=outside == "list")]
         inputs = x.clone().requires_grad_(outside == "input")
         strategy = DataParallelStrategy(accelerator="cpu", devices=replicas)
-        strategy.training_step(task, (inputs, y), 0)["loss"].backward()
+        strategy.step(task, "training_step", (inputs, y), 0)["loss"].backward()
         grad = {"attribute": task.temperature, "list": task.scales[0], "input": inputs}[outside].grad
         results.append({**grads_of(task), "outside": grad})
     assert results[0]["outside"] is not None

@@ -32,13 +32,13 @@ def fit(strategy: str, devices: int = 1, accumulate: int = 1, batchnorm: bool = 
         log_every_n_steps=1,
         **QUIET,
     )
-    real_log = trainer._metrics.log
+    real_log = trainer.metric_store.log
 
     def counting(name, value, **kw):  # every self.log that reaches the metric store
         calls.append(name)
         return real_log(name, value, **kw)
 
-    trainer._metrics.log = counting
+    trainer.metric_store.log = counting
     trainer.fit(task, DataLoader(make_data(), batch_size=7), DataLoader(make_data(20, seed=1), batch_size=6))
     return task, trainer, calls
 
@@ -166,7 +166,7 @@ def test_equals_torch_data_parallel_on_cuda():
     F.cross_entropy(torch.nn.DataParallel(reference.net, device_ids=[0, 1])(x), y).backward()
     strategy = DataParallelStrategy(accelerator="cuda", devices=2)
     strategy.setup(task)
-    strategy.training_step(task, (x, y), 0)["loss"].backward()
+    strategy.step(task, "training_step", (x, y), 0)["loss"].backward()
     assert_same(grads_of(task), grads_of(reference), atol=1e-5)
     assert task.net[0].weight.grad.device == torch.device("cuda", 0)
 

@@ -9,6 +9,7 @@ import torch
 from callback_tasks import QUIET, Scored, fit, loader
 
 from callbacks import EarlyStopping, ModelCheckpoint
+from strategies.comm import Comm
 from strategies.single import SingleDeviceStrategy
 from trainer import Trainer
 from trainer.errors import ConfigError
@@ -56,11 +57,17 @@ def test_a_check_before_the_first_validation_waits_for_it():
     assert es.best_score == scores[-1]  # the last validation's value was seen
 
 
+class _OtherRankVotesStop(Comm):
+    def reduce(self, tensor, op="mean"):
+        return torch.ones_like(tensor) if op == "max" else tensor
+
+
 class OtherRankVotesStop(SingleDeviceStrategy):
     """As if another rank's EarlyStopping wanted to stop: a 'max' reduction of the flag gives 1."""
 
-    def reduce(self, tensor, op="mean"):
-        return torch.ones_like(tensor) if op == "max" else tensor
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.comm = _OtherRankVotesStop()
 
 
 def test_early_stopping_decision_is_reduced_across_ranks():

@@ -102,12 +102,14 @@ def test_missing_key_waits_for_the_first_validation_then_raises_or_warns():
 
 
 class TwoRanks:
-    """A strategy stand-in for rank 1 of two: broadcast returns rank 0's value, reduce sees rank 0's flag."""
+    """A strategy stand-in for rank 1 of two: broadcast returns rank 0's value, reduce sees rank 0's flag
+    (it is its own `comm`)."""
 
     root_device = torch.device("cpu")
 
     def __init__(self, rank0_value, rank0_flag=False):
         self.rank0_value, self.rank0_flag, self.calls = rank0_value, rank0_flag, []
+        self.comm = self
 
     def broadcast(self, obj, src=0):
         self.calls.append(("broadcast", src))

@@ -26,7 +26,10 @@ def test_ddp_strategy_keeps_its_own_precision():  # regression: it silently trai
     trainer = Trainer(strategy=DDPStrategy(precision="bf16-mixed"), **FAST)
     assert trainer.precision == "bf16-mixed" and trainer.strategy.precision.name == "bf16-mixed"
     Trainer(strategy=DDPStrategy(precision="bf16-mixed"), precision="bf16", **FAST)  # the same: fine
-    with pytest.raises(ConfigError, match=r"DDPStrategy\(precision='bf16-mixed'\) conflicts with Trainer\(precision='16-mixed'\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"DDPStrategy\(precision='bf16-mixed'\) conflicts with Trainer\(precision='16-mixed'\)",
+    ):
         Trainer(strategy=DDPStrategy(precision="bf16-mixed"), precision="16-mixed", **FAST)
 
 
@@ -41,7 +44,9 @@ def test_trainer_fills_only_what_the_strategy_left_unset():
 
 
 def test_dp_device_list_versus_a_different_device_count_is_a_conflict():
-    with pytest.raises(ConfigError, match=r"DataParallelStrategy\(devices=\[0, 1\]\) conflicts with Trainer\(devices=3\)"):
+    with pytest.raises(
+        ConfigError, match=r"DataParallelStrategy\(devices=\[0, 1\]\) conflicts with Trainer\(devices=3\)"
+    ):
         Trainer(strategy=DataParallelStrategy(accelerator="cpu", devices=[0, 1]), devices=3, **FAST)
 
 
@@ -63,14 +68,18 @@ def test_dp_strategy_with_trainer_devices_trains_like_one_device():  # regressio
     g = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(16, 3, generator=g), torch.randn(16, 1, generator=g))
     dp, single = Reg(), Reg()
-    Trainer(strategy=DataParallelStrategy(devices=2), devices=2, max_epochs=2, **FAST).fit(dp, DataLoader(data, batch_size=8))
+    Trainer(strategy=DataParallelStrategy(devices=2), devices=2, max_epochs=2, **FAST).fit(
+        dp, DataLoader(data, batch_size=8)
+    )
     Trainer(max_epochs=2, **FAST).fit(single, DataLoader(data, batch_size=8))
     for a, b in zip(dp.parameters(), single.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 
 
 def test_resolve_by_name_and_lightning_aliases():
-    opts = dict(accelerator="cpu", precision="32-true", devices="auto", num_nodes=1, use_distributed_sampler=True)
+    opts = dict(
+        accelerator="cpu", precision="32-true", devices="auto", num_nodes=1, use_distributed_sampler=True
+    )
     assert isinstance(resolve_strategy("auto", opts), SingleDeviceStrategy)
     ddp = resolve_strategy("ddp_find_unused_parameters_true", {**opts, "devices": 2}, {"devices"})
     assert isinstance(ddp, DDPStrategy) and ddp.find_unused_parameters and ddp.devices == 2

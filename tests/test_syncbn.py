@@ -9,7 +9,9 @@ from strategies.syncbn import GroupBatchNorm, convert_sync_batchnorm
 
 def make() -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten(), torch.nn.LazyLinear(1))
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten(), torch.nn.LazyLinear(1)
+    )
 
 
 def _half(rank, world_size):

@@ -297,7 +297,10 @@ class _BackwardProbe(torch.autograd.Function):
         import traceback
 
         frames = traceback.extract_stack()
-        names = [f"{os.path.basename(os.path.dirname(f.filename))}/{os.path.basename(f.filename)}:{f.name}" for f in frames]
+        names = [
+            f"{os.path.basename(os.path.dirname(f.filename))}/{os.path.basename(f.filename)}:{f.name}"
+            for f in frames
+        ]
         _BackwardProbe.stacks.append(names)
         return g
 
