@@ -23,7 +23,7 @@ STRATEGIES: dict[str, tuple[str, dict[str, Any]]] = {
     "ddp_find_unused_parameters_true": ("strategies.ddp:DDPStrategy", {"find_unused_parameters": True}),
 }
 #: Trainer options a strategy takes when its constructor left them unset
-FILLED = ("accelerator", "precision", "devices", "num_nodes")
+FILLED = ("accelerator", "precision", "devices", "num_nodes", "sync_batchnorm")
 
 
 def register(name: str, target: str, **kwargs: Any) -> None:
@@ -54,7 +54,7 @@ def resolve_strategy(
             value = _auto_devices(options)
         if name == "precision" or hasattr(strategy, name):  # (reading .precision would default it)
             strategy._fill(name, value, name in given)
-        elif name in given and value != 1:  # devices or num_nodes for a strategy of one device
+        elif name in ("devices", "num_nodes") and name in given and value != 1:  # for a one-device strategy
             raise ConfigError(
                 f"{type(strategy).__name__} runs in one process on one device but {name}={options[name]!r}; "
                 "use strategy='ddp' (or 'dp' for several devices in one process)."

@@ -18,6 +18,7 @@ from strategies.base import pick_device
 from strategies.comm import ProcessGroupComm
 from strategies.parallel import ParallelStrategy
 from strategies.precision import Precision
+from strategies.syncbn import convert_sync_batchnorm
 from trainer.data import rebuild, rebuildable
 from trainer.errors import ConfigError, choose
 
@@ -95,10 +96,15 @@ class DDPStrategy(ParallelStrategy):
         process_group_backend: str | None = None,
         timeout_s: float = 1800.0,
         max_restarts: int = 0,
+        sync_batchnorm: bool | None = None,
     ) -> None:
         super().__init__(accelerator, precision)
         choose("comm_hook", str(comm_hook), ("None", "fp16", "bf16"))
-        self.devices, self.num_nodes = devices, num_nodes  # None: the Trainer's
+        self.devices, self.num_nodes, self.sync_batchnorm = (
+            devices,
+            num_nodes,
+            sync_batchnorm,
+        )  # None: the Trainer's
         self.bucket_cap_mb, self.find_unused_parameters = bucket_cap_mb, find_unused_parameters
         self.gradient_as_bucket_view, self.comm_hook = gradient_as_bucket_view, comm_hook
         self.static_graph, self.broadcast_buffers = static_graph, broadcast_buffers
@@ -169,6 +175,8 @@ class DDPStrategy(ParallelStrategy):
     def setup(self, task: Task) -> None:
         from strategies.reducer import Reducer
 
+        if self.sync_batchnorm:
+            convert_sync_batchnorm(task, self.root_device)  # replaces the BatchNorm layers in place
         super().setup(task)
         if self.reducer is not None:
             self.reducer.remove_hooks()

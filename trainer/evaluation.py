@@ -49,7 +49,7 @@ def run_eval(t: Trainer, phase: str, limit: int | None = None) -> Any:
     multi = len(loaders) > 1
     # during fit the ranks agree on a stop request after each batch that every rank has
     agree = _common_batches(t, sizes, limit) if t.state.stage == "fit" and not t.state.sanity_checking else 0
-    with torch.no_grad():
+    with torch.inference_mode() if t.config.inference_mode else torch.no_grad():
         for dl_idx, (loader, n) in enumerate(zip(loaders, sizes)):
             store.dataloader_suffix = f"/dataloader_idx_{dl_idx}" if multi else ""
             extra = (dl_idx,) if multi else ()
@@ -61,7 +61,7 @@ def run_eval(t: Trainer, phase: str, limit: int | None = None) -> Any:
                 batch = to_device(t, batch, dl_idx)
                 store.set_batch(batch)
                 hooks.call(f"on_{prefix}_batch_start", batch, batch_idx, *extra)
-                with strategy.autocast():
+                with strategy.autocast(), t.profile(step_name):
                     out = strategy.step(task, step_name, batch, batch_idx, dl_idx if multi else None)
                 if phase == "predict":
                     outputs.append(out)
@@ -96,7 +96,11 @@ def _common_batches(t: Trainer, sizes: list[int | float], limit: int | None) -> 
     if total == float("inf"):
         return 0
     comm = t.strategy.comm
-    return int(total) if comm.world_size == 1 else int(comm.all_gather(torch.tensor([int(total)], device=t.strategy.root_device)).min())
+    return (
+        int(total)
+        if comm.world_size == 1
+        else int(comm.all_gather(torch.tensor([int(total)], device=t.strategy.root_device)).min())
+    )
 
 
 def _per_loader(values: dict[str, float], n_loaders: int) -> list[dict[str, float]]:

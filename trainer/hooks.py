@@ -172,6 +172,11 @@ def refuse_unknown_hooks(obj: Any) -> None:
             )
 
 
+def _owner(fn: Any) -> str:
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    return type(getattr(target, "__self__", target)).__name__
+
+
 class Hooks:
     """Calls the overridden hooks of a task and its callbacks, in Lightning's order: the plain callbacks,
     then the task, then the monitoring callbacks (checkpointing, early stopping). Example::
@@ -179,7 +184,7 @@ class Hooks:
         hooks = Hooks(task, callbacks, trainer); hooks.call("on_train_epoch_start")
     """
 
-    def __init__(self, task: Any, callbacks: list[Any], trainer: Any) -> None:
+    def __init__(self, task: Any, callbacks: list[Any], trainer: Any, profiler: Any = None) -> None:
         self._table: dict[str, tuple[list[Callable[..., Any]], list[Callable[..., Any]]]] = {}
         for obj in [task, *callbacks] if task is not None else callbacks:
             refuse_unknown_hooks(obj)
@@ -192,6 +197,9 @@ class Hooks:
                     (monitoring if getattr(cb, "monitoring", False) else plain).append(fn)
             if TASK in hook.owners and overrides(task, hook.name):
                 plain.append(getattr(task, hook.name))
+            if profiler is not None:  # each hook timed under its owner's name
+                plain = [profiler.wrap(f"{_owner(fn)}.{hook.name}", fn) for fn in plain]
+                monitoring = [profiler.wrap(f"{_owner(fn)}.{hook.name}", fn) for fn in monitoring]
             if plain or monitoring:
                 self._table[hook.name] = (plain, monitoring)
         # the task's own versions of Lightning's overridable methods (optimizer_step, backward, ...)

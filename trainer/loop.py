@@ -43,6 +43,9 @@ def fit(t: Trainer) -> None:
     hooks.call("on_train_start")
     _warn_if_no_steps(t)
     while not _done(t):
+        if cfg.reload_dataloaders_every_n_epochs and state.epoch and not state.batch_in_epoch:
+            if state.epoch % cfg.reload_dataloaders_every_n_epochs == 0:
+                t.session.reload()  # type: ignore[union-attr]  # *_dataloader() are asked again
         train_epoch(t)
     hooks.call("on_train_end")
     hooks.call("on_fit_end")
@@ -76,7 +79,7 @@ def train_epoch(t: Trainer) -> None:
             if optimizer is not None:  # drop a cut-short window's gradients, or they leak into the next step
                 optimizer.zero_grad(set_to_none=True)
             break
-        with strategy.autocast():
+        with strategy.autocast(), t.profile("training_step"):
             out = strategy.step(task, "training_step", batch, batch_idx)
         if optimizer is not None:  # automatic optimization (else the task stepped its own optimizers)
             boundary = (batch_idx + 1) % k == 0 or batch_idx + 1 == n
@@ -89,10 +92,12 @@ def train_epoch(t: Trainer) -> None:
             if loss is not None and (cfg.detect_nonfinite == "off" or not _nonfinite(t, loss, batch_idx)):
                 hooks.call("on_before_backward", loss)
                 run = task.backward if "backward" in hooks.custom else None
-                strategy.backward(loss / window if window > 1 else loss, sync=boundary, run=run)
+                with t.profile("backward"):
+                    strategy.backward(loss / window if window > 1 else loss, sync=boundary, run=run)
                 hooks.call("on_after_backward")
             if boundary and loss is not None:
-                _step(t, optimizer, batch_idx, loss)
+                with t.profile("optimizer_step"):
+                    _step(t, optimizer, batch_idx, loss)
         state.batch_in_epoch = batch_idx + 1
         validate_now = bool(val_every) and (batch_idx + 1) % val_every == 0 and batch_idx + 1 != n
         state.val_pending = (

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import math
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from trainer.errors import ConfigError, did_you_mean
+from trainer.errors import did_you_mean
 
 if TYPE_CHECKING:
     from datetime import timedelta
@@ -26,129 +25,27 @@ if TYPE_CHECKING:
     from strategies.base import Strategy
     from trainer.loggers import Logger
 
-Check = Callable[[str, Any], None]  # check(name, value) raises OptionError when the value is invalid
-ACCELERATORS = ("auto", "cpu", "cuda", "gpu", "mps")
+from trainer.option_checks import (  # noqa: F401 (OptionError is part of this module's interface)
+    ACCELERATORS,
+    FLAG,
+    LIMIT,
+    OptionError,
+    check_callbacks,
+    check_duration,
+    check_logger,
+    check_plugins,
+    check_strategy,
+    choice,
+    finite_at_least_0,
+    int_from,
+    is_int,
+    is_text,
+    must,
+    precisions,
+)
 
 
-class OptionError(ConfigError):
-    """A Trainer option is unknown or has an invalid value; `option` names it."""
-
-    def __init__(self, option: str, message: str, suggestion: str = "", unknown: bool = False) -> None:
-        super().__init__(message)
-        self.option, self.suggestion, self.unknown = option, suggestion, unknown
-
-    @property
-    def problem(self) -> str:
-        """The message without the option's name in front ("must be ...", "unknown strategy ...")."""
-        text = str(self)
-        return text[len(self.option) + 1 :] if text.startswith(f"{self.option} ") else text
-
-
-# ----- checks ---------------------------------------------------------------------------------------
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is(v: Any, text: str) -> bool:
-    return isinstance(v, str) and v == text
-
-
-def _int_from(lo: int, none: bool = False) -> Callable[[Any], bool]:
-    return lambda v: (none and v is None) or (_is_int(v) and v >= lo)
-
-
-def _must(ok: Callable[[Any], bool], what: str) -> Check:
-    """A check that says ``<name> must be <what>, got <value>``."""
-
-    def check(name: str, value: Any) -> None:
-        if not ok(value):
-            raise OptionError(name, f"{name} must be {what}, got {value!r}")
-
-    return check
-
-
-def _choice(choices: Iterable[str] | Callable[[], Iterable[str]], ints: bool = False) -> Check:
-    """One of `choices` (a callable is asked at check time: strategies can be registered later)."""
-
-    def check(name: str, value: Any) -> None:
-        valid = list(choices() if callable(choices) else choices)
-        if (isinstance(value, str) or (ints and _is_int(value))) and str(value) in valid:
-            return
-        listed = ", ".join(repr(c) for c in valid)
-        hint = did_you_mean(str(value), valid)
-        raise OptionError(name, f"unknown {name} {value!r}{hint} (valid: {listed})", hint)
-
-    return check
-
-
-def _strategy_names() -> list[str]:
-    from strategies import STRATEGIES
-
-    return ["auto", *STRATEGIES]
-
-
-def _precisions() -> tuple[str, ...]:
-    from strategies.precision import PRECISIONS
-
-    return PRECISIONS
-
-
-def _check_strategy(name: str, value: Any) -> None:
-    from strategies.base import Strategy
-
-    if isinstance(value, Strategy):
-        return
-    if not isinstance(value, str):
-        raise OptionError(name, f"{name} must be a name or a Strategy instance, got {type(value).__name__}")
-    _choice(_strategy_names)(name, value)
-
-
-def _check_logger(name: str, value: Any) -> None:
-    if value is None or isinstance(value, bool):
-        return
-    from trainer.loggers import Logger
-
-    for item in value if isinstance(value, (list, tuple)) else [value]:
-        if not isinstance(item, Logger):
-            raise OptionError(
-                name, f"{name} must be True, False, a Logger or a list of Loggers; got {type(item).__name__}"
-            )
-
-
-def _check_callbacks(name: str, value: Any) -> None:
-    if value is None:
-        return
-    from callbacks.base import Callback
-
-    for item in value if isinstance(value, (list, tuple)) else [value]:
-        if not isinstance(item, Callback):
-            raise OptionError(name, f"{name} must be Callback instances; got {type(item).__name__}")
-
-
-def _check_duration(name: str, value: Any) -> None:
-    if value is None:
-        return
-    from callbacks.timer import parse_duration  # the Timer that max_time adds reads it the same way
-
-    try:
-        parse_duration(value)
-    except ConfigError as e:  # its message says which forms there are, or why this one is unusable
-        raise OptionError(name, f"{name} must be a usable duration: {e}") from None
-
-
-def _finite_at_least_0(v: Any) -> bool:
-    return (_is_int(v) and v >= 0) or (isinstance(v, float) and math.isfinite(v) and v >= 0)
-
-
-def _batches(v: Any) -> bool:
-    return (_is_int(v) and v >= 0) or (isinstance(v, float) and 0.0 <= v <= 1.0)
-
-
-_LIMIT = _must(_batches, "an int >= 0 (batches) or a float in [0, 1] (fraction)")
-_FLAG = _must(lambda v: isinstance(v, bool), "true or false")
-
-
-def option(default: Any, doc: str, check: Check) -> Any:
+def option(default: Any, doc: str, check: Callable[[str, Any], None]) -> Any:
     """A TrainerConfig field: its default, its one-line doc and its check."""
     return field(default=default, metadata={"doc": doc, "check": check})
 
@@ -158,118 +55,154 @@ def option(default: Any, doc: str, check: Check) -> Any:
 class TrainerConfig:
     """Every Trainer option (Lightning 2.x names and meanings), validated when it is made."""
 
-    accelerator: str = option("auto", "'auto', 'cpu', 'cuda' (or 'gpu'), 'mps'", _choice(ACCELERATORS))
+    accelerator: str = option("auto", "'auto', 'cpu', 'cuda' (or 'gpu'), 'mps'", choice(ACCELERATORS))
     strategy: str | Strategy = option(
-        "auto", "'auto', 'single', 'dp', 'ddp', 'ddp_accumulate', 'ddp_find_unused_parameters_true', or a Strategy instance", _check_strategy
+        "auto",
+        "'auto', 'single', 'dp', 'ddp', 'ddp_accumulate', 'ddp_find_unused_parameters_true', or a Strategy instance",
+        check_strategy,
     )
     devices: int | str = option(
         "auto",
         "number of devices (processes for ddp, replicas for dp), or 'auto'",
-        _must(lambda v: _is(v, "auto") or _int_from(1)(v), "an int >= 1 or 'auto'"),
+        must(lambda v: is_text(v, "auto") or int_from(1)(v), "an int >= 1 or 'auto'"),
     )
-    num_nodes: int = option(1, "machines in a ddp run", _must(_int_from(1), "an int >= 1"))
+    num_nodes: int = option(1, "machines in a ddp run", must(int_from(1), "an int >= 1"))
     precision: str | int = option(
         "32-true",
         "'32-true', '64-true', 'bf16-mixed', '16-mixed' (or 32, 64, 'bf16', 16)",
-        _choice(_precisions, ints=True),
+        choice(precisions, ints=True),
     )
     logger: bool | Logger | list[Logger] = option(
-        True, "True (TensorBoard), False, a Logger or a list of them", _check_logger
+        True, "True (TensorBoard), False, a Logger or a list of them", check_logger
     )
     callbacks: Callback | list[Callback] | None = option(
-        None, "a Callback or a list of them", _check_callbacks
+        None, "a Callback or a list of them", check_callbacks
     )
     fast_dev_run: bool | int = option(
         False,
         "True or n: run n (1) batches of train and val, no logging or checkpoints",
-        _must(lambda v: isinstance(v, bool) or _int_from(0)(v), "a bool or an int >= 0"),
+        must(lambda v: isinstance(v, bool) or int_from(0)(v), "a bool or an int >= 0"),
     )
     max_epochs: int | None = option(
         None,
         "stop after this many epochs; None: 1000, or no limit when max_steps is set; -1: no limit",
-        _must(_int_from(-1, none=True), "an int >= -1 (-1 for no limit)"),
+        must(int_from(-1, none=True), "an int >= -1 (-1 for no limit)"),
     )
     min_epochs: int | None = option(
         None,
         "do not stop early before this many epochs",
-        _must(_int_from(0, none=True), "an int >= 0 or None"),
+        must(int_from(0, none=True), "an int >= 0 or None"),
     )
     max_steps: int = option(
-        -1, "stop after this many optimizer steps; -1: no limit", _must(_int_from(-1), "an int >= -1")
+        -1, "stop after this many optimizer steps; -1: no limit", must(int_from(-1), "an int >= -1")
     )
     min_steps: int | None = option(
         None,
         "do not stop early before this many optimizer steps",
-        _must(_int_from(0, none=True), "an int >= 0 or None"),
+        must(int_from(0, none=True), "an int >= 0 or None"),
     )
     max_time: str | float | dict[str, float] | timedelta | None = option(
         None,
         "stop training after this long: 'DD:HH:MM:SS', a timedelta, a mapping or seconds",
-        _check_duration,
+        check_duration,
     )
     limit_train_batches: int | float = option(
-        1.0, "int: batches per epoch; float: fraction of the loader", _LIMIT
+        1.0, "int: batches per epoch; float: fraction of the loader", LIMIT
     )
-    limit_val_batches: int | float = option(1.0, "the same for validation", _LIMIT)
-    limit_test_batches: int | float = option(1.0, "the same for test", _LIMIT)
-    limit_predict_batches: int | float = option(1.0, "the same for predict", _LIMIT)
+    limit_val_batches: int | float = option(1.0, "the same for validation", LIMIT)
+    limit_test_batches: int | float = option(1.0, "the same for test", LIMIT)
+    limit_predict_batches: int | float = option(1.0, "the same for predict", LIMIT)
     val_check_interval: int | float = option(
         1.0,
         "float: validate every fraction of a training epoch; int: every n training batches",
-        _must(
-            lambda v: (_is_int(v) and v >= 1) or (isinstance(v, float) and 0.0 < v <= 1.0),
+        must(
+            lambda v: (is_int(v) and v >= 1) or (isinstance(v, float) and 0.0 < v <= 1.0),
             "an int >= 1 (batches) or a float in (0, 1]",
         ),
     )
     check_val_every_n_epoch: int | None = option(
         1,
         "validate in every n-th epoch; None: in every epoch",
-        _must(_int_from(1, none=True), "an int >= 1 or None"),
+        must(int_from(1, none=True), "an int >= 1 or None"),
     )
     num_sanity_val_steps: int = option(
         2,
         "validation batches run before training to catch bugs early; -1: all",
-        _must(_int_from(-1), "an int >= -1 (-1 runs all)"),
+        must(int_from(-1), "an int >= -1 (-1 runs all)"),
     )
     log_every_n_steps: int = option(
-        50, "write training metrics every n optimizer steps", _must(_int_from(1), "an int >= 1")
+        50, "write training metrics every n optimizer steps", must(int_from(1), "an int >= 1")
     )
-    enable_checkpointing: bool = option(True, "add a default ModelCheckpoint unless one is given", _FLAG)
-    enable_progress_bar: bool = option(True, "show the progress bar (rank 0)", _FLAG)
-    enable_model_summary: bool = option(True, "print the table of the task's modules at the start", _FLAG)
+    enable_checkpointing: bool = option(True, "add a default ModelCheckpoint unless one is given", FLAG)
+    enable_progress_bar: bool = option(True, "show the progress bar (rank 0)", FLAG)
+    enable_model_summary: bool = option(True, "print the table of the task's modules at the start", FLAG)
     accumulate_grad_batches: int = option(
         1,
         "micro-batches per optimizer step; only the last one communicates",
-        _must(_int_from(1), "an int >= 1"),
+        must(int_from(1), "an int >= 1"),
     )
     gradient_clip_val: float | None = option(
         None,
         "clip gradients to this value (after unscaling); None: no clipping",
-        _must(lambda v: v is None or _finite_at_least_0(v), "a number >= 0 (finite) or None"),
+        must(lambda v: v is None or finite_at_least_0(v), "a number >= 0 (finite) or None"),
     )
     gradient_clip_algorithm: str = option(
-        "norm", "'norm' (total 2-norm) or 'value' (each element)", _choice(("norm", "value"))
+        "norm", "'norm' (total 2-norm) or 'value' (each element)", choice(("norm", "value"))
     )
     deterministic: bool | str | None = option(
         None,
         "True, False, 'warn' or None (leave torch's setting)",
-        _must(lambda v: v is None or isinstance(v, bool) or _is(v, "warn"), "True, False, 'warn' or None"),
+        must(lambda v: v is None or isinstance(v, bool) or is_text(v, "warn"), "True, False, 'warn' or None"),
     )
-    use_distributed_sampler: bool = option(True, "inject a DistributedSampler into loaders under ddp", _FLAG)
+    use_distributed_sampler: bool = option(True, "inject a DistributedSampler into loaders under ddp", FLAG)
     default_root_dir: str | os.PathLike[str] | None = option(
         None,
         "where logs and checkpoints go (None: the working directory)",
-        _must(lambda v: v is None or isinstance(v, (str, os.PathLike)), "a path (a string) or None"),
+        must(lambda v: v is None or isinstance(v, (str, os.PathLike)), "a path (a string) or None"),
     )
     resume: str | None = option(
         None,
         "'auto': fit continues from the newest last.ckpt of this run directory, if there is one",
-        _must(lambda v: v is None or _is(v, "auto"), "None or 'auto'"),
+        must(lambda v: v is None or is_text(v, "auto"), "None or 'auto'"),
     )
     detect_nonfinite: str = option(
         "off",
         "'raise', 'skip' or 'off': what a NaN/inf training loss does",
-        _choice(("off", "raise", "skip")),
+        choice(("off", "raise", "skip")),
+    )
+
+    stop_grace_s: float = option(
+        20.0,
+        "after SIGINT/SIGTERM, the least time a rank has to reach the agreed stop (grows with measured step time)",
+        must(lambda v: finite_at_least_0(v) and v > 0, "a number > 0"),
+    )
+    # ----- Lightning keywords beyond the loop's basics -----
+    benchmark: bool | None = option(
+        None,
+        "cudnn.benchmark for the run (None: off when deterministic, else leave it)",
+        must(lambda v: v is None or isinstance(v, bool), "true, false or None"),
+    )
+    sync_batchnorm: bool = option(False, "ddp/fsdp: BatchNorm statistics over the global batch", FLAG)
+    profiler: str | None = option(
+        None,
+        "None, 'simple' (time per hook and step phase) or 'advanced' (torch.profiler)",
+        choice(("simple", "advanced"), none=True),
+    )
+    overfit_batches: int | float = option(
+        0.0, "train and validate on the same first n batches (or fraction), unshuffled; 0: off", LIMIT
+    )
+    inference_mode: bool = option(True, "evaluate under torch.inference_mode (False: torch.no_grad)", FLAG)
+    detect_anomaly: bool = option(False, "torch.autograd's anomaly detection during fit", FLAG)
+    reload_dataloaders_every_n_epochs: int = option(
+        0,
+        "ask train_dataloader()/val_dataloader() again every n epochs; 0: never",
+        must(int_from(0), "an int >= 0"),
+    )
+    barebones: bool = option(
+        False, "no logger, checkpointing, progress bar, summary or sanity check; self.log is an error", FLAG
+    )
+    plugins: Any = option(
+        None, "not supported: precision and environments are Trainer options here", check_plugins
     )
 
     def __post_init__(self) -> None:
@@ -312,6 +245,11 @@ class TrainerConfig:
             changes.update(max_epochs=1, max_steps=n, num_sanity_val_steps=0, val_check_interval=1.0)
             changes.update(limit_train_batches=n, limit_val_batches=n, limit_test_batches=n)
             changes.update(limit_predict_batches=n, logger=False, enable_checkpointing=False)
+        if self.barebones:
+            changes.update(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+            changes.update(enable_model_summary=False, num_sanity_val_steps=0)
+        if self.overfit_batches:
+            changes.update(limit_train_batches=self.overfit_batches, limit_val_batches=self.overfit_batches)
         max_epochs = changes.get("max_epochs", self.max_epochs)
         if max_epochs is None:
             changes["max_epochs"] = 1000 if changes.get("max_steps", self.max_steps) == -1 else -1

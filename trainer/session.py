@@ -43,14 +43,19 @@ class Session:
 
     def __enter__(self) -> Session:
         t, task, stage = self.t, self.task, self.stage
-        t.task, t.datamodule, t.state.stage = task, self.dm, stage
+        t.task, t.datamodule, t.state.stage, t.session = task, self.dm, stage, self
         task._trainer = t
         if self.dm is not None:
             self.dm.trainer = t
-        _set_deterministic(t.config.deterministic)
+        _set_torch_flags(t.config)
+        self.anomaly = torch.is_anomaly_enabled()
+        if stage == "fit" and t.config.detect_anomaly:
+            torch.autograd.set_detect_anomaly(True)
+        if t.profiler is not None:
+            t.profiler.start()
         if stage == "fit" and overrides(task, "configure_callbacks"):
             t.callbacks = merge_callbacks(t.callbacks, task.configure_callbacks())
-        t.hooks = Hooks(task, t.callbacks, t)  # only the overridden hooks, collected once per stage
+        t.hooks = Hooks(task, t.callbacks, t, t.profiler)  # only the overridden hooks, once per stage
         if self.signals is not None:
             self.signals.install()
         try:
@@ -85,6 +90,10 @@ class Session:
         if path is not None:
             checkpoint.restore(t, path, stage)
 
+    def reload(self) -> None:
+        """Ask the task's or datamodule's *_dataloader() again (reload_dataloaders_every_n_epochs)."""
+        self._load_data()
+
     def _load_data(self) -> None:
         t, stage = self.t, self.stage
         t.loaders, t.loader_sizes = {}, {}
@@ -95,6 +104,8 @@ class Session:
                     "fit() needs training data: pass train_dataloaders, a datamodule, or define "
                     "train_dataloader() on the task."
                 )
+            if t.config.overfit_batches:  # the same first batches every epoch: no shuffling
+                train = _unshuffled(train)
             self._add("train", [train])
         phase = PHASE[stage]
         step = {"val": "validation_step", "test": "test_step"}.get(phase)
@@ -138,6 +149,9 @@ class Session:
         finally:
             if self.signals is not None:
                 self.signals.restore()
+            torch.autograd.set_detect_anomaly(self.anomaly)
+            if t.profiler is not None and t.is_global_zero:
+                print(f"[tandem] profiler ({t.config.profiler}), {self.stage}:\n{t.profiler.summary()}")
             t.hooks.call("teardown", self.stage)
             if self.dm is not None:
                 self.dm.teardown(self.stage)
@@ -159,9 +173,25 @@ def merge_callbacks(callbacks: list[Any], extra: Any) -> list[Any]:
     ]
 
 
-def _set_deterministic(det: bool | str | None) -> None:
-    if det is None:
-        return
-    if det:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(bool(det), warn_only=det == "warn")
+def _set_torch_flags(cfg: Any) -> None:
+    """deterministic and benchmark, as Lightning sets them (benchmark None: off when deterministic)."""
+    det, bench = cfg.deterministic, cfg.benchmark
+    if det is not None:
+        if det:
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(bool(det), warn_only=det == "warn")
+    if bench is None and det:
+        bench = False
+    if bench is not None:
+        torch.backends.cudnn.benchmark = bench
+
+
+def _unshuffled(loader: Any) -> Any:
+    """The loader with its samples in order (overfit_batches), when it can be rebuilt."""
+    from torch.utils.data import RandomSampler, SequentialSampler
+
+    from trainer.data import rebuild, rebuildable
+
+    if rebuildable(loader) and isinstance(loader.sampler, RandomSampler):
+        return rebuild(loader, sampler=SequentialSampler(loader.dataset))
+    return loader

@@ -15,7 +15,6 @@ from trainer import checkpoint
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
-STOP_GRACE_S = 20.0  # the least time a rank has, after SIGINT/SIGTERM, to reach the agreed stop
 GRACE_PER_GAP = 4  # ... plus this many times the longest gap measured between two stop agreements
 
 
@@ -56,7 +55,7 @@ class StopSignals:
                 raise KeyboardInterrupt
             return  # a repeated SIGTERM (a scheduler signals every process, the launcher forwards it too)
         state.stop_signal = signum
-        grace = STOP_GRACE_S + GRACE_PER_GAP * state.agreement_gap
+        grace = self.trainer.config.stop_grace_s + GRACE_PER_GAP * state.agreement_gap
         print(
             f"[tandem] rank {rank} received {signal.Signals(signum).name}: checkpointing at the next step boundary "
             f"(within {grace:.0f} s; press Ctrl-C twice to stop at once)",

@@ -95,6 +95,10 @@ class Task(TaskDefaults, torch.nn.Module, HyperparametersMixin):
     def log(self, name: str, value: Any, **kwargs: Any) -> None:
         """Record a metric; see trainer.metrics.MetricStore.log for the options (Lightning's)."""
         if self._trainer is not None:
+            if self._trainer.config.barebones:
+                raise TaskError(
+                    f"self.log({name!r}, ...) with Trainer(barebones=True): barebones logs nothing; remove it."
+                )
             self._trainer.metric_store.log(name, value, **kwargs)
 
     def log_dict(self, values: Mapping[str, Any], **kwargs: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -19,10 +20,13 @@ from trainer.loggers import Logger, TensorBoardLogger, align_versions
 from trainer.metrics import MetricStore
 from trainer.optim import SchedulerConfig
 from trainer.options import TrainerConfig
+from trainer.profiler import make_profiler
 from trainer.reporting import print_results
 from trainer.session import Session
 from trainer.state import LoopState
 from trainer.task import Task
+
+_NO_PROFILE = contextlib.nullcontext()
 
 
 class Trainer:
@@ -50,6 +54,8 @@ class Trainer:
         self.lr_scheduler_configs: list[SchedulerConfig] = []
         self.loaders: dict[str, list[Any]] = {}  # phase ("train", "val", "test", "predict") -> loaders
         self.loader_sizes: dict[str, list[int | float]] = {}  # phase -> batches per loader (after limits)
+        self.profiler = make_profiler(cfg.profiler)
+        self.session: Session | None = None  # the running stage's set-up (trainer/session.py)
 
     __init__.__signature__ = TrainerConfig.signature("self")  # type: ignore[attr-defined]
     __init__.__doc__ = TrainerConfig.docstring()
@@ -59,7 +65,9 @@ class Trainer:
             return [TensorBoardLogger(self.default_root_dir, name="logs")]
         if logger in (False, None):
             return []
-        return align_versions(list(logger) if isinstance(logger, (list, tuple)) else [logger])  # loggers sharing a directory share its version_N
+        return align_versions(
+            list(logger) if isinstance(logger, (list, tuple)) else [logger]
+        )  # loggers sharing a directory share its version_N
 
     def _make_callbacks(self, callbacks: Any) -> list[Callback]:
         cbs = (
@@ -123,6 +131,10 @@ class Trainer:
     def save_checkpoint(self, path: str, weights_only: bool = False) -> None:
         """Write a checkpoint atomically (rank 0 writes, every rank waits)."""
         checkpoint.save(self, path, weights_only)
+
+    def profile(self, name: str) -> contextlib.AbstractContextManager[Any]:
+        """Time a section of the loop under `name` when a profiler is on (else a no-op context)."""
+        return self.profiler.section(name) if self.profiler is not None else _NO_PROFILE
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """print() on global rank 0 only."""

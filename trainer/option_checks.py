@@ -1,0 +1,143 @@
+"""The checks of trainer/options.py: each raises OptionError naming the option and what it must be."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from trainer.errors import ConfigError, did_you_mean
+
+Check = Callable[[str, Any], None]  # check(name, value) raises OptionError when the value is invalid
+ACCELERATORS = ("auto", "cpu", "cuda", "gpu", "mps")
+
+
+class OptionError(ConfigError):
+    """A Trainer option is unknown or has an invalid value; `option` names it."""
+
+    def __init__(self, option: str, message: str, suggestion: str = "", unknown: bool = False) -> None:
+        super().__init__(message)
+        self.option, self.suggestion, self.unknown = option, suggestion, unknown
+
+    @property
+    def problem(self) -> str:
+        """The message without the option's name in front ("must be ...", "unknown strategy ...")."""
+        text = str(self)
+        return text[len(self.option) + 1 :] if text.startswith(f"{self.option} ") else text
+
+
+# ----- checks ---------------------------------------------------------------------------------------
+def is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_text(v: Any, text: str) -> bool:
+    return isinstance(v, str) and v == text
+
+
+def int_from(lo: int, none: bool = False) -> Callable[[Any], bool]:
+    return lambda v: (none and v is None) or (is_int(v) and v >= lo)
+
+
+def must(ok: Callable[[Any], bool], what: str) -> Check:
+    """A check that says ``<name> must be <what>, got <value>``."""
+
+    def check(name: str, value: Any) -> None:
+        if not ok(value):
+            raise OptionError(name, f"{name} must be {what}, got {value!r}")
+
+    return check
+
+
+def choice(
+    choices: Iterable[str] | Callable[[], Iterable[str]], ints: bool = False, none: bool = False
+) -> Check:
+    """One of `choices` (a callable is asked at check time: strategies can be registered later)."""
+
+    def check(name: str, value: Any) -> None:
+        if none and value is None:
+            return
+        valid = list(choices() if callable(choices) else choices)
+        if (isinstance(value, str) or (ints and is_int(value))) and str(value) in valid:
+            return
+        listed = ", ".join(repr(c) for c in valid)
+        hint = did_you_mean(str(value), valid)
+        raise OptionError(name, f"unknown {name} {value!r}{hint} (valid: {listed})", hint)
+
+    return check
+
+
+def strategy_names() -> list[str]:
+    from strategies import STRATEGIES
+
+    return ["auto", *STRATEGIES]
+
+
+def precisions() -> tuple[str, ...]:
+    from strategies.precision import PRECISIONS
+
+    return PRECISIONS
+
+
+def check_strategy(name: str, value: Any) -> None:
+    from strategies.base import Strategy
+
+    if isinstance(value, Strategy):
+        return
+    if not isinstance(value, str):
+        raise OptionError(name, f"{name} must be a name or a Strategy instance, got {type(value).__name__}")
+    choice(strategy_names)(name, value)
+
+
+def check_logger(name: str, value: Any) -> None:
+    if value is None or isinstance(value, bool):
+        return
+    from trainer.loggers import Logger
+
+    for item in value if isinstance(value, (list, tuple)) else [value]:
+        if not isinstance(item, Logger):
+            raise OptionError(
+                name, f"{name} must be True, False, a Logger or a list of Loggers; got {type(item).__name__}"
+            )
+
+
+def check_callbacks(name: str, value: Any) -> None:
+    if value is None:
+        return
+    from callbacks.base import Callback
+
+    for item in value if isinstance(value, (list, tuple)) else [value]:
+        if not isinstance(item, Callback):
+            raise OptionError(name, f"{name} must be Callback instances; got {type(item).__name__}")
+
+
+def check_duration(name: str, value: Any) -> None:
+    if value is None:
+        return
+    from callbacks.timer import parse_duration  # the Timer that max_time adds reads it the same way
+
+    try:
+        parse_duration(value)
+    except ConfigError as e:  # its message says which forms there are, or why this one is unusable
+        raise OptionError(name, f"{name} must be a usable duration: {e}") from None
+
+
+def finite_at_least_0(v: Any) -> bool:
+    return (is_int(v) and v >= 0) or (isinstance(v, float) and math.isfinite(v) and v >= 0)
+
+
+def batches(v: Any) -> bool:
+    return (is_int(v) and v >= 0) or (isinstance(v, float) and 0.0 <= v <= 1.0)
+
+
+LIMIT = must(batches, "an int >= 0 (batches) or a float in [0, 1] (fraction)")
+FLAG = must(lambda v: isinstance(v, bool), "true or false")
+
+
+def check_plugins(name: str, value: Any) -> None:
+    if value is not None and value != []:
+        raise OptionError(
+            name,
+            f"{name} are not supported (got {value!r}): set precision=..., strategy=... or num_nodes=... instead; "
+            "cluster environments are detected from torchrun's and SLURM's variables",
+        )

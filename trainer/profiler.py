@@ -1,0 +1,81 @@
+"""profiler="simple" | "advanced": where a run spends its time (Lightning's Trainer option)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+
+class SimpleProfiler:
+    """Wall time per named section (each hook, training_step, backward, optimizer_step, ...)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+
+    @contextlib.contextmanager
+    def section(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - start
+            self.calls[name] += 1
+
+    def wrap(self, name: str, fn: Any) -> Any:
+        """`fn` timed under `name` (the hook dispatcher wraps every hook it calls)."""
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            with self.section(name):
+                return fn(*args, **kwargs)
+
+        return timed
+
+    def start(self) -> None:
+        """Called when a stage starts."""
+
+    def summary(self) -> str:
+        total = sum(self.seconds.values()) or 1.0
+        rows = sorted(self.seconds.items(), key=lambda kv: -kv[1])
+        width = max([len(k) for k in self.seconds] + [6])
+        lines = [f"{'action':<{width}}  {'calls':>7}  {'total s':>9}  {'mean ms':>9}  {'%':>5}"]
+        for name, s in rows:
+            n = self.calls[name]
+            lines.append(f"{name:<{width}}  {n:>7}  {s:>9.3f}  {1e3 * s / n:>9.3f}  {100 * s / total:>5.1f}")
+        return "\n".join(lines)
+
+
+class AdvancedProfiler(SimpleProfiler):
+    """torch.profiler over the whole stage, plus the simple sections as record_function ranges."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._torch: Any = None
+
+    def start(self) -> None:
+        import torch.profiler
+
+        self._torch = torch.profiler.profile(record_shapes=False)
+        self._torch.__enter__()
+
+    @contextlib.contextmanager
+    def section(self, name: str) -> Iterator[None]:
+        import torch.profiler
+
+        with torch.profiler.record_function(name), super().section(name):
+            yield
+
+    def summary(self) -> str:
+        if self._torch is None:
+            return super().summary()
+        self._torch.__exit__(None, None, None)
+        table = self._torch.key_averages().table(sort_by="cpu_time_total", row_limit=25)
+        self._torch = None
+        return table
+
+
+def make_profiler(kind: str | None) -> SimpleProfiler | None:
+    return {"simple": SimpleProfiler, "advanced": AdvancedProfiler}[kind]() if kind else None
