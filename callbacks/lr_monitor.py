@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from callbacks.base import Callback
-from trainer.errors import ConfigError, choose
+from trainer.errors import ConfigError, check_choice
 
 if TYPE_CHECKING:
     from trainer.task import Task
@@ -26,7 +26,7 @@ class LearningRateMonitor(Callback):
         self, logging_interval: str | None = None, log_momentum: bool = False, log_weight_decay: bool = False
     ) -> None:
         if logging_interval is not None:
-            choose("LearningRateMonitor logging_interval", logging_interval, ("step", "epoch"))
+            check_choice("LearningRateMonitor logging_interval", logging_interval, ("step", "epoch"))
         self.logging_interval = logging_interval
         self.log_momentum = log_momentum
         self.log_weight_decay = log_weight_decay

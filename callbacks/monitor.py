@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from trainer.errors import ConfigError, choose
+from trainer.errors import ConfigError, check_choice
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -69,7 +69,7 @@ class Monitor:
     """
 
     def __init__(self, owner: str, key: str | None, mode: str = "min", min_delta: float = 0.0) -> None:
-        choose(f"{owner} mode", mode, MODES)
+        check_choice(f"{owner} mode", mode, MODES)
         self.owner = owner
         self.key = key
         self.mode = mode

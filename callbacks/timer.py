@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Callback
 from callbacks.monitor import rank_zero_decides
-from trainer.errors import ConfigError, choose
+from trainer.errors import ConfigError, check_choice
 
 if TYPE_CHECKING:
     from trainer.task import Task
@@ -60,7 +60,7 @@ class Timer(Callback):
         interval: str = "step",
         verbose: bool = True,
     ) -> None:
-        choose("Timer interval", interval, ("step", "epoch"))
+        check_choice("Timer interval", interval, ("step", "epoch"))
         self.duration = parse_duration(duration)
         self._duration_s = self.duration.total_seconds() if self.duration is not None else float("inf")
         self.interval = interval

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from trainer.errors import DistributedError, choose
+from trainer.errors import DistributedError, check_choice
 
 REDUCE_OPS = ("sum", "mean", "max", "min")
 
@@ -42,7 +42,7 @@ class Comm:
 
     def reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
         """`op` ("sum", "mean", "max", "min") of the tensor over all ranks."""
-        choose("reduce op", op, REDUCE_OPS)
+        check_choice("reduce op", op, REDUCE_OPS)
         return tensor
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -119,7 +119,7 @@ class ProcessGroupComm(Comm):
     def reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
         import torch.distributed as dist
 
-        choose("reduce op", op, REDUCE_OPS)
+        check_choice("reduce op", op, REDUCE_OPS)
         ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
         out = tensor.detach().clone()
         self.run(f"{op} all-reduce", dist.all_reduce, out, ops.get(op, dist.ReduceOp.MIN))

@@ -20,7 +20,7 @@ from strategies.parallel import ParallelStrategy
 from strategies.precision import Precision
 from strategies.syncbn import convert_sync_batchnorm
 from trainer.data import rebuild, rebuildable
-from trainer.errors import ConfigError, choose
+from trainer.errors import ConfigError, check_choice
 
 if TYPE_CHECKING:
     from strategies.reducer import Reducer
@@ -99,7 +99,7 @@ class DDPStrategy(ParallelStrategy):
         sync_batchnorm: bool | None = None,
     ) -> None:
         super().__init__(accelerator, precision)
-        choose("comm_hook", str(comm_hook), ("None", "fp16", "bf16"))
+        check_choice("comm_hook", str(comm_hook), ("None", "fp16", "bf16"))
         self.devices, self.num_nodes, self.sync_batchnorm = (
             devices,
             num_nodes,

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from trainer.errors import ConfigError, choose
+from trainer.errors import ConfigError, check_choice
 
 # Lightning's names and their short aliases.
 _ALIASES = {
@@ -33,7 +33,7 @@ class Precision:
 
     def __init__(self, precision: str | int = "32-true") -> None:
         name = str(precision)
-        choose("precision", name, PRECISIONS)
+        check_choice("precision", name, PRECISIONS)
         self.name = _ALIASES[name]
         self.device = torch.device("cpu")
         self.scaler: torch.amp.GradScaler | None = None

@@ -101,7 +101,9 @@ def test_stuck_rank_times_out_with_a_named_error(tmp_path):
     start = time.monotonic()
     run, _ = _ft(tmp_path, "stuck", "--stall-rank", "1", "--timeout-s", "5", timeout=90)
     assert run.returncode != 0
-    assert time.monotonic() - start < 90  # 5 s timeout + >= 20 s stop grace of the stuck rank + start-up (loaded CI)
+    assert (
+        time.monotonic() - start < 90
+    )  # 5 s timeout + >= 20 s stop grace of the stuck rank + start-up (loaded CI)
     # rank 0 waits for rank 1's gradients: a DistributedError naming the rank, the operation and the limit
     assert (
         "DistributedError: rank 0/2: gradient all-reduce did not complete within timeout_s=5s" in run.stderr

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from trainer import Task, Trainer
 from trainer.loggers import CSVLogger, Logger, TensorBoardLogger, align_versions
-from trainer.loggers.base import flatten, next_version, plain
+from trainer.loggers.base import flatten, next_version, yaml_safe
 
 
 def test_next_version_counts_only_version_directories(tmp_path):
@@ -167,5 +167,5 @@ def test_flatten_joins_nested_keys_and_stringifies_the_rest():
 def test_plain_makes_anything_safe_for_yaml():
     params = {"dims": (3, [4, 5]), 7: {"path": pathlib.Path("/data"), "none": None}, "dtype": torch.float16}
     expected = {"dims": [3, [4, 5]], "7": {"path": "/data", "none": None}, "dtype": "torch.float16"}
-    assert plain(params) == expected
-    assert yaml.safe_load(yaml.safe_dump(plain(params))) == expected
+    assert yaml_safe(params) == expected
+    assert yaml.safe_load(yaml.safe_dump(yaml_safe(params))) == expected

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from trainer.errors import ConfigError, TandemError, choose
+from trainer.errors import ConfigError, TandemError, check_choice
 
 COMMANDS = ("fit", "validate", "test", "predict")
 
@@ -85,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     from trainer import config
 
-    choose("command", args.command, COMMANDS)
+    check_choice("command", args.command, COMMANDS)
     if args.print_config:
         print(config.to_yaml(config.resolve(args.config, args.overrides)), end="")
         return 0

@@ -139,7 +139,7 @@ def _check_target(node: Any, where: str, skip_defaults: Sequence[str] = ()) -> d
     for p in signature:  # the signature's order, with its defaults: the saved config does not depend on them
         if p.name in args:
             out[p.name] = args.pop(p.name)
-        elif p.name in named and p.name not in skip_defaults and _plain(p.default):
+        elif p.name in named and p.name not in skip_defaults and _is_scalar(p.default):
             out[p.name] = p.default
     return {**out, **args}
 
@@ -154,5 +154,5 @@ def _check_value(value: Any, where: str) -> Any:
     return value
 
 
-def _plain(value: Any) -> bool:
+def _is_scalar(value: Any) -> bool:
     return value is None or type(value) in (bool, int, float, str)

@@ -32,7 +32,7 @@ def did_you_mean(name: str, choices: Iterable[str]) -> str:
     return f", did you mean '{close[0]}'?" if close else ""
 
 
-def choose(kind: str, value: str, choices: Iterable[str]) -> None:
+def check_choice(kind: str, value: str, choices: Iterable[str]) -> None:
     """Raise ConfigError if `value` is not among `choices`, listing them."""
     options = list(choices)
     if value not in options:

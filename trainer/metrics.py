@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from strategies.batch import batch_size_of
-from trainer.errors import TaskError, choose
+from trainer.errors import TaskError, check_choice
 
 REDUCE_FX = ("mean", "sum", "max", "min")
 
@@ -89,7 +89,7 @@ class MetricStore:
         """Record `value` (tensor, number or torchmetrics Metric) under `name`."""
         if not isinstance(reduce_fx, str):
             reduce_fx = getattr(reduce_fx, "__name__", str(reduce_fx))
-        choose("reduce_fx", reduce_fx, REDUCE_FX)
+        check_choice("reduce_fx", reduce_fx, REDUCE_FX)
         training = self.stage == "train" and not self.in_epoch_hook
         on_step = training if on_step is None else on_step
         on_epoch = (not training) if on_epoch is None else on_epoch

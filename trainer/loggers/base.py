@@ -93,12 +93,12 @@ def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def plain(value: Any) -> Any:
+def yaml_safe(value: Any) -> Any:
     """`value` with only YAML-safe types (dicts, lists, numbers, strings); anything else becomes its str()."""
     if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
+        return {str(k): yaml_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
+        return [yaml_safe(v) for v in value]
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return str(value)

@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from trainer.fileio import atomic_write
-from trainer.loggers.base import Logger, plain
+from trainer.loggers.base import Logger, yaml_safe
 
 
 class CSVLogger(Logger):
@@ -53,7 +53,7 @@ class CSVLogger(Logger):
         import yaml  # PyYAML comes with omegaconf
 
         atomic_write(
-            os.path.join(self.log_dir, "hparams.yaml"), yaml.safe_dump(plain(params), sort_keys=False)
+            os.path.join(self.log_dir, "hparams.yaml"), yaml.safe_dump(yaml_safe(params), sort_keys=False)
         )
 
     def save(self) -> None:
