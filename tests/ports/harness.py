@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from callbacks import Callback
+from trainer.errors import TandemError
 
 #: Trainer options that keep a port's run quiet without changing what it computes
 QUIET: dict[str, Any] = dict(enable_progress_bar=False, enable_model_summary=False)
@@ -59,11 +60,37 @@ class FitEndWeights(Callback):
         self.state = weights(task)
 
 
-def run_port(rank: int, world_size: int, module: str, overrides: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """Run a port's main() in this rank of a process group (tests/conftest.py run_distributed)."""
+class LazyPort:
+    """A port module imported on first use: a name Tandem lacks then fails the tests that need it with its
+    ImportError, instead of stopping the collection of the whole suite."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(importlib.import_module(f"tests.ports.{self._name}"), attr)
+
+
+def run_port(
+    rank: int,
+    world_size: int,
+    module: str,
+    overrides: dict[str, Any],
+    attrs: tuple[str, ...] = (),
+    refusable: bool = False,
+) -> dict[str, Any]:
+    """Run a port's main() in this rank of a process group (tests/conftest.py run_distributed); return the
+    final weights and the model attributes named in `attrs`, or with `refusable` the message of a
+    TandemError that refused the run."""
     port = importlib.import_module(f"tests.ports.{module}")
-    out = port.main(**overrides)
-    return {k: v.detach().cpu().clone() for k, v in out["model"].state_dict().items()}
+    try:
+        model = port.main(**overrides)["model"]
+    except TandemError as e:
+        if not refusable:
+            raise
+        return {"refused": str(e)}
+    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    return {"state": state, **{a: getattr(model, a) for a in attrs}}
 
 
 def nonempty(values: Iterable[Any]) -> list[Any]:

@@ -11,8 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset, random_split
 
-from tests.ports import autoencoder
-from tests.ports.harness import QUIET, assert_same_weights, seed_all, weights
+from tests.ports.harness import QUIET, LazyPort, assert_same_weights, seed_all, weights
+
+autoencoder = LazyPort("autoencoder")
 
 
 def _splits() -> tuple[TensorDataset, TensorDataset, TensorDataset]:

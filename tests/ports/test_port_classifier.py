@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from tests.ports import classifier
-from tests.ports.harness import QUIET, assert_same_weights, differs, seed_all, weights
+from tests.ports.harness import QUIET, LazyPort, assert_same_weights, differs, seed_all, weights
+
+classifier = LazyPort("classifier")
 
 
 def reference(leak: bool = False) -> tuple[dict[str, torch.Tensor], float]:

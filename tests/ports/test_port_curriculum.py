@@ -13,8 +13,9 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, TensorDataset
 
 from callbacks import Callback
-from tests.ports import curriculum
-from tests.ports.harness import QUIET, assert_same_weights, seed_all, weights
+from tests.ports.harness import QUIET, LazyPort, assert_same_weights, seed_all, weights
+
+curriculum = LazyPort("curriculum")
 
 EPOCHS = 5
 

@@ -11,8 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from tests.ports import finetune
-from tests.ports.harness import QUIET, assert_same_weights, seed_all, weights
+from tests.ports.harness import QUIET, LazyPort, assert_same_weights, seed_all, weights
+
+finetune = LazyPort("finetune")
 
 K, CLIP = 2, 0.2
 
@@ -78,8 +79,8 @@ def test_finetune_ends_with_the_hand_loops_weights(tmp_path, ref):
     assert name == f"epoch={ref['best_epoch']:02d}-val_loss={ref['best']:.2f}.ckpt"
 
 
-class Recording(finetune.FineTuner):
-    """The script's task, recording when the trainer calls its hooks."""
+class Recording:
+    """Mixed into the script's task (at test time): records when the trainer calls its hooks."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -114,7 +115,7 @@ class Recording(finetune.FineTuner):
 
 def test_optimization_hooks_run_in_lightnings_order(tmp_path):
     seed_all(3)
-    task = Recording()
+    task = type("RecordingFineTuner", (Recording, finetune.FineTuner), {})()
     train = DataLoader(finetune.digits(0, 256), batch_size=64, shuffle=True)
     val = DataLoader(finetune.digits(1024, 1088), batch_size=64)  # its callbacks monitor val_loss
     finetune.Trainer(

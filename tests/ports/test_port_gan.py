@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from tests.ports import gan
-from tests.ports.harness import QUIET, assert_same_weights, differs, seed_all, weights
+from tests.ports.harness import QUIET, LazyPort, assert_same_weights, differs, seed_all, weights
+
+gan = LazyPort("gan")
 
 
 def _requires_grad(module: torch.nn.Module, flag: bool) -> None:

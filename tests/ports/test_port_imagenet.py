@@ -9,8 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from tests.ports import imagenet
-from tests.ports.harness import QUIET, assert_same_weights, seed_all, weights
+from tests.ports.harness import QUIET, LazyPort, assert_same_weights, seed_all, weights
+
+imagenet = LazyPort("imagenet")
 
 EPOCHS = 3
 

@@ -9,8 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from tests.ports import mc_dropout
-from tests.ports.harness import QUIET, assert_same_weights, differs, seed_all, weights
+from tests.ports.harness import QUIET, LazyPort, assert_same_weights, differs, seed_all, weights
+
+mc_dropout = LazyPort("mc_dropout")
 
 
 def _val_mse(model: mc_dropout.MCDropoutRegressor, loader: DataLoader, mc: bool) -> float:

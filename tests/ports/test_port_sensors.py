@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from tests.ports import sensors
-from tests.ports.harness import QUIET, assert_same_weights, seed_all, weights
+from tests.ports.harness import QUIET, LazyPort, assert_same_weights, seed_all, weights
+
+sensors = LazyPort("sensors")
 
 EPOCHS = 3
 
@@ -54,7 +55,9 @@ def test_sensor_script_ends_with_the_hand_loops_weights(tmp_path):
     assert torch.isfinite(out["trainer"].callback_metrics["val_loss"])
 
 
-class Recording(sensors.SensorRegressor):
+class Recording:
+    """Mixed into the script's task (at test time): records the transfers and checks the batch types."""
+
     def __init__(self, data_dir: str) -> None:
         super().__init__(data_dir=data_dir)
         self.transfers: list[tuple[bool, str, int]] = []
@@ -75,7 +78,7 @@ class Recording(sensors.SensorRegressor):
 
 
 def test_transfer_hooks_run_for_every_batch_in_order(tmp_path):
-    task = Recording(str(tmp_path / "data"))
+    task = type("RecordingSensors", (Recording, sensors.SensorRegressor), {})(str(tmp_path / "data"))
     sensors.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
                     num_sanity_val_steps=0, **QUIET).fit(task)  # fmt: skip
     device = str(task.device)

@@ -13,8 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset, random_split
 
-from tests.ports import template
-from tests.ports.harness import FitEndWeights, assert_same_weights, seed_all, weights
+from tests.ports.harness import FitEndWeights, LazyPort, assert_same_weights, seed_all, weights
+
+template = LazyPort("template")
 
 EPOCHS = 5
 

@@ -11,8 +11,9 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from callbacks import Callback
-from tests.ports import transformer
-from tests.ports.harness import QUIET, assert_same_weights, differs, nonempty, seed_all, weights
+from tests.ports.harness import QUIET, LazyPort, assert_same_weights, differs, nonempty, seed_all, weights
+
+transformer = LazyPort("transformer")
 
 LR, WARMUP, EPOCHS = 5e-3, 6, 3
 
