@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import os
 
 import pytest
@@ -38,6 +39,7 @@ def _mean_loss(net: torch.nn.Module, loader: DataLoader) -> float:
     return total / count
 
 
+@functools.cache  # computed once per session; the tests only read it
 def reference() -> dict[str, object]:
     seed_all(7)
     train, val, test = _splits()

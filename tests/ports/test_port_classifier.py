@@ -3,6 +3,8 @@ saves and restores every random generator around it, so running it (or not) leav
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,6 +15,7 @@ from tests.ports.harness import QUIET, LazyPort, assert_same_weights, differs, s
 classifier = LazyPort("classifier")
 
 
+@functools.cache  # computed once per session; the tests only read it
 def reference(leak: bool = False) -> tuple[dict[str, torch.Tensor], float]:
     seed_all(1)
     train, val, test = classifier.digits_split()

@@ -5,6 +5,7 @@ overfit_batches) against a hand loop."""
 from __future__ import annotations
 
 import csv
+import functools
 import os
 
 import pytest
@@ -20,6 +21,7 @@ curriculum = LazyPort("curriculum")
 EPOCHS = 5
 
 
+@functools.cache  # computed once per session; the tests only read it
 def reference(overfit_batches: int = 0) -> dict[str, object]:
     """The training loader is built by the task's train_dataloader at epochs 0, 2, 4 (current_epoch then
     decides the classes). With overfit_batches=n Lightning swaps a shuffling sampler for a sequential one and

@@ -3,6 +3,8 @@ hand-written loop with Lightning's documented semantics."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
@@ -17,6 +19,7 @@ def _requires_grad(module: torch.nn.Module, flag: bool) -> None:
         p.requires_grad_(flag)
 
 
+@functools.cache  # computed once per session; the tests only read it
 def reference(epochs: int = 3, toggle: bool = True) -> dict[str, torch.Tensor]:
     """The GAN's semantics in plain PyTorch. toggle_optimizer(opt) turns off requires_grad of every parameter
     that belongs to another optimizer until untoggle_optimizer(opt); the module has no validation_step, so

@@ -4,6 +4,8 @@ so a Trainer that skipped on_validation_model_eval would also train differently 
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -29,6 +31,7 @@ def _val_mse(model: mc_dropout.MCDropoutRegressor, loader: DataLoader, mc: bool)
     return total / count
 
 
+@functools.cache  # computed once per session; the tests only read it
 def reference(mc_validation: bool = True) -> dict[str, object]:
     seed_all(21)
     train = DataLoader(mc_dropout.noisy_sine(256, seed=0), batch_size=32, shuffle=True)
@@ -78,3 +81,47 @@ def test_validate_test_and_predict_with_model_keyword(run):
 
 def test_the_validation_hooks_matter_for_this_script():
     assert differs(reference(mc_validation=True)["weights"], reference(mc_validation=False)["weights"])
+
+
+class InferenceModes:
+    """Mixed into the script's task (at test time): records whether each step ran under torch.inference_mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.modes: dict[str, set[bool]] = {}
+        self.fitting = False
+
+    def on_fit_start(self):
+        self.fitting = True
+
+    def on_fit_end(self):
+        self.fitting = False
+
+    def _note(self, where: str) -> None:
+        self.modes.setdefault(where, set()).add(torch.is_inference_mode_enabled())
+
+    def validation_step(self, batch, batch_idx):
+        self._note("fit" if self.fitting else "validate")
+        return super().validation_step(batch, batch_idx)
+
+    def test_step(self, batch, batch_idx):
+        self._note("test")
+        return super().test_step(batch, batch_idx)
+
+    def predict_step(self, batch, batch_idx, dataloader_idx=0):
+        self._note("predict")
+        return super().predict_step(batch, batch_idx, dataloader_idx)
+
+
+def test_inference_mode_is_used_outside_fit_by_default(tmp_path):
+    task = type("Modes", (InferenceModes, mc_dropout.MCDropoutRegressor), {})()
+    loader = DataLoader(mc_dropout.noisy_sine(32, seed=1), batch_size=16)
+    trainer = mc_dropout.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                                 default_root_dir=str(tmp_path), **QUIET)  # fmt: skip
+    trainer.fit(task, loader, loader)
+    trainer.validate(task, loader, verbose=False)
+    trainer.test(task, loader, verbose=False)
+    trainer.predict(task, loader)
+    # Trainer(inference_mode=True), the default: standalone evaluation runs under torch.inference_mode;
+    # validation inside fit runs under torch.no_grad (its tensors may meet training's later)
+    assert task.modes == {"fit": {False}, "validate": {True}, "test": {True}, "predict": {True}}

@@ -3,6 +3,7 @@ transfer_batch_to_device, on_after_batch_transfer, training_step returning None)
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
@@ -17,6 +18,7 @@ sensors = LazyPort("sensors")
 EPOCHS = 3
 
 
+@functools.cache  # computed once per session; the tests only read it
 def reference(skip_none: bool = True) -> dict[str, torch.Tensor]:
     """Per training batch, as Lightning orders it: on_before_batch_transfer (host jitter, one draw from the
     global RNG), the transfer, on_after_batch_transfer (standardise), then training_step; a None loss means

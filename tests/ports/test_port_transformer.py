@@ -5,6 +5,8 @@ before clipping (on_before_optimizer_step, then gradient clipping, then the upda
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -28,6 +30,7 @@ class StepLRs(Callback):
         self.lrs.append(optimizer.param_groups[0]["lr"])
 
 
+@functools.cache  # computed once per session; the tests only read it
 def reference(warmup: bool = True) -> tuple[dict[str, torch.Tensor], list[float]]:
     seed_all(42)
     train = DataLoader(
