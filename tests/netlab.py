@@ -108,15 +108,17 @@ class TwoNodeJob:
         script_argv: list[str],
         settings: tuple[str, ...] = ALL_SETTINGS,
         max_restarts: int = 0,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.lab, self.logs = lab, [logdir / "node0.log", logdir / "node1.log"]
         run_id = uuid.uuid4().hex[:8]
         self.start = time.monotonic()
         self.procs: list[subprocess.Popen[str]] = []
         for node in (0, 1):
-            argv, env = torchrun_argv(lab, node, script_argv, settings, max_restarts, run_id)
+            argv, node_env = torchrun_argv(lab, node, script_argv, settings, max_restarts, run_id)
+            node_env.update(env or {})
             with open(self.logs[node], "w") as log:
-                self.procs.append(lab.popen(node, argv, stdout=log, stderr=subprocess.STDOUT, env=env))
+                self.procs.append(lab.popen(node, argv, stdout=log, stderr=subprocess.STDOUT, env=node_env))
         self.ended: dict[int, float] = {}
 
     def output(self, node: int) -> str:

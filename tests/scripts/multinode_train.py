@@ -32,12 +32,16 @@ class Net(Task):
         torch.manual_seed(1)
         w = args.width
         self.net = torch.nn.Sequential(
-            torch.nn.Linear(6, w), torch.nn.Tanh(), torch.nn.Linear(w, w), torch.nn.Tanh(), torch.nn.Linear(w, 3)
+            torch.nn.Linear(6, w),
+            torch.nn.Tanh(),
+            torch.nn.Linear(w, w),
+            torch.nn.Tanh(),
+            torch.nn.Linear(w, 3),
         )
         self.args = args
 
     def training_step(self, batch, batch_idx):
-        a, restart = self.args, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        a, restart = self.args, int(os.environ.get("TANDEM_TEST_RESTART", "0"))
         if self.global_rank == a.kill_rank and self.global_step == a.kill_step and restart == 0:
             print(f"rank {self.global_rank} SIGKILLs itself at step {self.global_step}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)  # a preempted node: no cleanup, no traceback
@@ -66,7 +70,17 @@ def main() -> None:
     p.add_argument("--kill-step", type=int, default=-1)
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--ckpt", action="store_true", help="checkpoint every 2 steps and resume='auto'")
+    p.add_argument(
+        "--no-attempt-prefix",
+        action="store_true",
+        help="experiment: hide TORCHELASTIC_RESTART_COUNT from Tandem so it joins through env:// unprefixed",
+    )
     args = p.parse_args()
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    os.environ["TANDEM_TEST_RESTART"] = restart or "0"  # read by the kill switch, whatever Tandem sees
+    if args.no_attempt_prefix:
+        os.environ.pop("TORCHELASTIC_RESTART_COUNT", None)
+    print(f"worker rank {os.environ.get('RANK')} starts, TORCHELASTIC_RESTART_COUNT={restart}", flush=True)
     seed_everything(0)
     g = torch.Generator().manual_seed(0)
     n = args.samples
