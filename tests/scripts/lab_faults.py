@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -67,7 +69,24 @@ def sigkill(tmp: Path, tries: int, timeout: float, env: dict[str, str], extra: l
         _report(f"sigkill try {i + 1}/{tries}", results, f"weights vs uninterrupted: {_equal(ref, out)}")
 
 
-def cut(tmp: Path, restarts: int, timeout: float, after: float, env: dict[str, str]) -> None:
+def _processes(lab: Lab) -> None:
+    """Print what still runs in each node (just before the deadline): pid, kernel wait channel, command."""
+    for node in (0, 1):
+        pids = subprocess.run(
+            ["ip", "netns", "pids", lab.ns(node)], capture_output=True, text=True
+        ).stdout.split()
+        for pid in pids:
+            try:
+                wchan = Path(f"/proc/{pid}/wchan").read_text()
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:150]
+            except OSError:
+                continue
+            print(f"  still running in node{node}: pid {pid} wchan={wchan} {cmd}", flush=True)
+
+
+def cut(
+    tmp: Path, restarts: int, timeout: float, after: float, env: dict[str, str], restore_after: float | None
+) -> None:
     where = tmp / "cut"
     where.mkdir()
     argv = [SCRIPT, str(where / "w.pt"), str(where / "root"), "--epochs", "20", "--step-sleep", "0.1"]
@@ -79,10 +98,17 @@ def cut(tmp: Path, restarts: int, timeout: float, after: float, env: dict[str, s
         time.sleep(after)
         lab.cut(1)
         cut_at = time.monotonic() - job.start
+        if restore_after is not None:
+            time.sleep(restore_after)
+            lab.restore(1)
+        snapshot = threading.Timer(max(1.0, timeout - cut_at - 8), _processes, (lab,))
+        snapshot.start()
         results = job.wait(timeout)
+        snapshot.cancel()
     for r in results:
         r.seconds -= cut_at  # report seconds after the cut
-    _report(f"link of node1 cut (max_restarts={restarts})", results, "(seconds after the cut)")
+    what = "cut" if restore_after is None else f"cut for {restore_after:g}s"
+    _report(f"link of node1 {what} (max_restarts={restarts})", results, "(seconds after the cut)")
 
 
 def main() -> None:
@@ -94,6 +120,7 @@ def main() -> None:
     p.add_argument("--after", type=float, default=2.0, help="cut: seconds after step 1 on node1")
     p.add_argument("--keep", default=None, help="write logs and weights here instead of a temporary folder")
     p.add_argument("--env", action="append", default=[], help="KEY=VALUE for both agents (repeatable)")
+    p.add_argument("--restore-after", type=float, default=None, help="cut: bring the link back after this")
     p.add_argument("--script-arg", action="append", default=[], help="extra multinode_train.py argument")
     args = p.parse_args()
     env = dict(item.split("=", 1) for item in args.env)
@@ -104,7 +131,7 @@ def main() -> None:
         if args.what == "sigkill":
             sigkill(where, args.tries, args.timeout, env, args.script_arg)
         else:
-            cut(where, args.restarts, args.timeout, args.after, env)
+            cut(where, args.restarts, args.timeout, args.after, env, args.restore_after)
 
 
 if __name__ == "__main__":
