@@ -1,7 +1,8 @@
 """Failure modes of a two-node job in the network lab, observed (not asserted); every run is bounded.
 
 python tests/scripts/lab_faults.py sigkill [--tries 5]   # node1's worker SIGKILLs itself; --max-restarts=1
-python tests/scripts/lab_faults.py cut [--restarts 0]    # node1's link goes down mid-run and stays down
+python tests/scripts/lab_faults.py cut [--restarts 0] [--restore-after S]  # node1's link goes down mid-run
+python tests/scripts/lab_faults.py settings [--timeout 150]  # each subset of the two-node settings
 
 Prints one line per try: each node's exit code (None: still running at the deadline, then killed), seconds
 since the start, the first error lines, and whether the final weights equal an uninterrupted run's.
@@ -22,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 import torch  # noqa: E402
-from netlab import TwoNodeJob, run_one_node  # noqa: E402
+from netlab import ALL_SETTINGS, TwoNodeJob, run_one_node  # noqa: E402
 
 from benchmarks.lab import Lab, guarded  # noqa: E402
 
@@ -111,9 +112,27 @@ def cut(
     _report(f"link of node1 {what} (max_restarts={restarts})", results, "(seconds after the cut)")
 
 
+def settings(tmp: Path, timeout: float) -> None:
+    """Each subset of the two-node settings (netlab.ALL_SETTINGS): how the run ends without the others."""
+    variants = [
+        (),
+        ("is_host",),
+        ("is_host", "gloo_ifname"),
+        ("is_host", "local_addr"),
+        ("local_addr", "gloo_ifname"),
+    ]
+    for chosen in [*variants, ALL_SETTINGS]:
+        where = tmp / ("-".join(chosen) or "none")
+        where.mkdir()
+        argv = [SCRIPT, str(where / "w.pt"), str(where / "root"), "--timeout-s", "20"]
+        with guarded(Lab.up()) as lab:
+            results = TwoNodeJob(lab, where, argv, settings=chosen).wait(timeout)
+        _report(f"settings {chosen or '(none)'}", results)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("what", choices=["sigkill", "cut"])
+    p.add_argument("what", choices=["sigkill", "cut", "settings"])
     p.add_argument("--tries", type=int, default=5)
     p.add_argument("--restarts", type=int, default=0)
     p.add_argument("--timeout", type=float, default=240, help="deadline of each job, seconds")
@@ -128,7 +147,9 @@ def main() -> None:
         where = (
             Path(tmp) if args.keep is None else Path(tempfile.mkdtemp(prefix="lab-faults-", dir=args.keep))
         )
-        if args.what == "sigkill":
+        if args.what == "settings":
+            settings(where, args.timeout)
+        elif args.what == "sigkill":
             sigkill(where, args.tries, args.timeout, env, args.script_arg)
         else:
             cut(where, args.restarts, args.timeout, args.after, env, args.restore_after)
