@@ -142,23 +142,7 @@ class Lab:
                 _cmd(["ip", "netns", "add", ns])
             a, b = lab.nodes
             # created directly inside the namespaces: nothing of the lab ever exists in the host's namespace
-            _cmd(
-                [
-                    "ip",
-                    "link",
-                    "add",
-                    IFACES[0],
-                    "netns",
-                    a,
-                    "type",
-                    "veth",
-                    "peer",
-                    "name",
-                    IFACES[1],
-                    "netns",
-                    b,
-                ]
-            )
+            _cmd(f"ip link add {IFACES[0]} netns {a} type veth peer name {IFACES[1]} netns {b}".split())
             for node, ns in enumerate(lab.nodes):
                 _cmd(["ip", "-n", ns, "link", "set", "lo", "up"])
                 _cmd(["ip", "-n", ns, "addr", "add", f"{ADDRS[node]}/{PREFIX_LEN}", "dev", IFACES[node]])
