@@ -5,7 +5,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tandem-installed
 
-.PHONY: run test bench lint format clean
+.PHONY: run test test-slow bench lint format clean
 
 # torch is installed first and pinned: a bare `torch` would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml Makefile
@@ -19,7 +19,11 @@ run: $(STAMP)
 	$(PY) examples/digits.py
 
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -m "not slow"
+
+# multi-process Lightning ports and the two-node network lab (root + iproute2; skipped with a reason otherwise)
+test-slow: $(STAMP)
+	$(PY) -m pytest -m slow
 
 bench: $(STAMP)
 	$(PY) -m pip install -q -e ".[bench]"
