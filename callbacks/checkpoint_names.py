@@ -17,7 +17,7 @@ def parse_template(filename: str | None) -> list[tuple[str, str]]:
     fields = [(m.group(1).strip(), m.group(2) or "") for m in _FIELD.finditer(filename or "")]
     for name, spec in fields:
         try:
-            format(0.0, spec)
+            format(0 if name in ("epoch", "step") else 0.0, spec)  # epoch and step are ints ("{epoch:02d}")
         except ValueError as e:
             raise ConfigError(
                 f"ModelCheckpoint(filename={filename!r}): bad format {spec!r} for {name!r}: {e}"

@@ -43,13 +43,16 @@ def run_eval(t: Trainer, phase: str, limit: int | None = None) -> Any:
     if phase == "val" and "on_validation_model_zero_grad" in custom:
         task.on_validation_model_zero_grad()
     store.reset(phase)
+    outer_phase, t.state.phase = t.state.phase, phase
     hooks.call(f"on_{prefix}_start")
     hooks.call(f"on_{prefix}_epoch_start")
     predictions: list[list[Any]] = []
     multi = len(loaders) > 1
     # during fit the ranks agree on a stop request after each batch that every rank has
     agree = _common_batches(t, sizes, limit) if t.state.stage == "fit" and not t.state.sanity_checking else 0
-    with torch.inference_mode() if t.config.inference_mode else torch.no_grad():
+    # inside fit, validation's tensors may meet training's later: no_grad there, as Lightning does
+    standalone = t.config.inference_mode and t.state.stage != "fit"
+    with torch.inference_mode() if standalone else torch.no_grad():
         for dl_idx, (loader, n) in enumerate(zip(loaders, sizes)):
             store.dataloader_suffix = f"/dataloader_idx_{dl_idx}" if multi else ""
             extra = (dl_idx,) if multi else ()
@@ -85,6 +88,7 @@ def run_eval(t: Trainer, phase: str, limit: int | None = None) -> Any:
     else:
         task.train(was_training)
     store.switch("train")
+    t.state.phase = outer_phase
     if phase == "predict":
         return predictions[0] if len(predictions) == 1 else predictions
     return results

@@ -61,6 +61,7 @@ def train_epoch(t: Trainer) -> None:
     val_every = _val_check_batches(t) if _should_validate(t) else 0  # check_val_every_n_epoch gates it too
     set_epoch(t.train_dataloader, state.epoch)
     task.train()
+    state.phase = "train"
     t.metric_store.reset("train")
     hooks.call("on_train_epoch_start")
     batches, start = _epoch_iterator(t)
@@ -95,7 +96,7 @@ def train_epoch(t: Trainer) -> None:
                 with t.profile("backward"):
                     strategy.backward(loss / window if window > 1 else loss, sync=boundary, run=run)
                 hooks.call("on_after_backward")
-            if boundary and loss is not None:
+            if boundary:  # (a skipped batch still counts as a step, as in Lightning, but steps nothing)
                 with t.profile("optimizer_step"):
                     _step(t, optimizer, batch_idx, loss)
         state.batch_in_epoch = batch_idx + 1
@@ -142,7 +143,8 @@ def _step(
     if "optimizer_step" in t.hooks.custom:  # the closure hands back this batch's already computed loss
         task.optimizer_step(state.epoch, batch_idx, task._optimizers[0], lambda: loss)
     else:
-        optimizer_step(t, optimizer)
+        if loss is not None:
+            optimizer_step(t, optimizer)
         state.global_step += 1
     step_schedulers(t, "step")
 

@@ -190,8 +190,8 @@ class TaskOptimizer:
         task's optimizer_step) returns the batch's loss, already computed: it is called once here."""
         trainer = self._trainer
         if closure is not None and trainer.task is not None and trainer.task.automatic_optimization:
-            result = closure()
-            out = optimizer_step(trainer, self._optimizer)
+            result = closure()  # None: training_step skipped the batch, so there is nothing to step
+            out = result if result is None else optimizer_step(trainer, self._optimizer)
             out = result if out is None else out
         else:
             out = optimizer_step(trainer, self._optimizer, closure)

@@ -47,7 +47,6 @@ class Session:
         task._trainer = t
         if self.dm is not None:
             self.dm.trainer = t
-        _set_torch_flags(t.config)
         self.anomaly = torch.is_anomaly_enabled()
         if stage == "fit" and t.config.detect_anomaly:
             torch.autograd.set_detect_anomaly(True)
@@ -173,9 +172,8 @@ def merge_callbacks(callbacks: list[Any], extra: Any) -> list[Any]:
     ]
 
 
-def _set_torch_flags(cfg: Any) -> None:
+def set_torch_flags(det: bool | str | None, bench: bool | None) -> None:
     """deterministic and benchmark, as Lightning sets them (benchmark None: off when deterministic)."""
-    det, bench = cfg.deterministic, cfg.benchmark
     if det is not None:
         if det:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

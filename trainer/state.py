@@ -23,6 +23,7 @@ class LoopState:
     """
 
     stage: str | None = None  # "fit", "validate", "test" or "predict" while one runs
+    phase: str | None = None  # what the loop is doing: "train", "val", "test" or "predict"
     epoch: int = 0
     global_step: int = 0  # optimizer steps taken
     batch_in_epoch: int = 0  # training batches of the current epoch already consumed

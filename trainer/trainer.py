@@ -22,7 +22,7 @@ from trainer.optim import SchedulerConfig
 from trainer.options import TrainerConfig
 from trainer.profiler import make_profiler
 from trainer.reporting import print_results
-from trainer.session import Session
+from trainer.session import Session, set_torch_flags
 from trainer.state import LoopState
 from trainer.task import Task
 
@@ -41,6 +41,7 @@ class Trainer:
     def __init__(self, **options: Any) -> None:
         self.config = cfg = TrainerConfig.from_kwargs(**options).effective()
         self.default_root_dir = os.path.abspath(cfg.default_root_dir or os.getcwd())
+        set_torch_flags(cfg.deterministic, cfg.benchmark)  # as Lightning does when a Trainer is built
         self.strategy: Strategy = resolve_strategy(cfg.strategy, vars(cfg), set(options))
         self.loggers: list[Logger] = self._make_loggers(cfg.logger)
         self.callbacks: list[Callback] = self._make_callbacks(cfg.callbacks)
@@ -157,6 +158,22 @@ class Trainer:
     @property
     def sanity_checking(self) -> bool:
         return self.state.sanity_checking
+
+    @property
+    def training(self) -> bool:
+        return self.state.phase == "train"
+
+    @property
+    def validating(self) -> bool:
+        return self.state.phase == "val" and not self.state.sanity_checking
+
+    @property
+    def testing(self) -> bool:
+        return self.state.phase == "test"
+
+    @property
+    def predicting(self) -> bool:
+        return self.state.phase == "predict"
 
     @property
     def should_stop(self) -> bool:
