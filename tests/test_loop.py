@@ -155,3 +155,28 @@ def test_accumulation_grads_are_not_stepped_mid_window(tmp_path):
     # 5 batches, k=3: steps after batches 3 and 5
     assert [s for _, s in seen] == [0, 0, 0, 1, 1]
     assert trainer.global_step == 2
+
+
+def test_returning_none_skips_the_batch_like_a_hand_loop(tmp_path):
+    """Lightning's rule: None from training_step means no backward and no parameter update for that batch
+    (the step still counts, so step-interval schedules and max_steps advance)."""
+
+    class Skips(Regressor):
+        def training_step(self, batch, batch_idx):
+            return None if batch_idx % 3 == 1 else super().training_step(batch, batch_idx)
+
+    torch.manual_seed(0)
+    model = make_net(0.0)
+    opt, _ = make_optim(model.parameters(), None)
+    for i, (x, y) in enumerate(DataLoader(dataset(), batch_size=4)):
+        if i % 3 == 1:
+            continue
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+    torch.manual_seed(0)
+    task = Skips(dropout=0.0)
+    trainer = Trainer(max_epochs=1, default_root_dir=str(tmp_path), **FAST)
+    trainer.fit(task, DataLoader(dataset(), batch_size=4))
+    assert_same_weights(task.net, model)
+    assert trainer.global_step == len(DataLoader(dataset(), batch_size=4))
