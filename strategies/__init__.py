@@ -24,6 +24,13 @@ STRATEGIES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 #: Trainer options a strategy takes when its constructor left them unset
 FILLED = ("accelerator", "precision", "devices", "num_nodes", "sync_batchnorm")
+DEFAULTS = {
+    "accelerator": "auto",
+    "precision": "32-true",
+    "devices": "auto",
+    "num_nodes": 1,
+    "sync_batchnorm": False,
+}
 
 
 def register(name: str, target: str, **kwargs: Any) -> None:
@@ -49,9 +56,9 @@ def resolve_strategy(
     if isinstance(strategy, str):  # (trainer/options.py checked the name)
         strategy = _by_name(strategy, options)
     for name in FILLED:
-        value = options[name]
-        if name == "devices" and value == "auto":
-            value = _auto_devices(options)
+        value = options.get(name, DEFAULTS[name])
+        if name == "devices" and value == "auto":  # "auto" fills an unset count but never conflicts
+            value, given = _auto_devices(options), set(given) - {"devices"}
         if name == "precision" or hasattr(strategy, name):  # (reading .precision would default it)
             strategy._fill(name, value, name in given)
         elif name in ("devices", "num_nodes") and name in given and value != 1:  # for a one-device strategy
@@ -65,16 +72,16 @@ def resolve_strategy(
 
 
 def _auto_devices(options: dict[str, Any]) -> int:
-    cuda = options["accelerator"] in ("auto", "cuda", "gpu") and torch.cuda.is_available()
+    cuda = options.get("accelerator", "auto") in ("auto", "cuda", "gpu") and torch.cuda.is_available()
     return max(torch.cuda.device_count() if cuda else 1, 1)
 
 
 def _by_name(name: str, options: dict[str, Any]) -> Strategy:
-    devices = options["devices"]
+    devices = options.get("devices", "auto")
     if devices == "auto":
         devices = _auto_devices(options)
     if name == "auto":
-        name = "single" if devices == 1 and options["num_nodes"] == 1 else "ddp"
+        name = "single" if devices == 1 and options.get("num_nodes", 1) == 1 else "ddp"
     if name == "single" and devices != 1:
         raise ConfigError(
             f"strategy='single' runs on one device but devices={devices}; use strategy='ddp' or 'dp'."

@@ -56,6 +56,10 @@ class DataParallelStrategy(ParallelStrategy):
         super().__init__(accelerator, precision)
         self.devices = devices  # None: the Trainer's devices
         self._device_list: list[torch.device] | None = None
+        if devices is not None:  # a bad count, list or accelerator is a ConfigError now, not at fit
+            _device_indices(devices)
+            if accelerator is not None:
+                self._device_list = _resolve_devices(accelerator, devices)
         self._local = threading.local()  # the device of the replica running in this thread
         self._threads: _ReplicaThreads | None = None
         self._metric_clones: dict[tuple[int, int], tuple[weakref.ref[Any], torch.nn.Module]] = {}
@@ -218,14 +222,21 @@ class _ReplicaThreads:
             q.put(None)
 
 
-def _resolve_devices(accelerator: str, devices: int | str | Sequence[int]) -> list[torch.device]:
+def _device_indices(devices: Any) -> list[int]:
     if devices == "auto":
-        devices = max(torch.cuda.device_count(), 1) if accelerator in ("auto", "cuda", "gpu") else 1
-    indices = list(range(devices)) if isinstance(devices, int) else list(devices)  # type: ignore[arg-type]
+        return [0]
+    indices = list(range(devices)) if isinstance(devices, int) else list(devices)
     if not indices or not all(isinstance(i, int) and i >= 0 for i in indices):
         raise ConfigError(
             f"strategy='dp' needs devices >= 1 (a count or a list of device indices), got {devices!r}"
         )
+    return indices
+
+
+def _resolve_devices(accelerator: str, devices: int | str | Sequence[int]) -> list[torch.device]:
+    if devices == "auto":
+        devices = max(torch.cuda.device_count(), 1) if accelerator in ("auto", "cuda", "gpu") else 1
+    indices = _device_indices(devices)
     first = pick_device(accelerator, indices[0])
     if first.type != "cuda":  # CPU (or MPS): N replicas on the one device
         return [first] * len(indices)

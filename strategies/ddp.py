@@ -109,7 +109,7 @@ class DDPStrategy(ParallelStrategy):
         self.gradient_as_bucket_view, self.comm_hook = gradient_as_bucket_view, comm_hook
         self.static_graph, self.broadcast_buffers = static_graph, broadcast_buffers
         self.backend, self.timeout_s, self.max_restarts = process_group_backend, timeout_s, max_restarts
-        self.comm: ProcessGroupComm = ProcessGroupComm(timeout_s)
+        self.comm: ProcessGroupComm = ProcessGroupComm(timeout_s, lambda: self._world[0] * self._world[1])
         self.reducer: Reducer | None = None
         self._unsynced = False  # gradients accumulated by backward(sync=False) and not reduced since
 

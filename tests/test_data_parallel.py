@@ -156,7 +156,7 @@ def test_an_exception_that_cannot_be_renamed_becomes_replica_error():
 
     x, y = make_data(4).tensors
     with pytest.raises(ReplicaError, match=r"replica 0 .*replicas \[1\] failed too"):
-        DataParallelStrategy(accelerator="cpu", devices=2).training_step(Raises(), (x, y), 0)
+        DataParallelStrategy(accelerator="cpu", devices=2).step(Raises(), "training_step", (x, y), 0)
 
 
 def test_a_failing_replica_fails_fit_and_manual_optimization_is_refused():
@@ -172,7 +172,7 @@ def test_a_failing_replica_fails_fit_and_manual_optimization_is_refused():
             self.automatic_optimization = False
 
     with pytest.raises(ConfigError, match="automatic optimization"):
-        DataParallelStrategy(accelerator="cpu", devices=2).training_step(Manual(), (x, y), 0)
+        DataParallelStrategy(accelerator="cpu", devices=2).step(Manual(), "training_step", (x, y), 0)
 
 
 # ----- backward in the replicas' threads ------------------------------------------------------------------------

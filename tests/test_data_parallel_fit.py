@@ -128,8 +128,8 @@ def test_replicas_follow_grad_mode_autocast_and_device():
 
 
 def test_config_names_and_devices():
-    s = resolve_strategy("dp", "cpu", 3, "32-true")
-    assert isinstance(s, DataParallelStrategy) and s.devices == [CPU] * 3 and s.world_size == 1
+    s = resolve_strategy("dp", {"accelerator": "cpu", "devices": 3, "precision": "32-true"}, {"devices"})
+    assert isinstance(s, DataParallelStrategy) and s.device_list == [CPU] * 3 and s.world_size == 1
     with pytest.raises(ConfigError, match="devices >= 1"):
         DataParallelStrategy(accelerator="cpu", devices=0)
     if torch.cuda.device_count() < 8:

@@ -170,6 +170,7 @@ def _no_relaunch(env: pytest.MonkeyPatch) -> list[tuple[int, int]]:
         calls.append((nprocs, max_restarts))
 
     env.setattr(launch, "relaunch", fake)
+    env.setattr(DDPStrategy, "_join_group", lambda self: calls.append("joined"))  # no real process group
     return calls
 
 
@@ -177,24 +178,24 @@ def _no_relaunch(env: pytest.MonkeyPatch) -> list[tuple[int, int]]:
 def test_under_a_launcher_the_work_runs_in_this_process(env, variables):
     calls = _no_relaunch(env)
     set_vars(env, variables)
-    assert DDPStrategy(accelerator="cpu", devices=2).launch(lambda a, b: a + b, 2, b=3) == 5
-    assert calls == []
+    DDPStrategy(accelerator="cpu", devices=2).launch()
+    assert calls == ["joined"]  # this process is a worker already: it joins, nothing is started
 
 
 def test_a_plain_run_relaunches_devices_workers(env):
     calls = _no_relaunch(env)
-    ran = []
-    DDPStrategy(accelerator="cpu", devices=3, max_restarts=2).launch(ran.append, 1)
-    assert calls == [(3, 2)] and ran == []  # the workers run it, not this process
+    DDPStrategy(accelerator="cpu", devices=3, max_restarts=2).launch()
+    assert calls[0] == (3, 2)  # the real relaunch exits this process with the workers' status
 
 
 def test_one_device_is_a_group_of_one_in_this_process(env):
     calls = _no_relaunch(env)
-    assert DDPStrategy(accelerator="cpu", devices=1).launch(lambda: os.environ["WORLD_SIZE"]) == "1"
-    assert calls == [] and os.environ["RANK"] == "0" and os.environ["MASTER_ADDR"] == "127.0.0.1"
+    DDPStrategy(accelerator="cpu", devices=1).launch()
+    assert calls == ["joined"] and os.environ["WORLD_SIZE"] == "1"
+    assert os.environ["RANK"] == "0" and os.environ["MASTER_ADDR"] == "127.0.0.1"
 
 
 def test_several_nodes_need_a_launcher(env):
     _no_relaunch(env)
     with pytest.raises(ConfigError, match="torchrun .*srun"):
-        DDPStrategy(accelerator="cpu", devices=2, num_nodes=2).launch(lambda: None)
+        DDPStrategy(accelerator="cpu", devices=2, num_nodes=2).launch()

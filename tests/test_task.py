@@ -208,7 +208,7 @@ def test_print_only_on_rank_zero(capsys, monkeypatch, tmp_path):
     t.print("rank", 0)
     trainer.print("trainer", 0)
     assert capsys.readouterr().out == "rank 0\ntrainer 0\n"
-    monkeypatch.setattr(type(trainer.strategy), "global_rank", property(lambda self: 1))  # as on rank 1
+    monkeypatch.setattr(type(trainer.strategy.comm), "rank", property(lambda self: 1))  # as on rank 1
     t.print("rank", 1)
     trainer.print("trainer", 1)
     assert capsys.readouterr().out == ""

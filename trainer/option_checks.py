@@ -138,6 +138,6 @@ def check_plugins(name: str, value: Any) -> None:
     if value is not None and value != []:
         raise OptionError(
             name,
-            f"{name} are not supported (got {value!r}): set precision=..., strategy=... or num_nodes=... instead; "
-            "cluster environments are detected from torchrun's and SLURM's variables",
+            f"{name} must be None: Tandem has no plugins (got {value!r}); set precision=..., strategy=... or "
+            "num_nodes=... instead (cluster environments are detected from torchrun's and SLURM's variables)",
         )
