@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -49,8 +50,36 @@ class Counter(Callback):
         self.steps += 1
 
 
-def needs_n(n: int) -> Counter:
-    return Counter(str(n))
+class NeedsN(TinyTask):
+    """A task with a required argument."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(width=n)
+
+
+BUILT: list[str] = []  # what Recorder built: tests that check a command builds nothing look here
+
+
+class Recorder(TinyTask):
+    """A TinyTask that records each construction."""
+
+    def __init__(self, lr: float = 0.1) -> None:
+        BUILT.append(type(self).__name__)
+        super().__init__(lr=lr)
+
+
+class TypedTask(Task):
+    """A task whose arguments are annotated: what nested _target_ entries may build for each of them."""
+
+    def __init__(
+        self,
+        backbone: torch.nn.Module | None = None,
+        make_opt: Callable[..., torch.optim.Optimizer] | None = None,
+        loss_fn: Callable | None = None,
+        blocks: list[torch.nn.Module] | None = None,
+    ) -> None:
+        super().__init__()
+        self.backbone, self.make_opt, self.loss_fn, self.blocks = backbone, make_opt, loss_fn, blocks
 
 
 def base(tmp_path: Any = None, **trainer: Any) -> dict[str, Any]:

@@ -146,8 +146,8 @@ def test_mistakes_are_config_errors_that_say_what_to_change(override, pattern):
 
 
 def test_missing_required_argument_and_a_typo_in_the_file(tmp_path):
-    with pytest.raises(ConfigError, match=r"task: .*needs_n needs 'n'; set them under task"):
-        C.resolve({"task": {"_target_": f"{HERE}.needs_n"}})
+    with pytest.raises(ConfigError, match=r"task: .*NeedsN needs 'n'; set them under task"):
+        C.resolve({"task": {"_target_": f"{HERE}.NeedsN"}})
     path = tmp_path / "typo.yaml"
     path.write_text("trainer:\n  max_epoch: 3\n")
     with pytest.raises(ConfigError, match="did you mean 'max_epochs'"):

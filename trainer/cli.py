@@ -63,8 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_intermixed_args(argv)
     if args.command is None:
         parser.error("say what to run: fit, validate, test or predict")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())  # as with `python -m`: _target_ may name modules of this directory
+    _cwd_last()
     try:
         return _run(args)
     except TandemError as e:
@@ -80,6 +79,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tandem: interrupted", file=sys.stderr)
         return 130
+
+
+def _cwd_last() -> None:
+    """Put the working directory at the END of sys.path: _target_ may name this directory's modules, but a
+    stray file there (an omegaconf.py, a torch.py) never shadows an installed package. `python -m` and
+    `python -c` put it first; a console script does not put it at all."""
+    cwd = os.getcwd()
+    if not sys.flags.safe_path and sys.path and sys.path[0] in ("", cwd):
+        sys.path.pop(0)  # the entry Python added for -m / -c; an explicit PYTHONPATH entry stays
+    if not any(os.path.abspath(p or ".") == cwd for p in sys.path):
+        sys.path.append(cwd)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -13,7 +13,8 @@ omegaconf's. Every mistake is a ConfigError that names the key and says what to 
 
 This module gathers the layer's public names; the work is done in
 trainer/config_load.py (files, overrides, interpolation), trainer/config_schema.py (validation),
-trainer/config_targets.py (``_target_`` import and call), trainer/config_build.py (Trainer, task, data)
+trainer/config_targets.py (``_target_`` import and call), trainer/config_types.py (what each slot or
+parameter may build, checked before anything is called), trainer/config_build.py (Trainer, task, data)
 and trainer/config_save.py (YAML out, the SaveRunConfig callback).
 """
 

@@ -17,6 +17,7 @@ from trainer.config_load import Source, resolve
 from trainer.config_save import SaveRunConfig
 from trainer.config_schema import FROM_TRAINER
 from trainer.config_targets import TARGET, built, instantiate, locate, params
+from trainer.config_types import describe, slot_types
 from trainer.errors import ConfigError, TandemError
 from trainer.options import TrainerConfig
 
@@ -47,20 +48,12 @@ def build(
 
     `trainer_cls` builds a subclass of Trainer instead (it is given the same keywords).
     """
-    from callbacks.base import Callback
-    from trainer.loggers import Logger
-
     cfg = resolve(source, overrides)
     cfg["seed_everything"] = _pick_seed(cfg["seed_everything"])  # pinned: the saved config repeats it
     _seed(cfg)
-    callbacks = [
-        built(instantiate(c, f"callbacks[{i}]"), Callback, f"callbacks[{i}]", "callbacks.Callback")
-        for i, c in enumerate(cfg["callbacks"])
-    ]
-    loggers = [
-        built(instantiate(c, f"logger[{i}]"), Logger, f"logger[{i}]", "trainer.loggers.Logger")
-        for i, c in enumerate(cfg["logger"])
-    ]
+    slots = slot_types()
+    callbacks = [_build(c, f"callbacks[{i}]", slots["callbacks"]) for i, c in enumerate(cfg["callbacks"])]
+    loggers = [_build(c, f"logger[{i}]", slots["logger"]) for i, c in enumerate(cfg["logger"])]
     kwargs = dict(cfg["trainer"], callbacks=[*callbacks, SaveRunConfig(cfg)])
     if loggers:
         kwargs["logger"] = loggers
@@ -88,16 +81,13 @@ def build_task(run: Run) -> Run:
     """Build the task and data of `run.config` into `run`, seeded afresh so that the task's initial
     weights depend on the seed only. The command calls it inside ``strategy.launch``: a process that only
     launches workers never builds them."""
-    from trainer.datamodule import DataModule
-    from trainer.task import Task
-
-    cfg = run.config
+    cfg, slots = run.config, slot_types()
     if cfg["task"] is None:
         raise ConfigError("the config has no task section; add task: {_target_: your.module.YourTask, ...}")
     _seed(cfg)
-    run.task = built(instantiate(cfg["task"], "task"), Task, "task", "trainer.Task")
+    run.task = _build(cfg["task"], "task", slots["task"])
     if cfg["data"] is not None:
-        run.datamodule = built(instantiate(cfg["data"], "data"), DataModule, "data", "trainer.DataModule")
+        run.datamodule = _build(cfg["data"], "data", slots["data"])
     return run
 
 
@@ -118,8 +108,6 @@ def _seed(cfg: dict[str, Any]) -> None:
 
 def _build_strategy(node: dict[str, Any], options: dict[str, Any]) -> Any:
     """A strategy _target_ entry, given accelerator, devices and num_nodes from the trainer section."""
-    from strategies.base import Strategy
-
     defaults = TrainerConfig.defaults()
     for name in FROM_TRAINER:
         value = options[name]
@@ -128,6 +116,10 @@ def _build_strategy(node: dict[str, Any], options: dict[str, Any]) -> Any:
                 f"trainer.strategy.{name}={node[name]!r} disagrees with trainer.{name}={value!r}; "
                 f"set {name} in the trainer section only"
             )
+        if name in node and value == defaults[name]:
+            options[name] = node[
+                name
+            ]  # the Trainer gets the entry's value, not its own default, to agree with
     accepts = {p.name for p in params(locate(node[TARGET])) or []}
     if "devices" in accepts and "devices" not in node and options["devices"] == "auto":
         raise ConfigError(
@@ -135,7 +127,12 @@ def _build_strategy(node: dict[str, Any], options: dict[str, Any]) -> Any:
             "set trainer.devices to a number"
         )
     inject = {name: options[name] for name in FROM_TRAINER}  # the entry's own values win (instantiate)
-    return built(instantiate(node, "trainer.strategy", **inject), Strategy, "trainer.strategy", "Strategy")
+    return _build(node, "trainer.strategy", slot_types()["strategy"], inject)
+
+
+def _build(node: dict[str, Any], where: str, kind: type, inject: dict[str, Any] | None = None) -> Any:
+    """Build a slot's entry: its target is checked to be a `kind` before it is called, and so is the result."""
+    return built(instantiate(node, where, expected=kind, inject=inject), kind, where, describe(kind))
 
 
 def _pick_seed(value: Any) -> int | None:

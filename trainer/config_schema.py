@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from trainer.config_targets import PARTIAL, TARGET, locate, params
+from trainer.config_types import annotations, check, narrow, slot_types
 from trainer.errors import ConfigError, did_you_mean
 from trainer.options import OptionError, TrainerConfig
 
@@ -35,8 +36,9 @@ def validate(data: Any) -> dict[str, Any]:
             f"seed_everything must be an int in [0, 2**32), true (pick one) or false, got {seed!r}"
         )
     out: dict[str, Any] = {"seed_everything": seed, "trainer": _check_trainer(data.get("trainer"))}
+    slots = slot_types()
     for name in ("task", "data"):
-        out[name] = None if data.get(name) is None else _check_target(data[name], name)
+        out[name] = None if data.get(name) is None else _check_target(data[name], name, slots[name])
     for name in ("callbacks", "logger"):
         out[name] = _check_list(data.get(name), name)
     if out["logger"] and out["trainer"]["logger"] is False:
@@ -62,7 +64,9 @@ def _check_trainer(section: Any) -> dict[str, Any]:
     _check_object_forms(given)
     strategy = given.get("strategy")
     if isinstance(strategy, dict):  # built by the config layer; TrainerConfig checks the Strategy it becomes
-        strategy = _check_target(strategy, "trainer.strategy", skip_defaults=(*FROM_TRAINER, "precision"))
+        strategy = _check_target(
+            strategy, "trainer.strategy", slot_types()["strategy"], skip_defaults=(*FROM_TRAINER, "precision")
+        )
         given = {k: v for k, v in given.items() if k != "strategy"}
     try:
         options = TrainerConfig.from_kwargs(**given)
@@ -98,11 +102,13 @@ def _check_list(value: Any, name: str) -> list[dict[str, Any]]:
     if not isinstance(value, list):
         hint = "; to turn logging off set trainer.logger: false" if name == "logger" else ""
         raise ConfigError(f"{name}: expected a list of _target_ entries, got {value!r}{hint}")
-    return [_check_target(v, f"{name}[{i}]") for i, v in enumerate(value)]
+    return [_check_target(v, f"{name}[{i}]", slot_types()[name]) for i, v in enumerate(value)]
 
 
-def _check_target(node: Any, where: str, skip_defaults: Sequence[str] = ()) -> dict[str, Any]:
-    """Check that a ``_target_`` entry imports and that its arguments match the signature; fill defaults."""
+def _check_target(node: Any, where: str, expected: Any, skip_defaults: Sequence[str] = ()) -> dict[str, Any]:
+    """Check that a ``_target_`` entry imports, that `where` may build it (a subclass of `expected`, the
+    slot's type or the annotation of the parameter it fills; nothing is called) and that its arguments
+    match the signature; fill defaults."""
     if not isinstance(node, dict) or TARGET not in node:
         raise ConfigError(
             f"{where}: expected a mapping with _target_ (an import path such as examples.digits.DigitsTask) "
@@ -112,17 +118,19 @@ def _check_target(node: Any, where: str, skip_defaults: Sequence[str] = ()) -> d
     obj = locate(target, f"{where}._target_")
     if not isinstance(partial, bool):
         raise ConfigError(f"{where}._partial_ must be true or false, got {partial!r}")
+    check(obj, target, expected, partial, where)
     args: dict[str, Any] = {}
     for key, value in node.items():
         if key in (TARGET, PARTIAL):
             continue
         if not isinstance(key, str) or not key.isidentifier():
             raise ConfigError(f"{where}: argument names are identifiers, got {key!r}")
-        args[key] = _check_value(value, f"{where}.{key}")
+        args[key] = value
     signature = params(obj)
     out: dict[str, Any] = {TARGET: target, **({PARTIAL: True} if partial else {})}
+    named_types, rest = annotations(obj)
     if signature is None:  # no signature to check against (some builtins)
-        return {**out, **args}
+        return {**out, **{k: _check_value(v, f"{where}.{k}", rest) for k, v in args.items()}}
     named = [p.name for p in signature if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     if not any(p.kind == p.VAR_KEYWORD for p in signature):
         for key in args:
@@ -131,6 +139,7 @@ def _check_target(node: Any, where: str, skip_defaults: Sequence[str] = ()) -> d
                     f"unknown key '{where}.{key}': {target} has no argument {key!r}{did_you_mean(key, named)} "
                     f"(its arguments: {', '.join(named) or 'none'})"
                 )
+    args = {k: _check_value(v, f"{where}.{k}", named_types.get(k, rest)) for k, v in args.items()}
     required = [p.name for p in signature if p.name in named and p.default is p.empty and p.name not in args]
     if required and not partial:
         raise ConfigError(
@@ -144,13 +153,14 @@ def _check_target(node: Any, where: str, skip_defaults: Sequence[str] = ()) -> d
     return {**out, **args}
 
 
-def _check_value(value: Any, where: str) -> Any:
+def _check_value(value: Any, where: str, expected: Any) -> Any:
+    """An argument's value, its nested ``_target_`` entries checked against `expected` (its annotation)."""
     if isinstance(value, dict):
         if TARGET in value:
-            return _check_target(value, where)
-        return {k: _check_value(v, f"{where}.{k}") for k, v in value.items()}
+            return _check_target(value, where, expected)
+        return {k: _check_value(v, f"{where}.{k}", narrow(expected, str(k))) for k, v in value.items()}
     if isinstance(value, list):
-        return [_check_value(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [_check_value(v, f"{where}[{i}]", narrow(expected, i)) for i, v in enumerate(value)]
     return value
 
 

@@ -1,7 +1,7 @@
 """``_target_`` entries: import the object an import path names, and call it with the entry's arguments.
 
-Example: ``instantiate({"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.1})`` is
-``functools.partial(torch.optim.SGD, lr=0.1)``.
+Example: ``instantiate({"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.1}, expected=Callable)``
+is ``functools.partial(torch.optim.SGD, lr=0.1)``; ``_target_: os.system`` is refused, never called.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import inspect
 import pkgutil
 from typing import Any
 
+from trainer.config_types import annotations, check, narrow
 from trainer.errors import ConfigError, TandemError, did_you_mean
 
 TARGET, PARTIAL = "_target_", "_partial_"
@@ -70,23 +71,34 @@ def params(obj: Any) -> list[inspect.Parameter] | None:
         return None
 
 
-def instantiate(node: Any, where: str = "config", **inject: Any) -> Any:
+def instantiate(
+    node: Any, where: str = "config", *, expected: Any, inject: dict[str, Any] | None = None
+) -> Any:
     """Build ``_target_`` entries (depth first); other mappings and lists are rebuilt, values kept.
 
-    `inject` fills arguments the entry does not set and its target accepts.
+    `expected` is the type `node` must build (a slot's class, or a parameter's annotation): a target is
+    checked against it (trainer/config_types.py) before it is called. `inject` fills arguments the entry
+    does not set and its target accepts.
     """
     if isinstance(node, list):
-        return [instantiate(v, f"{where}[{i}]") for i, v in enumerate(node)]
+        return [instantiate(v, f"{where}[{i}]", expected=narrow(expected, i)) for i, v in enumerate(node)]
     if not isinstance(node, dict):
         return node
     if TARGET not in node:
-        return {k: instantiate(v, f"{where}.{k}") for k, v in node.items()}
-    target = node[TARGET]
+        return {k: instantiate(v, f"{where}.{k}", expected=narrow(expected, str(k))) for k, v in node.items()}
+    target, partial = node[TARGET], node.get(PARTIAL, False)
     obj = locate(target, f"{where}._target_")
-    kwargs = {k: instantiate(v, f"{where}.{k}") for k, v in node.items() if k not in (TARGET, PARTIAL)}
-    names = {p.name for p in params(obj) or []}
-    kwargs = {**{k: v for k, v in inject.items() if k in names}, **kwargs}
-    if node.get(PARTIAL):
+    if not isinstance(partial, bool):
+        raise ConfigError(f"{where}._partial_ must be true or false, got {partial!r}")
+    check(obj, target, expected, partial, where)  # before anything is called: a refused target never runs
+    named, rest = annotations(obj)
+    kwargs = {
+        k: instantiate(v, f"{where}.{k}", expected=named.get(k, rest))
+        for k, v in node.items()
+        if k not in (TARGET, PARTIAL)
+    }
+    kwargs = {**{k: v for k, v in (inject or {}).items() if k in named}, **kwargs}
+    if partial:
         return functools.partial(obj, **kwargs)
     try:
         return obj(**kwargs)
