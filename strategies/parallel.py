@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from strategies.base import Strategy
+from trainer.views import view
 
 
 class ParallelStrategy(Strategy):
@@ -21,21 +22,10 @@ class ParallelStrategy(Strategy):
         n = self.trainer.strategy.world_size
     """
 
-    @property
-    def world_size(self) -> int:
-        return self.comm.world_size
-
-    @property
-    def global_rank(self) -> int:
-        return self.comm.rank
-
-    @property
-    def local_rank(self) -> int:
-        return self.comm.local_rank
-
-    @property
-    def is_global_zero(self) -> bool:
-        return self.comm.is_global_zero
+    world_size = view("comm.world_size")
+    global_rank = view("comm.rank")
+    local_rank = view("comm.local_rank")
+    is_global_zero = view("comm.is_global_zero")
 
     def reduce(self, tensor: torch.Tensor, reduce_op: str = "mean", group: Any = None) -> torch.Tensor:
         """`reduce_op` ("mean", "sum", "max", "min") over all ranks (the default group only)."""

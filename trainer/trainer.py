@@ -11,7 +11,6 @@ import torch
 from callbacks.base import Callback
 from strategies import resolve_strategy
 from strategies.base import Strategy
-from strategies.precision import Precision
 from trainer import checkpoint, evaluation, loop
 from trainer.datamodule import DataModule
 from trainer.errors import ConfigError
@@ -25,6 +24,7 @@ from trainer.reporting import print_results
 from trainer.session import Session, set_torch_flags
 from trainer.state import LoopState
 from trainer.task import Task
+from trainer.views import view
 
 _NO_PROFILE = contextlib.nullcontext()
 
@@ -143,21 +143,10 @@ class Trainer:
             print(*args, **kwargs)
 
     # ----- Lightning's read-only view of the run ----------------------------------------------------
-    @property
-    def current_epoch(self) -> int:
-        return self.state.epoch
-
-    @property
-    def global_step(self) -> int:
-        return self.state.global_step
-
-    @property
-    def stage(self) -> str | None:
-        return self.state.stage
-
-    @property
-    def sanity_checking(self) -> bool:
-        return self.state.sanity_checking
+    current_epoch = view("state.epoch")
+    global_step = view("state.global_step")
+    stage = view("state.stage")
+    sanity_checking = view("state.sanity_checking")
 
     @property
     def training(self) -> bool:
@@ -183,46 +172,20 @@ class Trainer:
     def should_stop(self, value: bool) -> None:
         self.state.should_stop = bool(value)
 
-    @property
-    def global_rank(self) -> int:
-        return self.strategy.comm.rank
+    global_rank = view("strategy.comm.rank")
+    local_rank = view("strategy.comm.local_rank")
+    world_size = view("strategy.comm.world_size")
+    is_global_zero = view("strategy.comm.is_global_zero")
+    precision = view(
+        "strategy.precision",
+        'The precision plugin; equal to its name (``trainer.precision == "bf16-mixed"``).',
+    )
 
-    @property
-    def local_rank(self) -> int:
-        return self.strategy.comm.local_rank
-
-    @property
-    def world_size(self) -> int:
-        return self.strategy.comm.world_size
-
-    @property
-    def is_global_zero(self) -> bool:
-        return self.strategy.comm.is_global_zero
-
-    @property
-    def precision(self) -> Precision:
-        """The precision plugin; equal to its name (``trainer.precision == "bf16-mixed"``)."""
-        return self.strategy.precision
-
-    @property
-    def max_epochs(self) -> int:
-        return self.config.max_epochs
-
-    @property
-    def max_steps(self) -> int:
-        return self.config.max_steps
-
-    @property
-    def accumulate_grad_batches(self) -> int:
-        return self.config.accumulate_grad_batches
-
-    @property
-    def lightning_module(self) -> Task | None:
-        return self.task
-
-    @property
-    def model(self) -> Task | None:
-        return self.task
+    max_epochs = view("config.max_epochs")
+    max_steps = view("config.max_steps")
+    accumulate_grad_batches = view("config.accumulate_grad_batches")
+    lightning_module = view("task")
+    model = view("task")
 
     @property
     def logger(self) -> Logger | None:
@@ -232,9 +195,7 @@ class Trainer:
     def log_dir(self) -> str:
         return self.loggers[0].log_dir if self.loggers else self.default_root_dir
 
-    @property
-    def callback_metrics(self) -> dict[str, torch.Tensor]:
-        return self.metric_store.callback_metrics
+    callback_metrics = view("metric_store.callback_metrics")
 
     @property
     def progress_bar_metrics(self) -> dict[str, float]:
