@@ -37,6 +37,13 @@ _BATCH_END = "outputs, batch, batch_idx, dataloader_idx=0"
 
 HOOKS: tuple[Hook, ...] = (
     _h("setup", "stage", "Called at the start of fit/validate/test/predict, on every rank."),
+    _h(
+        "configure_model",
+        "",
+        "Create (or shard) modules once the strategy has joined its processes, before it sets the task up; "
+        "called every stage, so build only what is missing.",
+        (TASK,),
+    ),
     _h("teardown", "stage", "Called at the end of fit/validate/test/predict, on every rank."),
     _h("on_fit_start", "", "Called once at the start of fit."),
     _h("on_fit_end", "", "Called once at the end of fit."),

@@ -64,6 +64,7 @@ class Session:
             t.strategy.comm.barrier("prepare_data")
             dm.setup(stage)
         t.hooks.call("setup", stage)
+        t.hooks.call("configure_model")
         t.strategy.setup(task)
         self._load_data()
         if stage == "fit":
