@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from strategies.fsdp_wrap import check_supported, shard_task
+from strategies.fsdp_wrap import check_supported, resolve_classes, shard_task
 from strategies.parallel import ParallelStrategy
 from strategies.precision import Precision
 from trainer.checkpoint_io import ShardedCheckpointIO
@@ -69,9 +69,8 @@ class FSDPStrategy(ParallelStrategy):
         self._task: Task | None = None
         self._unsynced = False  # gradients accumulated by backward(sync=False), not reduce-scattered since
         self._sync = True  # the units' current requires_gradient_sync
-        self._before_sharding: weakref.WeakSet[torch.Tensor] = (
-            weakref.WeakSet()
-        )  # parameters fully_shard replaced
+        # the parameters fully_shard replaced, by id (weakly: a WeakSet would compare tensors with ==)
+        self._before_sharding: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
         self._checked: set[int] = set()  # optimizers already checked
 
     @property
@@ -81,23 +80,22 @@ class FSDPStrategy(ParallelStrategy):
 
     # ----- life cycle ---------------------------------------------------------------------------
     def launch(self) -> None:
-        super().launch()
-        if self.device_mesh is None and self.comm.world_size > 1:
-            self.device_mesh = self._mesh()
-
-    def _mesh(self) -> DeviceMesh:
-        from torch.distributed.device_mesh import init_device_mesh
-
-        devices, nodes = self._world
-        if self.hybrid and nodes == 1:
+        if self.hybrid and self._world[1] == 1:
             raise ConfigError(
                 "FSDPStrategy(hybrid=True) shards within a node and replicates across nodes, but num_nodes=1; "
                 "use hybrid=False on one node, or num_nodes > 1."
             )
-        kind = self.root_device.type
-        if self.hybrid:
-            return init_device_mesh(kind, (nodes, devices), mesh_dim_names=("replicate", "shard"))
-        return init_device_mesh(kind, (self.comm.world_size,), mesh_dim_names=("shard",))
+        super().launch()
+        if self.device_mesh is None and self.comm.world_size > 1:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            devices, nodes = self._world
+            shape, names = (
+                ((nodes, devices), ("replicate", "shard"))
+                if self.hybrid
+                else ((devices * nodes,), ("shard",))
+            )
+            self.device_mesh = init_device_mesh(self.root_device.type, shape, mesh_dim_names=names)
 
     def setup(self, task: Task) -> None:
         precision = self.precision.name
@@ -112,6 +110,8 @@ class FSDPStrategy(ParallelStrategy):
                 f"accelerator={self.root_device.type!r} they are in host memory already: drop cpu_offload."
             )
         check_supported(task)
+        if self.wrap:
+            resolve_classes(self.wrap, task)  # a wrong name is an error at any world size
         super().setup(task)  # on the device, in the precision's parameter dtype
         self._task, self._unsynced, self._sync, self._checked = task, False, True, set()
         if self.comm.world_size == 1:
@@ -126,7 +126,7 @@ class FSDPStrategy(ParallelStrategy):
 
         if isinstance(task, FSDPModule):  # a later stage (test after fit) on the task fit already sharded
             return
-        self._before_sharding.update(task.parameters())
+        self._before_sharding.update((id(p), p) for p in task.parameters())
         assert self.device_mesh is not None
         self.units = shard_task(
             task,
@@ -168,7 +168,7 @@ class FSDPStrategy(ParallelStrategy):
 
         for group in optimizer.param_groups:
             for p in group["params"]:
-                if p in self._before_sharding:
+                if self._before_sharding.get(id(p)) is p:
                     raise TaskError(
                         f"{type(optimizer).__name__} holds the task's parameters as they were before FSDP "
                         "sharded them, so its steps would change nothing. Build the optimizer in "
