@@ -335,7 +335,7 @@ def restore_dir(
         **_prefixed(MODEL, model),
         **{k: v for i, o in enumerate(optims) for k, v in _prefixed(f"optim{i}/", o).items()},
     }
-    dcp.load(target, checkpoint_id=path)
+    dcp.load(target, checkpoint_id=path, no_dist=not torch.distributed.is_initialized())
     model = _unprefixed(MODEL, target)
     set_model_state_dict(task, model)
     for i, opt in enumerate(optimizers or []):
