@@ -80,12 +80,26 @@ class EarlyOptimizer(Tower):
         return self.early
 
 
-def _fit(task, strategy, world: int, callbacks=(), **kwargs):
+class ShardsItself(Tower):
+    """Shards its first two blocks itself in configure_model; the strategy adds only the root."""
+
+    def configure_model(self):
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+
+        mesh = getattr(self.trainer.strategy, "device_mesh", None)
+        for block in self.blocks[:2]:
+            if mesh is not None and not isinstance(block, FSDPModule):
+                fully_shard(block, mesh=mesh)
+
+
+def _fit(task, strategy, devices: int, callbacks=(), processes: int | None = None, **kwargs):
+    """Fit for 2 epochs on `processes` (default: `devices`) ranks sharing the global batch."""
     trainer = Trainer(
-        strategy=strategy, devices=world, max_epochs=2, callbacks=list(callbacks), **FAST, **kwargs
+        strategy=strategy, devices=devices, max_epochs=2, callbacks=list(callbacks), **FAST, **kwargs
     )
     data = make_data()
-    trainer.fit(task, DataLoader(data, batch_size=GLOBAL_BATCH // world), DataLoader(data, batch_size=5))
+    batch = GLOBAL_BATCH // (processes or devices)
+    trainer.fit(task, DataLoader(data, batch_size=batch), DataLoader(data, batch_size=5))
     return trainer
 
 
@@ -113,6 +127,9 @@ def _in_group(rank: int, world: int) -> dict[str, object]:
     manual = Manual()
     _fit(manual, FSDPStrategy(wrap=[Block]), world)
     out["manual"] = full_state(manual)
+    own = ShardsItself(opt="sgd", lr=0.05)
+    trainer = _fit(own, FSDPStrategy(wrap=[Block]), world)
+    out["own"], out["own_units"] = full_state(own), trainer.strategy.units
     try:
         _fit(EarlyOptimizer(), FSDPStrategy(), world)
     except Exception as e:  # every rank raises at its first step, before any collective of that step
@@ -160,6 +177,9 @@ def test_fsdp_equals_one_process_and_holds_a_1_over_n_share(world):
         torch.testing.assert_close(r["predictions"], expected, atol=1e-6, rtol=0)
         for k, v in _manual_single().items():
             torch.testing.assert_close(r["manual"][k], v, atol=1e-6, rtol=0)
+        assert r["own_units"] == ["", "blocks.0", "blocks.1"]  # configure_model's units, not wrap=[Block]
+        for k, v in _single("sgd")[0].items():
+            torch.testing.assert_close(r["own"][k], v, atol=1e-6, rtol=0)
         assert "TaskError" in r["early"] and "before FSDP sharded them" in r["early"]
         # each rank holds 1/world of what a DDP rank holds, plus at most one unit (padding of uneven shards)
         unit = (
@@ -210,3 +230,23 @@ def test_hybrid_sharding_needs_several_nodes():
     trainer = Trainer(strategy=FSDPStrategy(hybrid=True), devices=2, **FAST)
     with pytest.raises(ConfigError, match="num_nodes=1"):
         trainer.fit(Tower(), DataLoader(make_data(), batch_size=4))
+
+
+def _hybrid(rank: int, world: int) -> dict[str, object]:
+    os.environ.update(LOCAL_RANK=str(rank % 2), LOCAL_WORLD_SIZE="2")  # 2 "nodes" of 2 processes
+    task = Tower(opt="sgd", lr=0.05)
+    trainer = _fit(task, FSDPStrategy(wrap=[Block], hybrid=True), 2, processes=4, num_nodes=2)
+    weight = task.blocks[0].fc.weight
+    return {
+        "weights": full_state(task),
+        "placements": [str(p) for p in weight.placements],
+        "mesh": trainer.strategy.device_mesh.mesh_dim_names,
+    }
+
+
+@pytest.mark.slow
+def test_hybrid_sharding_shards_within_a_node_and_replicates_across():
+    for r in run_distributed(_hybrid, world_size=4, timeout=300):
+        assert r["mesh"] == ("replicate", "shard") and r["placements"] == ["Replicate()", "Shard(dim=0)"]
+        for k, v in _single("sgd")[0].items():
+            torch.testing.assert_close(r["weights"][k], v, atol=1e-6, rtol=0)
