@@ -256,7 +256,7 @@ def main() -> None:
     }
     for r in range(rounds):
         for world in args.worlds:
-            for contender in CONTENDERS:
+            for contender in CONTENDERS if r % 2 == 0 else CONTENDERS[::-1]:  # neither always goes first
                 runs[str(world)][contender].append(run(contender, world, warmup, steps))
                 print(
                     f"round {r + 1}/{rounds} world {world} {contender}: {runs[str(world)][contender][-1][0]}",

@@ -137,6 +137,8 @@ class FSDPStrategy(ParallelStrategy):
             param_dtype=torch.bfloat16 if precision == "bf16-mixed" else None,
             cpu_offload=self.cpu_offload,
         )
+        for p in task.parameters():  # sharded by configure_model already: the same objects, not stale
+            self._before_sharding.pop(id(p), None)
 
     # ----- steps --------------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, sync: bool = True) -> None:
@@ -189,7 +191,7 @@ class _FSDPCheckpointIO(ShardedCheckpointIO):
 
     def __init__(self, strategy: FSDPStrategy, full: bool) -> None:
         super().__init__(full)
-        self._strategy = weakref.proxy(strategy)
+        self._strategy = strategy
 
     def window_grads(self, task: torch.nn.Module) -> list[torch.Tensor | None]:
         if self._strategy.sharded:

@@ -239,7 +239,7 @@ def _hybrid(rank: int, world: int) -> dict[str, object]:
     weight = task.blocks[0].fc.weight
     return {
         "weights": full_state(task),
-        "placements": [str(p) for p in weight.placements],
+        "placements": [repr(p) for p in weight.placements],
         "mesh": trainer.strategy.device_mesh.mesh_dim_names,
     }
 
