@@ -80,6 +80,14 @@ class EarlyOptimizer(Tower):
         return self.early
 
 
+class LateParameter(Tower):
+    """Creates a parameter after the Trainer sharded the task."""
+
+    def configure_optimizers(self):
+        self.extra = torch.nn.Parameter(torch.zeros(3))
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
 class ShardsItself(Tower):
     """Shards its first two blocks itself in configure_model; the strategy adds only the root."""
 
@@ -130,10 +138,11 @@ def _in_group(rank: int, world: int) -> dict[str, object]:
     own = ShardsItself(opt="sgd", lr=0.05)
     trainer = _fit(own, FSDPStrategy(wrap=[Block]), world)
     out["own"], out["own_units"] = full_state(own), trainer.strategy.units
-    try:
-        _fit(EarlyOptimizer(), FSDPStrategy(), world)
-    except Exception as e:  # every rank raises at its first step, before any collective of that step
-        out["early"] = f"{type(e).__name__}: {e}"
+    for name, task in (("early", EarlyOptimizer()), ("late", LateParameter())):
+        try:
+            _fit(task, FSDPStrategy(), world)
+        except Exception as e:  # every rank raises at its first step, before any collective of that step
+            out[name] = f"{type(e).__name__}: {e}"
     return out
 
 
@@ -181,6 +190,7 @@ def test_fsdp_equals_one_process_and_holds_a_1_over_n_share(world):
         for k, v in _single("sgd")[0].items():
             torch.testing.assert_close(r["own"][k], v, atol=1e-6, rtol=0)
         assert "TaskError" in r["early"] and "before FSDP sharded them" in r["early"]
+        assert "TaskError" in r["late"] and "parameter of shape (3,) that FSDP did not shard" in r["late"]
         # each rank holds 1/world of what a DDP rank holds, plus at most one unit (padding of uneven shards)
         unit = (
             sum(p.numel() for p in Block(WIDTH, 0.0).parameters()) * 4 * 4

@@ -339,7 +339,7 @@ def restore_dir(
     model = _unprefixed(MODEL, target)
     set_model_state_dict(task, model)
     for i, opt in enumerate(optimizers or []):
-        set_optimizer_state_dict(task, opt, _unprefixed(f"optim{i}/", target), options=_FLAT())
+        set_optimizer_state_dict(task, opt, _unprefixed(f"optim{i}/", target), options=_flat())
     meta["state_dict"] = model
     return meta
 
@@ -352,7 +352,7 @@ def sharded_states(
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     model = get_model_state_dict(task)
-    return model, [get_optimizer_state_dict(task, o, options=_FLAT()) for o in optimizers or []]
+    return model, [get_optimizer_state_dict(task, o, options=_flat()) for o in optimizers or []]
 
 
 def dir_payload(ckpt: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -371,7 +371,7 @@ def _options(**kwargs: bool) -> Any:
     return StateDictOptions(**kwargs)
 
 
-def _FLAT() -> Any:
+def _flat() -> Any:
     return _options(flatten_optimizer_state_dict=True)
 
 
