@@ -186,7 +186,7 @@ def test_triggers_without_a_monitor(tmp_path, kwargs, epochs, expected):
 
 
 def test_writes_go_through_atomic_save_and_leave_no_temporary_files(tmp_path, monkeypatch):
-    import trainer.checkpoint as ckpt_io
+    import trainer.checkpoint_io as ckpt_io  # where CheckpointIO.write finds it
 
     written = []
     real = ckpt_io.atomic_save
