@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -285,11 +286,11 @@ class ModelCheckpoint(Callback):
         trainer.save_checkpoint(path, weights_only=self.save_weights_only)  # atomic; rank 0 writes, all wait
 
     def _remove(self, trainer: Trainer, path: str) -> None:
-        """Delete a file that fell out of the top k (rank 0; never the last checkpoint or another run's)."""
+        """Delete a checkpoint that fell out of the top k (rank 0; never the last checkpoint or another run's)."""
         keep = {self.last_model_path, self.best_model_path, *self.best_k_models}
         inside = os.path.dirname(os.path.abspath(path)) == self.dirpath
-        if trainer.is_global_zero and path not in keep and inside and os.path.isfile(path):
-            os.remove(path)
+        if trainer.is_global_zero and path not in keep and inside and os.path.exists(path):
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)  # a directory: sharded (FSDP)
 
     def _unique_path(self, path: str, replaceable: str) -> str:
         """Append -v1, -v2, ... rather than overwrite a file this callback does not own."""

@@ -1,4 +1,4 @@
-"""Strategies: single device, threaded DataParallel, and our bucketed-overlap DDP."""
+"""Strategies: single device, threaded DataParallel, our bucketed-overlap DDP, and FSDP on torch's fully_shard."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ STRATEGIES: dict[str, tuple[str, dict[str, Any]]] = {
     "ddp": ("strategies.ddp:DDPStrategy", {}),
     "ddp_accumulate": ("strategies.ddp:DDPStrategy", {}),  # config alias: use with accumulate_grad_batches=k
     "ddp_find_unused_parameters_true": ("strategies.ddp:DDPStrategy", {"find_unused_parameters": True}),
+    "fsdp": ("strategies.fsdp:FSDPStrategy", {}),
 }
 #: Trainer options a strategy takes when its constructor left them unset
 FILLED = ("accelerator", "precision", "devices", "num_nodes", "sync_batchnorm")
@@ -90,7 +91,11 @@ def _by_name(name: str, options: dict[str, Any]) -> Strategy:
     return cls(**kwargs)
 
 
-_LAZY = {"DDPStrategy": "strategies.ddp", "DataParallelStrategy": "strategies.data_parallel"}
+_LAZY = {
+    "DDPStrategy": "strategies.ddp",
+    "DataParallelStrategy": "strategies.data_parallel",
+    "FSDPStrategy": "strategies.fsdp",
+}
 
 
 def __getattr__(name: str) -> Any:

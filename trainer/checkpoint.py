@@ -1,4 +1,5 @@
-"""Checkpoints: what a Trainer saves and restores, atomic writes, and checked reads."""
+"""Checkpoints: what a Trainer saves and restores; how the states are written and read is
+trainer/checkpoint_io.py (one file, or a directory of shards)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.ckpt_format import decode, encode, missing, read
+from trainer.checkpoint_io import atomic_save, check_compatible, checkpoint_io, load, resumable
+from trainer.ckpt_format import decode, encode, missing
 from trainer.errors import CheckpointError
-from trainer.fileio import atomic_write
 from trainer.optim import step_schedulers
 
 if TYPE_CHECKING:
@@ -20,20 +21,16 @@ if TYPE_CHECKING:
 FORMAT_VERSION = 2
 
 
-def atomic_save(obj: Any, path: str | os.PathLike[str]) -> None:
-    """torch.save `obj` to `path` atomically (see trainer.fileio.atomic_write)."""
-    atomic_write(path, lambda f: torch.save(obj, f))
-
-
 def save(t: Trainer, path: str, weights_only: bool = False) -> None:
-    """Write the run's state to `path`: rank 0 writes, every rank contributes its own part and waits."""
-    task, comm = t.task, t.strategy.comm
+    """Write the run's state to `path` in the strategy's form (trainer/checkpoint_io.py); every rank
+    contributes its own part and returns once the checkpoint is complete."""
+    task, comm, io = t.task, t.strategy.comm, checkpoint_io(t.strategy)
     if task is None:
         raise CheckpointError("save_checkpoint needs a task: call it during or after fit().")
     ckpt: dict[str, Any] = {
         "tandem_version": FORMAT_VERSION,
-        "task_class": f"{type(task).__module__}.{type(task).__qualname__}",
-        "state_dict": task.state_dict(),
+        "task_class": _class_name(task),
+        **io.collect(task, None if weights_only else t.optimizers),
         "hyper_parameters": encode(dict(task.hparams), "hyper_parameters"),
         "config": t.resolved_config,  # the run config that built this trainer (trainer/config.py)
     }
@@ -41,16 +38,11 @@ def save(t: Trainer, path: str, weights_only: bool = False) -> None:
         ckpt.update(t.state.state_dict())
     else:
         mid_window = t.state.mid_window(t.config.accumulate_grad_batches, task.automatic_optimization)
-        grads = (
-            [None if p.grad is None else p.grad.detach().cpu().clone() for p in task.parameters()]
-            if mid_window
-            else None
-        )
+        grads = io.window_grads(task) if mid_window else None
         ckpt.update(t.state.state_dict(ranks=comm.gather_object(t.state.rank_state(grads))))
         # what a ReduceLROnPlateau needs when resuming from inside an epoch's end
         ckpt["loop"]["callback_metrics"] = {k: v.detach().cpu() for k, v in t.callback_metrics.items()}
         ckpt.update(
-            optimizer_states=[o.state_dict() for o in t.optimizers],
             lr_schedulers=[c.scheduler.state_dict() for c in t.lr_scheduler_configs],
             strategy=t.strategy.state_dict(),
             callbacks={cb.state_key: cb.state_dict() for cb in t.callbacks},
@@ -59,27 +51,23 @@ def save(t: Trainer, path: str, weights_only: bool = False) -> None:
             ckpt["datamodule"] = t.datamodule.state_dict()
             ckpt["datamodule_hyper_parameters"] = encode(dict(t.datamodule.hparams), "datamodule hparams")
         t.hooks.call("on_save_checkpoint", ckpt)
-    if comm.is_global_zero:
-        atomic_save(ckpt, path)
-    comm.barrier("save_checkpoint")
+    io.write(ckpt, path, comm)
+
+
+def _class_name(task: torch.nn.Module) -> str:
+    """The task's own class, also when a wrapper such as FSDP's swapped in a subclass of it."""
+    cls = next(c for c in type(task).__mro__ if not c.__module__.startswith("torch."))
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def restore(t: Trainer, path: str, stage: str) -> None:
-    """Load `path` ("best", "last" or a file) into the task and, for fit, into the whole run."""
+    """Load `path` ("best", "last", a file or a directory) into the task and, for fit, into the whole run."""
     path = resolve_path(t, path)
     task = t.task
     assert task is not None
-    ckpt = load(path)
-    check_compatible(task, ckpt["state_dict"], path)
-    task.load_state_dict(ckpt["state_dict"])
-    if stage == "fit" and "ranks" in ckpt.get("loop", {}):
-        if len(ckpt["optimizer_states"]) != len(t.optimizers):
-            raise CheckpointError(
-                f"checkpoint {path!r} has {len(ckpt['optimizer_states'])} optimizer(s) but "
-                f"configure_optimizers returned {len(t.optimizers)}."
-            )
-        for opt, state in zip(t.optimizers, ckpt["optimizer_states"]):
-            opt.load_state_dict(state)
+    io = checkpoint_io(t.strategy)
+    ckpt = io.restore(path, task, t.optimizers if stage == "fit" else None)
+    if stage == "fit" and resumable(ckpt):
         for cfg, state in zip(t.lr_scheduler_configs, ckpt["lr_schedulers"]):
             cfg.scheduler.load_state_dict(state)
         t.strategy.load_state_dict(ckpt.get("strategy", {}))
@@ -97,8 +85,7 @@ def _restore_loop(t: Trainer, ckpt: dict[str, Any]) -> None:
     assert task is not None
     state.load_state_dict(ckpt, t.global_rank)
     if state.window_grads is not None:  # inside an accumulation window the gradients so far are state too
-        for p, g in zip(task.parameters(), state.window_grads):
-            p.grad = None if g is None else g.to(p.device)
+        checkpoint_io(t.strategy).set_window_grads(task, state.window_grads)
         state.window_grads = None
     if state.epoch_finished:  # saved during the epoch's end, before its schedulers stepped: finish it
         if task.automatic_optimization:
@@ -119,7 +106,7 @@ def rebuild_task(
     weights_only: bool = True,
 ) -> Any:
     """Task.load_from_checkpoint: cls(**saved hyperparameters, **overrides) with the saved weights."""
-    ckpt = load(path, map_location if map_location is not None else "cpu", weights_only)
+    ckpt = load(path, map_location if map_location is not None else "cpu", weights_only=weights_only)
     hparams = ckpt.get("hyper_parameters", {})
     absent = {k: v for k, v in missing(hparams).items() if k not in overrides}
     if absent:
@@ -140,7 +127,7 @@ def rebuild_task(
 
 # ----- finding files ------------------------------------------------------------------------------
 def find_last(t: Trainer) -> str | None:
-    """For resume='auto': the checkpoint callbacks' last file, else the newest last.ckpt under
+    """For resume='auto': the checkpoint callbacks' last checkpoint, else the newest last.ckpt under
     default_root_dir (log versions change between restarts), else None for a fresh start."""
     last = _callback_last(t)
     if last is not None:
@@ -152,7 +139,7 @@ def find_last(t: Trainer) -> str | None:
 def _callback_last(t: Trainer) -> str | None:
     for cb in t.checkpoint_callbacks:
         last = getattr(cb, "last_checkpoint_path", lambda: None)()
-        if last and os.path.isfile(last):
+        if last and os.path.exists(last):
             return last
     return None
 
@@ -162,7 +149,7 @@ def resolve_path(t: Trainer, path: str) -> str:
     if path == "best":
         for cb in t.checkpoint_callbacks:
             best = getattr(cb, "best_model_path", "")
-            if best and os.path.isfile(best):
+            if best and os.path.exists(best):
                 return best
         raise CheckpointError(
             "ckpt_path='best' found no best checkpoint; enable ModelCheckpoint(monitor=...) "
@@ -188,49 +175,4 @@ def stop_path(t: Trainer) -> str:
     return os.path.join(t.default_root_dir, "checkpoints", "last.ckpt")
 
 
-# ----- reading ------------------------------------------------------------------------------------
-def load(
-    path: str | os.PathLike[str], map_location: Any = "cpu", weights_only: bool = True
-) -> dict[str, Any]:
-    """Read a checkpoint written by Trainer.save_checkpoint (plain data only unless weights_only=False)."""
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise CheckpointError(
-            f"checkpoint {path!r} does not exist; pass an existing file or ckpt_path='last'."
-        )
-    try:
-        ckpt = read(path, map_location, weights_only)
-    except CheckpointError:
-        raise
-    except Exception as e:
-        raise CheckpointError(f"checkpoint {path!r} could not be read ({type(e).__name__}: {e}).") from e
-    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
-        raise CheckpointError(
-            f"{path!r} is not a Tandem checkpoint (no 'state_dict'); save one with trainer.save_checkpoint."
-        )
-    return ckpt
-
-
-def check_compatible(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], path: str) -> None:
-    """Raise CheckpointError listing what differs when the checkpoint belongs to another model."""
-    own = model.state_dict()
-    missing = [k for k in own if k not in state_dict]
-    unexpected = [k for k in state_dict if k not in own]
-    mismatched = [
-        f"{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(v.shape)}"
-        for k, v in own.items()
-        if k in state_dict and isinstance(v, torch.Tensor) and tuple(state_dict[k].shape) != tuple(v.shape)
-    ]
-    if missing or unexpected or mismatched:
-        parts = []
-        if missing:
-            parts.append(f"missing keys {missing[:5]}{' ...' if len(missing) > 5 else ''}")
-        if unexpected:
-            parts.append(f"unexpected keys {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
-        if mismatched:
-            parts.append(f"shape mismatches {mismatched[:5]}")
-        raise CheckpointError(
-            f"checkpoint {path!r} was saved from a different model: "
-            + "; ".join(parts)
-            + ". Load it into the model it was saved from, or start without ckpt_path."
-        )
+__all__ = ["atomic_save", "check_compatible", "find_last", "load", "restore", "save"]

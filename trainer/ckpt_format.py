@@ -83,10 +83,12 @@ def resolve_loaded(path: str) -> Any:
     return obj
 
 
-def read(path: str, map_location: Any = "cpu", weights_only: bool = True) -> dict[str, Any]:
+def read(
+    path: str, map_location: Any = "cpu", weights_only: bool = True, mmap: bool = False
+) -> dict[str, Any]:
     """torch.load with weights_only=True; a file that needs more is a CheckpointError naming the global."""
     try:
-        return torch.load(path, map_location=map_location, weights_only=weights_only)
+        return torch.load(path, map_location=map_location, weights_only=weights_only, mmap=mmap)
     except pickle.UnpicklingError as e:
         wanted = re.search(r"GLOBAL ([\w.]+)", str(e))
         if wanted is None:

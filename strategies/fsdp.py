@@ -1,0 +1,202 @@
+"""FSDP: one process per device, parameters, gradients and optimizer states sharded across the ranks by
+torch's own ``fully_shard`` (FSDP2, DTensor parameters); checkpoints through torch.distributed.checkpoint."""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from typing import TYPE_CHECKING
+
+import torch
+
+from strategies.fsdp_wrap import check_supported, resolve_classes, shard_task
+from strategies.precision import Precision
+from strategies.process_group import ProcessGroupStrategy
+from trainer.checkpoint_io import ShardedCheckpointIO
+from trainer.errors import CheckpointError, ConfigError, TaskError
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from trainer.task import Task
+
+
+class FSDPStrategy(ProcessGroupStrategy):
+    """Fully sharded data parallel: each of N ranks keeps 1/N of every parameter, gradient and optimizer
+    state, and all-gathers a unit's parameters only while that unit computes.
+
+    Example::
+
+        Trainer(strategy=FSDPStrategy(wrap=["mymodel.Block"]), devices=4, precision="bf16-mixed").fit(task)
+
+    `wrap` names the module classes that become FSDP units (classes, or "pkg.Class" / "Class" strings);
+    without it, every submodule holding at least `min_params` parameters (not counting those of units
+    inside it) becomes one. A Task whose ``configure_model()`` calls ``fully_shard`` itself (on the mesh
+    ``trainer.strategy.device_mesh``) keeps its own units. The task itself is sharded last, as the root.
+    `hybrid=True` with ``num_nodes > 1`` shards within each node and replicates across nodes (HSDP).
+    Checkpoints are directories of every rank's shards; `save_full=True` writes one file gathered on
+    rank 0 instead. One process falls back to unsharded training, with a notice.
+    """
+
+    name = "fsdp"
+
+    def __init__(
+        self,
+        accelerator: str | None = None,
+        devices: int | None = None,
+        precision: Precision | str | int | None = None,
+        num_nodes: int | None = None,
+        wrap: list[type[torch.nn.Module] | str] | None = None,
+        min_params: int = 1_000_000,
+        reshard_after_forward: bool = True,
+        cpu_offload: bool = False,
+        hybrid: bool = False,
+        save_full: bool = False,
+        process_group_backend: str | None = None,
+        timeout_s: float = 1800.0,
+        max_restarts: int = 0,
+    ) -> None:
+        super().__init__(
+            accelerator, devices, precision, num_nodes, process_group_backend, timeout_s, max_restarts
+        )
+        if min_params < 1:
+            raise ConfigError(f"FSDPStrategy(min_params={min_params}) must be at least 1.")
+        self.wrap, self.min_params = list(wrap) if wrap is not None else None, min_params
+        self.reshard_after_forward, self.cpu_offload, self.hybrid = reshard_after_forward, cpu_offload, hybrid
+        self.checkpoint_io = _FSDPCheckpointIO(self, full=save_full)
+        self.device_mesh: DeviceMesh | None = None  # set by launch; configure_model may shard on it
+        self.units: list[str] = []  # names of the modules that became FSDP units (the root is "")
+        self._task: Task | None = None
+        self._unsynced = False  # gradients accumulated by backward(sync=False), not reduce-scattered since
+        self._sync = True  # the units' current requires_gradient_sync
+        # the parameters fully_shard replaced, by id (weakly: a WeakSet would compare tensors with ==)
+        self._before_sharding: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
+        self._checked: set[int] = set()  # optimizers already checked
+
+    @property
+    def sharded(self) -> bool:
+        """True when the task's parameters are sharded (more than one process)."""
+        return self._task is not None and self.comm.world_size > 1
+
+    # ----- life cycle ---------------------------------------------------------------------------
+    def launch(self) -> None:
+        if self.hybrid and self._world[1] == 1:
+            raise ConfigError(
+                "FSDPStrategy(hybrid=True) shards within a node and replicates across nodes, but num_nodes=1; "
+                "use hybrid=False on one node, or num_nodes > 1."
+            )
+        super().launch()
+        if self.device_mesh is None and self.comm.world_size > 1:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            devices, nodes = self._world
+            shape, names = (
+                ((nodes, devices), ("replicate", "shard"))
+                if self.hybrid
+                else ((devices * nodes,), ("shard",))
+            )
+            self.device_mesh = init_device_mesh(self.root_device.type, shape, mesh_dim_names=names)
+
+    def setup(self, task: Task) -> None:
+        precision = self.precision.name
+        if precision == "16-mixed":
+            raise ConfigError(
+                "strategy='fsdp' does not support precision='16-mixed' (its gradient scaler cannot see sharded "
+                "gradients); use precision='bf16-mixed' (no scaler needed) or '32-true'."
+            )
+        if self.cpu_offload and self.root_device.type != "cuda":
+            raise ConfigError(
+                "FSDPStrategy(cpu_offload=True) keeps the shards in host memory while a GPU computes; on "
+                f"accelerator={self.root_device.type!r} they are in host memory already: drop cpu_offload."
+            )
+        check_supported(task)
+        if self.wrap:
+            resolve_classes(self.wrap, task)  # a wrong name is an error at any world size
+        super().setup(task)  # on the device, in the precision's parameter dtype
+        self._task, self._unsynced, self._sync, self._checked = task, False, True, set()
+        if self.comm.world_size == 1:
+            if self.comm.is_global_zero:
+                warnings.warn(
+                    "strategy='fsdp' runs in one process: there is nothing to shard, so the task trains "
+                    "unsharded (as with strategy='single'); checkpoints are still directories.",
+                    stacklevel=2,
+                )
+            return
+        from torch.distributed.fsdp import FSDPModule
+
+        if isinstance(task, FSDPModule):  # a later stage (test after fit) on the task fit already sharded
+            return
+        self._before_sharding.update((id(p), p) for p in task.parameters())
+        assert self.device_mesh is not None
+        self.units = shard_task(
+            task,
+            self.device_mesh,
+            wrap=self.wrap,
+            min_params=self.min_params,
+            reshard_after_forward=self.reshard_after_forward,
+            param_dtype=torch.bfloat16 if precision == "bf16-mixed" else None,
+            cpu_offload=self.cpu_offload,
+        )
+        for p in task.parameters():  # sharded by configure_model already: the same objects, not stale
+            self._before_sharding.pop(id(p), None)
+
+    # ----- steps --------------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, sync: bool = True) -> None:
+        """With sync, each unit's gradients are reduce-scattered as its backward ends; without, they
+        accumulate unsharded on every rank (micro-batches 1..k-1 of an accumulation window)."""
+        if self.sharded and sync != self._sync:  # toggle only on a change: it walks every unit
+            self._task.set_requires_gradient_sync(sync)  # type: ignore[union-attr]
+            self._sync = sync
+        self.precision.scale(loss).backward()
+        self._unsynced = self.sharded and not sync
+
+    def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        if id(optimizer) not in self._checked:
+            self._check_optimizer(optimizer)
+            self._checked.add(id(optimizer))
+        if self._unsynced:
+            raise TaskError(
+                "strategy='fsdp' cannot step on gradients whose last backward skipped synchronization (an "
+                "accumulation window cut short by a training loader without a length); give the loader a "
+                "length, or set accumulate_grad_batches=1."
+            )
+        super().unscale_gradients(optimizer)
+
+    def _check_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """An optimizer must hold the sharded parameters: one built before sharding would step nothing."""
+        if not self.sharded:
+            return
+        from torch.distributed.tensor import DTensor
+
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if self._before_sharding.get(id(p)) is p:
+                    raise TaskError(
+                        f"{type(optimizer).__name__} holds the task's parameters as they were before FSDP "
+                        "sharded them, so its steps would change nothing. Build the optimizer in "
+                        "configure_optimizers from self.parameters() (the Trainer calls it after sharding); "
+                        "do not create it in __init__ or configure_model."
+                    )
+                if not isinstance(p, DTensor):
+                    raise TaskError(
+                        f"{type(optimizer).__name__} holds a parameter of shape {tuple(p.shape)} that FSDP did "
+                        "not shard (created after the model was set up?). Create every module in __init__ or "
+                        "configure_model, and optimize only self.parameters()."
+                    )
+
+
+class _FSDPCheckpointIO(ShardedCheckpointIO):
+    """Sharded checkpoints, refusing a save inside an accumulation window (FSDP keeps that window's
+    gradients unsharded inside its units, where no checkpoint can reach them)."""
+
+    def __init__(self, strategy: FSDPStrategy, full: bool) -> None:
+        super().__init__(full)
+        self._strategy = strategy
+
+    def window_grads(self, task: torch.nn.Module) -> list[torch.Tensor | None]:
+        if self._strategy.sharded:
+            raise CheckpointError(
+                "strategy='fsdp' cannot checkpoint inside a gradient accumulation window; save at optimizer "
+                "steps (ModelCheckpoint(every_n_train_steps=...) or per epoch) rather than by time."
+            )
+        return super().window_grads(task)

@@ -1,0 +1,182 @@
+"""What every strategy of one process per device shares: joining (or starting) the process group, and
+giving each rank its shard of the data. DDPStrategy and FSDPStrategy build on it."""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DistributedSampler, RandomSampler, Sampler
+
+from strategies import launch
+from strategies.base import pick_device
+from strategies.comm import ProcessGroupComm
+from strategies.parallel import ParallelStrategy
+from strategies.precision import Precision
+from strategies.syncbn import convert_sync_batchnorm
+from trainer.data import rebuild, rebuildable
+from trainer.errors import ConfigError
+
+
+def _destroy_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _attempt_store(timeout: datetime.timedelta) -> dist.Store | None:
+    """Under torch's elastic agent, a store whose keys are private to this restart attempt.
+
+    The agent's store outlives a restart, and a restarted rank could otherwise read the previous attempt's
+    process-group addresses and try to connect to a dead peer (seen here as "Connection refused" in
+    Gloo connectFullMesh after a SIGKILL). None outside the agent: init_process_group's env:// is fine.
+    """
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None:
+        return None
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        int(os.environ["WORLD_SIZE"]),
+        is_master=not agent_store and os.environ.get("RANK") == "0",
+        timeout=timeout,
+        multi_tenant=not agent_store,
+    )
+    return dist.PrefixStore(f"tandem/attempt_{attempt}", store)
+
+
+class ShardSampler(Sampler[int]):
+    """Evaluation sampler: rank r takes every world_size-th index from r, no padding and no repeats,
+    so metrics over all ranks count each sample exactly once (ranks may get one batch more or less)."""
+
+    def __init__(self, length: int, rank: int, world_size: int) -> None:
+        self.indices = range(rank, length, world_size)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+class ProcessGroupStrategy(ParallelStrategy):
+    """One process per device in a torch.distributed process group; each rank trains on its own shard.
+
+    A plain ``python train.py`` starts `devices` workers through torch's elastic launcher; under torchrun
+    or SLURM the process joins the existing group. Subclasses decide how gradients are combined.
+    """
+
+    def __init__(
+        self,
+        accelerator: str | None = None,
+        devices: int | None = None,
+        precision: Precision | str | int | None = None,
+        num_nodes: int | None = None,
+        process_group_backend: str | None = None,
+        timeout_s: float = 1800.0,
+        max_restarts: int = 0,
+        sync_batchnorm: bool | None = None,
+    ) -> None:
+        super().__init__(accelerator, precision)
+        self.devices, self.num_nodes, self.sync_batchnorm = (
+            devices,
+            num_nodes,
+            sync_batchnorm,
+        )  # None: the Trainer's
+        self.backend, self.timeout_s, self.max_restarts = process_group_backend, timeout_s, max_restarts
+        self.comm: ProcessGroupComm = ProcessGroupComm(timeout_s, lambda: self._world[0] * self._world[1])
+
+    @property
+    def _world(self) -> tuple[int, int]:
+        return (self.devices or 1), (self.num_nodes or 1)
+
+    # ----- life cycle ---------------------------------------------------------------------------
+    def launch(self) -> None:
+        devices, nodes = self._world
+        if launch.launched_externally():
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", devices))
+            if local != devices:
+                raise ConfigError(
+                    f"this job was launched with {local} processes per node but Trainer has devices={devices};"
+                    f" make them agree (e.g. torchrun --nproc_per_node={devices}, or devices={local})."
+                )
+        elif nodes > 1:
+            raise ConfigError(
+                f"num_nodes={nodes} needs a multi-node launcher: start the script with "
+                "torchrun (--nnodes, --rdzv-endpoint) or srun on every node."
+            )
+        elif devices == 1:  # a group of one, in this process
+            os.environ.update(
+                RANK="0",
+                WORLD_SIZE="1",
+                LOCAL_RANK="0",
+                LOCAL_WORLD_SIZE="1",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(launch._free_port()),
+            )
+        else:
+            launch.relaunch(devices, self.max_restarts)  # the parent exits with the workers' status
+        self._join_group()
+
+    def _join_group(self) -> None:
+        device = pick_device(self.accelerator or "auto", self.comm.local_rank)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        self._root_device = device
+        self.comm.device = device if device.type == "cuda" else torch.device("cpu")  # NCCL needs GPU tensors
+        if dist.is_initialized():
+            return
+        backend = self.backend or ("nccl" if device.type == "cuda" else "gloo")
+        timeout = datetime.timedelta(seconds=self.timeout_s)
+        store = _attempt_store(timeout)
+        if store is None:
+            dist.init_process_group(backend, timeout=timeout)
+        else:
+            dist.init_process_group(
+                backend, store=store, rank=self.comm.rank, world_size=self.comm.world_size, timeout=timeout
+            )
+        # A group left to interpreter shutdown can abort the process ("terminate called without an
+        # active exception", exit -6) after a successful run: close the one we opened, in order.
+        atexit.register(_destroy_group)
+
+    def setup(self, task: Any) -> None:
+        if self.sync_batchnorm:
+            convert_sync_batchnorm(task, self.root_device)  # replaces the BatchNorm layers in place
+        super().setup(task)
+
+    def teardown(self) -> None:
+        if dist.is_initialized():
+            self.comm.settle()  # the last stop agreement still in flight
+
+    @property
+    def root_device(self) -> torch.device:
+        if self._root_device is None:
+            self._root_device = pick_device(self.accelerator or "auto", self.comm.local_rank)
+        return self._root_device
+
+    # ----- data ---------------------------------------------------------------------------------
+    def process_dataloader(self, loader: Any, stage: str) -> Any:
+        """Give each rank its shard: DistributedSampler for training, an unpadded shard for evaluation."""
+        world, rank = self.comm.world_size, self.comm.rank
+        if not self.use_distributed_sampler or world == 1 or not rebuildable(loader):
+            return loader
+        sampler = loader.sampler
+        if isinstance(sampler, (DistributedSampler, ShardSampler)) or loader.batch_size is None:
+            return loader  # the user already shards, or batches with a custom batch_sampler
+        if stage == "train":
+            sampler = DistributedSampler(
+                loader.dataset,
+                num_replicas=world,
+                rank=rank,
+                shuffle=isinstance(sampler, RandomSampler),
+                seed=int(os.environ.get("TANDEM_GLOBAL_SEED", 0)),
+                drop_last=loader.drop_last,
+            )
+        else:
+            sampler = ShardSampler(len(loader.dataset), rank, world)
+        return rebuild(loader, sampler=sampler)

@@ -1,0 +1,391 @@
+"""How weights and optimizer states get into and out of a checkpoint, in its two forms.
+
+- **A file**: one ``torch.save`` of the whole checkpoint dict, written atomically by rank 0 (the default).
+- **A directory** written with torch.distributed.checkpoint (DCP): every rank writes its own shards of the
+  weights and optimizer states, rank 0 adds ``tandem.pt`` with everything else. It is written under a
+  temporary name and renamed into place only after every rank has finished; the previous checkpoint of
+  that name stays until then.
+
+Every strategy reads both. Loading a directory reshards: DCP gives each rank the parts of the saved tensors
+that its own tensors (sharded or whole) cover, so a run saved by N processes resumes on any other number.
+A strategy chooses how it writes through a `checkpoint_io` attribute (FSDPStrategy has one); the others
+use `CheckpointIO()`.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainer.ckpt_format import read
+from trainer.errors import CheckpointError
+from trainer.fileio import atomic_write
+
+if TYPE_CHECKING:
+    from strategies.comm import Comm
+
+META = "tandem.pt"  # a directory checkpoint's non-tensor part
+MODEL = "model/"  # key prefix of the weights in a directory checkpoint; optimizer i's is f"optim{i}/"
+TENSOR_KEYS = ("state_dict", "optimizer_states")
+
+
+def checkpoint_io(strategy: Any) -> CheckpointIO:
+    """The strategy's way of writing checkpoints, or the default single file."""
+    return getattr(strategy, "checkpoint_io", None) or CheckpointIO()
+
+
+def resumable(ckpt: dict[str, Any]) -> bool:
+    """True for a full checkpoint (with optimizer and loop state), False for weights only."""
+    return "ranks" in ckpt.get("loop", {})
+
+
+class CheckpointIO:
+    """One file written by rank 0 with the task's and the optimizers' own ``state_dict()``."""
+
+    mmap = False  # read files memory-mapped (each rank then keeps only what it copies out)
+
+    def collect(
+        self, task: torch.nn.Module, optimizers: list[torch.optim.Optimizer] | None
+    ) -> dict[str, Any]:
+        """The checkpoint's "state_dict" and (unless `optimizers` is None) "optimizer_states"."""
+        out: dict[str, Any] = {"state_dict": task.state_dict()}
+        if optimizers is not None:
+            out["optimizer_states"] = [o.state_dict() for o in optimizers]
+        return out
+
+    def write(self, ckpt: dict[str, Any], path: str, comm: Comm) -> None:
+        """Write `ckpt` to `path`; every rank calls this and returns once it is on disk."""
+        if comm.is_global_zero:
+            atomic_save(ckpt, path)
+        comm.barrier("save_checkpoint")
+
+    def restore(
+        self, path: str, task: torch.nn.Module, optimizers: list[torch.optim.Optimizer] | None
+    ) -> dict[str, Any]:
+        """Load `path` (either form) into the task and, for a full checkpoint, into `optimizers` when given;
+        return the checkpoint dict."""
+        path = _existing(path)
+        if os.path.isdir(path):
+            return restore_dir(path, task, optimizers)
+        ckpt = load(path, mmap=self.mmap)
+        check_compatible(task, ckpt["state_dict"], path)
+        if optimizers is not None and resumable(ckpt):
+            _check_count(path, len(ckpt["optimizer_states"]), optimizers)
+        self.load_file(ckpt, task, optimizers if resumable(ckpt) else None)
+        return ckpt
+
+    def load_file(
+        self, ckpt: dict[str, Any], task: torch.nn.Module, optimizers: list[torch.optim.Optimizer] | None
+    ) -> None:
+        """Load a checkpoint file's states (already checked against the task) into task and optimizers."""
+        task.load_state_dict(ckpt["state_dict"])
+        for opt, state in zip(optimizers or [], ckpt.get("optimizer_states", [])):
+            opt.load_state_dict(state)
+
+    def window_grads(self, task: torch.nn.Module) -> list[torch.Tensor | None]:
+        """This rank's gradients inside an unfinished accumulation window (saved per rank)."""
+        return [None if p.grad is None else p.grad.detach().cpu().clone() for p in task.parameters()]
+
+    def set_window_grads(self, task: torch.nn.Module, grads: list[torch.Tensor | None]) -> None:
+        for p, g in zip(task.parameters(), grads):
+            p.grad = None if g is None else g.to(p.device)
+
+
+class ShardedCheckpointIO(CheckpointIO):
+    """States as torch.distributed.checkpoint.state_dict sees them, for sharded parameters: a directory of
+    every rank's shards (the default), or with `full=True` one file of the states gathered to rank 0, in the
+    same form as the default file (optimizer states keyed by parameter index), readable without a group."""
+
+    mmap = True
+
+    def __init__(self, full: bool = False) -> None:
+        self.full = full
+
+    def collect(
+        self, task: torch.nn.Module, optimizers: list[torch.optim.Optimizer] | None
+    ) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        if not self.full:
+            model, optims = sharded_states(task, optimizers)
+            return (
+                {"state_dict": model}
+                if optimizers is None
+                else {"state_dict": model, "optimizer_states": optims}
+            )
+        opts = _options(full_state_dict=True, cpu_offload=True)  # rank 0 gets everything, the others nothing
+        out: dict[str, Any] = {"state_dict": get_model_state_dict(task, options=opts)}
+        if optimizers is not None:
+            out["optimizer_states"] = [
+                _by_index(get_optimizer_state_dict(task, o, options=opts), _param_names(task, o))
+                for o in optimizers
+            ]
+        return out
+
+    def write(self, ckpt: dict[str, Any], path: str, comm: Comm) -> None:
+        if self.full:
+            super().write(ckpt, path, comm)
+        else:
+            write_dir(*dir_payload(ckpt), path, comm)
+
+    def load_file(
+        self, ckpt: dict[str, Any], task: torch.nn.Module, optimizers: list[torch.optim.Optimizer] | None
+    ) -> None:
+        """Every rank keeps its own part of the file's whole tensors (the file is memory-mapped)."""
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+        opts = _options(full_state_dict=True)
+        set_model_state_dict(task, ckpt["state_dict"], options=opts)
+        for opt, state in zip(optimizers or [], ckpt.get("optimizer_states", [])):
+            set_optimizer_state_dict(task, opt, _by_name(state, _param_names(task, opt)), options=opts)
+
+
+def _param_names(task: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The name of every parameter of `optimizer`, in the order its state_dict numbers them."""
+    names = {id(p): n for n, p in task.named_parameters()}
+    try:
+        return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    except KeyError as e:
+        raise CheckpointError(
+            "an optimizer holds a tensor that is not a parameter of the task; optimize only the task's "
+            "parameters (self.parameters()) to checkpoint it."
+        ) from e
+
+
+def _by_index(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """An optimizer state keyed by parameter name -> torch's own form, keyed by index."""
+    if not state:  # not rank 0
+        return state
+    index = {n: i for i, n in enumerate(names)}
+    return {
+        "state": {index[n]: s for n, s in state["state"].items()},
+        "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in state["param_groups"]],
+    }
+
+
+def _by_name(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """torch's optimizer state, keyed by index -> keyed by parameter name."""
+    return {
+        "state": {names[i]: s for i, s in state["state"].items()},
+        "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]],
+    }
+
+
+# ----- files --------------------------------------------------------------------------------------
+def atomic_save(obj: Any, path: str | os.PathLike[str]) -> None:
+    """torch.save `obj` to `path` atomically (see trainer.fileio.atomic_write)."""
+    atomic_write(path, lambda f: torch.save(obj, f))
+
+
+def load(
+    path: str | os.PathLike[str], map_location: Any = "cpu", mmap: bool = False, weights_only: bool = True
+) -> dict[str, Any]:
+    """Read a checkpoint written by Trainer.save_checkpoint: a file, or a directory (its weights gathered
+    whole into this process; its optimizer states are read only when resuming, by `restore`). Plain data
+    only (torch.load's weights_only) unless weights_only=False is asked for a trusted file."""
+    path = _existing(os.fspath(path))
+    if os.path.isdir(path):
+        return read_dir(path)
+    if not os.path.isfile(path):
+        raise CheckpointError(
+            f"checkpoint {path!r} does not exist; pass an existing file or ckpt_path='last'."
+        )
+    try:
+        ckpt = read(path, map_location, weights_only, mmap)
+    except CheckpointError:
+        raise
+    except Exception as e:
+        raise CheckpointError(f"checkpoint {path!r} could not be read ({type(e).__name__}: {e}).") from e
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+        raise CheckpointError(
+            f"{path!r} is not a Tandem checkpoint (no 'state_dict'); save one with trainer.save_checkpoint."
+        )
+    return ckpt
+
+
+def check_compatible(model: torch.nn.Module, state_dict: dict[str, Any], path: str) -> None:
+    """Raise CheckpointError listing what differs when the checkpoint belongs to another model."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in own]
+    mismatched = [
+        f"{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(v.shape)}"
+        for k, v in own.items()
+        if k in state_dict and isinstance(v, torch.Tensor) and tuple(state_dict[k].shape) != tuple(v.shape)
+    ]
+    if missing or unexpected or mismatched:
+        parts = []
+        if missing:
+            parts.append(f"missing keys {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+        if unexpected:
+            parts.append(f"unexpected keys {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
+        if mismatched:
+            parts.append(f"shape mismatches {mismatched[:5]}")
+        raise CheckpointError(
+            f"checkpoint {path!r} was saved from a different model: "
+            + "; ".join(parts)
+            + ". Load it into the model it was saved from, or start without ckpt_path."
+        )
+
+
+def _check_count(path: str, saved: int, optimizers: list[torch.optim.Optimizer]) -> None:
+    if saved != len(optimizers):
+        raise CheckpointError(
+            f"checkpoint {path!r} has {saved} optimizer(s) but configure_optimizers returned {len(optimizers)}."
+        )
+
+
+# ----- directories --------------------------------------------------------------------------------
+def write_dir(tensors: dict[str, Any], meta: dict[str, Any], path: str, comm: Comm) -> None:
+    """Write a directory checkpoint: `tensors` (flat, DTensors or tensors) with DCP by every rank, `meta`
+    by rank 0, all under a temporary name that replaces `path` once every rank has finished."""
+    import torch.distributed.checkpoint as dcp
+
+    path = os.path.abspath(path)
+    tmp = comm.broadcast(f"{path}.tmp-{uuid.uuid4().hex[:12]}")  # one name for every rank
+    if comm.is_global_zero:
+        for stale in glob.glob(glob.escape(path) + ".tmp-*"):  # left by a save that crashed
+            shutil.rmtree(stale, ignore_errors=True)
+    comm.barrier("save_checkpoint")
+    dcp.save(tensors, checkpoint_id=tmp)
+    if comm.is_global_zero:
+        atomic_save(meta, os.path.join(tmp, META))
+    comm.barrier("save_checkpoint")
+    if comm.is_global_zero:
+        _swap_in(tmp, path)
+    comm.barrier("save_checkpoint")
+
+
+def _swap_in(tmp: str, path: str) -> None:
+    """Rename `tmp` to `path`; an existing `path` is moved aside first and deleted only afterwards (a crash
+    between the two renames leaves it as `path`.old-*, which reading falls back to)."""
+    old = None
+    if os.path.lexists(path):
+        old = f"{path}.old-{uuid.uuid4().hex[:12]}"
+        os.rename(path, old)
+    os.rename(tmp, path)
+    fd = os.open(os.path.dirname(path), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if old is not None:
+        shutil.rmtree(old) if os.path.isdir(old) else os.remove(old)
+
+
+def _existing(path: str) -> str:
+    """`path`, or the copy a save moved aside when it crashed before renaming the new one in."""
+    if os.path.exists(path):
+        return path
+    aside = sorted(glob.glob(glob.escape(path) + ".old-*"), key=os.path.getmtime)
+    return aside[-1] if aside else path
+
+
+def _read_meta(path: str) -> tuple[dict[str, Any], Any]:
+    """The non-tensor part and the DCP metadata of a directory checkpoint."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        meta = read(os.path.join(path, META), "cpu")
+        metadata = FileSystemReader(path).read_metadata()
+    except CheckpointError:
+        raise
+    except Exception as e:
+        raise CheckpointError(
+            f"{path!r} is not a complete Tandem checkpoint directory ({type(e).__name__}: {e})."
+        ) from e
+    return meta, metadata
+
+
+def _saved_weights(metadata: Any) -> dict[str, torch.Tensor]:
+    """The saved weights as empty tensors of their full shape and dtype, on the meta device."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    return {
+        k[len(MODEL) :]: torch.empty(md.size, dtype=md.properties.dtype, device="meta")
+        for k, md in metadata.state_dict_metadata.items()
+        if k.startswith(MODEL) and isinstance(md, TensorStorageMetadata)
+    }
+
+
+def read_dir(path: str) -> dict[str, Any]:
+    """A directory checkpoint with its weights gathered whole into this process (no collectives)."""
+    import torch.distributed.checkpoint as dcp
+
+    meta, metadata = _read_meta(path)
+    target = {MODEL + k: torch.empty(v.shape, dtype=v.dtype) for k, v in _saved_weights(metadata).items()}
+    target.update({k: None for k in metadata.state_dict_metadata if k.startswith(MODEL) and k not in target})
+    dcp.load(target, checkpoint_id=path, no_dist=True)
+    meta["state_dict"] = {k[len(MODEL) :]: v for k, v in target.items()}
+    return meta
+
+
+def restore_dir(
+    path: str, task: torch.nn.Module, optimizers: list[torch.optim.Optimizer] | None
+) -> dict[str, Any]:
+    """Load a directory checkpoint into the task as it is now (sharded or whole, any world size) and,
+    for a full checkpoint, into `optimizers`; every rank calls this."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    meta, metadata = _read_meta(path)
+    check_compatible(task, _saved_weights(metadata), path)
+    optimizers = optimizers if resumable(meta) else None
+    if optimizers is not None:
+        _check_count(path, int(meta.get("optimizers", 0)), optimizers)
+    model, optims = sharded_states(task, optimizers)
+    target = {
+        **_prefixed(MODEL, model),
+        **{k: v for i, o in enumerate(optims) for k, v in _prefixed(f"optim{i}/", o).items()},
+    }
+    dcp.load(target, checkpoint_id=path, no_dist=not torch.distributed.is_initialized())
+    model = _unprefixed(MODEL, target)
+    set_model_state_dict(task, model)
+    for i, opt in enumerate(optimizers or []):
+        set_optimizer_state_dict(task, opt, _unprefixed(f"optim{i}/", target), options=_flat())
+    meta["state_dict"] = model
+    return meta
+
+
+def sharded_states(
+    task: torch.nn.Module, optimizers: list[torch.optim.Optimizer] | None
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The task's weights and each optimizer's state keyed by parameter name, as this rank holds them
+    (DTensor shards under FSDP), in the flat form a directory checkpoint stores."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    model = get_model_state_dict(task)
+    return model, [get_optimizer_state_dict(task, o, options=_flat()) for o in optimizers or []]
+
+
+def dir_payload(ckpt: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split a checkpoint dict of sharded states into DCP's flat tensors and rank 0's `meta` part."""
+    tensors = _prefixed(MODEL, ckpt["state_dict"])
+    for i, state in enumerate(ckpt.get("optimizer_states", [])):
+        tensors.update(_prefixed(f"optim{i}/", state))
+    meta = {k: v for k, v in ckpt.items() if k not in TENSOR_KEYS}
+    meta["optimizers"] = len(ckpt.get("optimizer_states", []))
+    return tensors, meta
+
+
+def _options(**kwargs: bool) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(**kwargs)
+
+
+def _flat() -> Any:
+    return _options(flatten_optimizer_state_dict=True)
+
+
+def _prefixed(prefix: str, state: dict[str, Any]) -> dict[str, Any]:
+    return {prefix + k: v for k, v in state.items()}
+
+
+def _unprefixed(prefix: str, state: dict[str, Any]) -> dict[str, Any]:
+    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
