@@ -87,7 +87,7 @@ class DDPStrategy(ParallelStrategy):
         devices: int | None = None,
         precision: Precision | str | int | None = None,
         num_nodes: int | None = None,
-        bucket_cap_mb: float = 25.0,
+        bucket_cap_mb: float | str = 25.0,
         find_unused_parameters: bool = False,
         gradient_as_bucket_view: bool = True,
         comm_hook: str | None = None,
@@ -100,6 +100,8 @@ class DDPStrategy(ParallelStrategy):
     ) -> None:
         super().__init__(accelerator, precision)
         check_choice("comm_hook", str(comm_hook), ("None", "fp16", "bf16"))
+        if isinstance(bucket_cap_mb, str):  # "auto": the Reducer measures and picks (strategies/costmodel.py)
+            check_choice("bucket_cap_mb", bucket_cap_mb, ("auto",))
         self.devices, self.num_nodes, self.sync_batchnorm = (
             devices,
             num_nodes,
