@@ -42,6 +42,10 @@ def _broadcast(tensors: list[torch.Tensor], src: int, group: dist.ProcessGroup |
                 t.copy_(part.view_as(t))
 
 
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
 class Reducer:
     """Averages gradients across ranks in buckets that are all-reduced while backward is still running.
 
@@ -320,8 +324,8 @@ class Reducer:
         small, large = PROBE_BYTES
         cost = LinkCost.fit((small, probes[small]), (large, probes[large]), self.world_size)
         measured = self._ready_times[1:] or self._ready_times  # the first backward is a warm-up
-        # per parameter the earliest time seen (noise only delays); never ready (unused): end of backward
-        ready = [min((r[i] for r in measured if r[i] == r[i]), default=float("nan")) for i in range(n)]
+        # per parameter the median over the measured backwards; never ready (unused): end of backward
+        ready = [_median([r[i] for r in measured if r[i] == r[i]]) for i in range(n)]
         backward = max((t for t in ready if t == t), default=0.0)
         ready = [backward if t != t else t for t in ready]
         sizes, keys = self._layout.sizes, self._layout.keys
