@@ -39,6 +39,7 @@ class AutoBuckets:
     bucket_mb: list[float]  # their sizes
     predicted_step_s: float  # cost-model step time with the chosen buckets
     predicted_step_s_cap25: float  # ... and with the fixed default cap of 25 MB
+    kept_cap25: bool  # the predicted gain was under AUTO_MIN_GAIN: the 25 MB buckets were kept
 
 
 @dataclass(slots=True)

@@ -40,10 +40,13 @@ class LinkCost:
 
     @classmethod
     def fit(cls, small: tuple[float, float], large: tuple[float, float], world_size: int) -> LinkCost:
-        """The alpha and beta through two measured (bytes, seconds) all-reduce probes (clamped at 0)."""
+        """The alpha and beta through two measured (bytes, seconds) all-reduce probes (alpha clamped at 0).
+
+        If the large probe was not slower than the small one (noise larger than the transfer: a fast
+        link on a busy machine), all of the large probe's time is taken as transfer time."""
         (n1, t1), (n2, t2) = small, large
         p = max(world_size, 2)
-        per_byte = max((t2 - t1) / (n2 - n1), 0.0)  # = 2(p-1)/p beta
+        per_byte = (t2 - t1) / (n2 - n1) if t2 > t1 else t2 / n2  # = 2(p-1)/p beta
         beta = per_byte * p / (2 * (p - 1))
         alpha = max((t1 - per_byte * n1) / (2 * (p - 1)), 0.0)
         return cls(alpha, beta)
@@ -155,6 +158,25 @@ def best_buckets(
             chosen.append(members[a:b])
     position = {i: k for k, i in enumerate(order)}
     return sorted(chosen, key=lambda bucket: position[bucket[0]])
+
+
+def choose_buckets(
+    ready_s: Sequence[float],
+    sizes: Sequence[int],
+    order: Sequence[int],
+    cost: LinkCost,
+    world_size: int,
+    keys: Sequence[object] | None,
+    current: list[list[int]],
+    outside_s: float = 0.0,
+    min_gain: float = 0.0,
+) -> list[list[int]]:
+    """best_buckets if it predicts a step at least `min_gain` (a fraction) faster than `current`, else
+    `current`: acting on a predicted gain smaller than the model's error is a coin toss."""
+    best = best_buckets(ready_s, sizes, order, cost, world_size, keys)
+    new = predict(ready_s, sizes, best, cost, world_size, outside_s).step_s
+    old = predict(ready_s, sizes, current, cost, world_size, outside_s).step_s
+    return best if new <= (1 - min_gain) * old else current
 
 
 def buckets_for_cap(

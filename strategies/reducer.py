@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from strategies.buckets import AutoBuckets, BucketLayout, BucketStats, assign_buckets
-from strategies.costmodel import LinkCost, best_buckets, buckets_for_cap, predict
+from strategies.costmodel import LinkCost, choose_buckets, predict
 from trainer.errors import DistributedError
 
 __all__ = ["AutoBuckets", "BucketStats", "Reducer", "assign_buckets"]
@@ -24,7 +24,10 @@ __all__ = ["AutoBuckets", "BucketStats", "Reducer", "assign_buckets"]
 _MB = 1024 * 1024
 AUTO_ITERATIONS = 3  # bucket_cap_mb="auto": backwards measured (the first is a warm-up) before the rebuild
 PROBE_BYTES = (4096, 4 * _MB)  # all-reduce sizes whose times give alpha and beta
-PROBE_REPEATS = 3
+PROBE_REPEATS = 5
+# "auto" leaves the 25 MB buckets unless the model predicts a step at least this much faster: on a busy
+# CPU its predictions are off by 10-40% (docs/benchmarks.md), and a wrong switch costs as much as it gains
+AUTO_MIN_GAIN = 0.10
 _log = logging.getLogger(__name__)
 _COMPRESS = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -40,10 +43,6 @@ def _broadcast(tensors: list[torch.Tensor], src: int, group: dist.ProcessGroup |
             dist.broadcast(flat, src=src, group=group)
             for t, part in zip(chunk, flat.split([t.numel() for t in chunk])):
                 t.copy_(part.view_as(t))
-
-
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
 
 
 class Reducer:
@@ -320,34 +319,41 @@ class Reducer:
 
     def _rebuild_auto(self, order: list[int], device: torch.device) -> None:
         """Measure the link, let rank 0 pick buckets with the cost model, and build them on every rank."""
-        n, probes = len(self.params), self._probe(device)
+        n, probes, nan = len(self.params), self._probe(device), float("nan")
         small, large = PROBE_BYTES
         cost = LinkCost.fit((small, probes[small]), (large, probes[large]), self.world_size)
         measured = self._ready_times[1:] or self._ready_times  # the first backward is a warm-up
         # per parameter the median over the measured backwards; never ready (unused): end of backward
-        ready = [_median([r[i] for r in measured if r[i] == r[i]]) for i in range(n)]
+        ready = [statistics.median([r[i] for r in measured if r[i] == r[i]] or [nan]) for i in range(n)]
         backward = max((t for t in ready if t == t), default=0.0)
         ready = [backward if t != t else t for t in ready]
-        sizes, keys = self._layout.sizes, self._layout.keys
+        sizes, keys, me = self._layout.sizes, self._layout.keys, dist.get_rank(self.process_group)
+        outside = statistics.median(self._outside) if self._outside else 0.0
         # one broadcast from rank 0 carries everything the ranks must agree on
-        plan = torch.zeros(3 * n + 4, dtype=torch.float64, device=device)
-        if dist.get_rank(self.process_group) == 0:
-            buckets = best_buckets(ready, sizes, order, cost, self.world_size, keys)
-            plan[:n] = torch.tensor([i for b in buckets for i in b], dtype=torch.float64)
-            plan[n : 2 * n] = torch.tensor([k for k, b in enumerate(buckets) for _ in b], dtype=torch.float64)
-            plan[2 * n : 3 * n] = torch.tensor(ready, dtype=torch.float64)
-            outside = statistics.median(self._outside) if self._outside else 0.0
-            plan[3 * n :] = torch.tensor([cost.alpha, cost.beta, outside, len(buckets)], dtype=torch.float64)
+        plan = torch.zeros(4 * n + 4, dtype=torch.float64, device=device)
+        if me == 0:
+            fixed = assign_buckets(sizes, keys, order, self._layout.first_cap, self._layout.cap)
+            buckets = choose_buckets(
+                ready, sizes, order, cost, self.world_size, keys, fixed, outside, AUTO_MIN_GAIN
+            )
+            plan[:n] = torch.tensor(order, dtype=torch.float64)
+            plan[n : 2 * n] = torch.tensor([i for b in buckets for i in b], dtype=torch.float64)
+            plan[2 * n : 3 * n] = torch.tensor(
+                [k for k, b in enumerate(buckets) for _ in b], dtype=torch.float64
+            )
+            plan[3 * n : 4 * n] = torch.tensor(ready, dtype=torch.float64)
+            plan[4 * n :] = torch.tensor([cost.alpha, cost.beta, outside, len(buckets)], dtype=torch.float64)
         dist.broadcast(plan, src=self._src, group=self.process_group)
         values = plan.tolist()
-        flat, owner = [int(v) for v in values[:n]], [int(v) for v in values[n : 2 * n]]
-        ready, (alpha, beta, outside, count) = values[2 * n : 3 * n], values[3 * n :]
+        order, flat = [int(v) for v in values[:n]], [int(v) for v in values[n : 2 * n]]
+        owner, ready = [int(v) for v in values[2 * n : 3 * n]], values[3 * n : 4 * n]
+        alpha, beta, outside, count = values[4 * n :]
         buckets: list[list[int]] = [[] for _ in range(int(count))]
         for i, k in zip(flat, owner):
             buckets[k].append(i)
         self._layout.build_groups(buckets)
         cost = LinkCost(alpha, beta)
-        fixed = buckets_for_cap(sizes, order, 25.0)
+        fixed = assign_buckets(sizes, keys, order, self._layout.first_cap, self._layout.cap)
         self.auto = AutoBuckets(
             alpha_s=alpha,
             beta_s=beta,
@@ -359,20 +365,16 @@ class Reducer:
             bucket_mb=[sum(sizes[i] for i in b) / _MB for b in buckets],
             predicted_step_s=predict(ready, sizes, buckets, cost, self.world_size, outside).step_s,
             predicted_step_s_cap25=predict(ready, sizes, fixed, cost, self.world_size, outside).step_s,
+            kept_cap25=buckets == fixed,
         )
         self._ready_times, self._outside = [], []
-        if dist.get_rank(self.process_group) == 0:
-            a = self.auto
+        if me == 0:
+            a, kept = self.auto, f" (kept: gain under {AUTO_MIN_GAIN:.0%})" if self.auto.kept_cap25 else ""
             _log.info(
-                "bucket_cap_mb='auto': all-reduce alpha %.1f us, %.1f MB/s; backward %.1f ms; %d buckets of %s MB;"
-                " predicted step %.1f ms (%.1f ms with 25 MB buckets)",
-                a.alpha_s * 1e6,
-                1 / a.beta_s / 1e6 if a.beta_s else float("inf"),
-                a.backward_s * 1e3,
-                len(buckets),
-                ", ".join(f"{mb:.2f}" for mb in a.bucket_mb),
-                a.predicted_step_s * 1e3,
-                a.predicted_step_s_cap25 * 1e3,
+                f"bucket_cap_mb='auto': all-reduce alpha {a.alpha_s * 1e6:.1f} us, {1e-6 / max(a.beta_s, 1e-15):.1f}"
+                f" MB/s; backward {a.backward_s * 1e3:.1f} ms; buckets of {', '.join(f'{mb:.2f}' for mb in a.bucket_mb)}"
+                f" MB{kept}; predicted step {a.predicted_step_s * 1e3:.1f} ms, {a.predicted_step_s_cap25 * 1e3:.1f}"
+                " ms with 25 MB buckets"
             )
 
     @contextmanager

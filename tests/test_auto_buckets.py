@@ -11,9 +11,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from strategies.buckets import BucketLayout
-from strategies.costmodel import LinkCost, best_buckets
+from strategies.costmodel import LinkCost, buckets_for_cap, choose_buckets
 from strategies.ddp import DDPStrategy
-from strategies.reducer import AUTO_ITERATIONS, Reducer
+from strategies.reducer import AUTO_ITERATIONS, AUTO_MIN_GAIN, Reducer
 from trainer.errors import ConfigError, DistributedError
 
 STEPS = AUTO_ITERATIONS + 2
@@ -117,7 +117,9 @@ def test_auto_choice_is_the_cost_models_on_rank0_measurements(runs: list[dict]) 
     assert auto.backward_s == max(auto.ready_s) > 0 and auto.outside_s > 0
     order = [i for b in auto.buckets for i in b]
     assert sorted(order) == list(range(len(sizes)))
-    assert auto.buckets == best_buckets(auto.ready_s, sizes, order, LinkCost(auto.alpha_s, auto.beta_s), 2)
+    cost, fixed = LinkCost(auto.alpha_s, auto.beta_s), buckets_for_cap(sizes, order, 25.0)
+    expected = choose_buckets(auto.ready_s, sizes, order, cost, 2, None, fixed, auto.outside_s, AUTO_MIN_GAIN)
+    assert auto.buckets == expected and auto.kept_cap25 == (expected == fixed)
     assert auto.bucket_mb == pytest.approx([sum(sizes[i] for i in b) / 2**20 for b in auto.buckets])
     assert runs[0]["stats_bytes"] == [sum(sizes[i] for i in b) for b in auto.buckets]
     assert auto.predicted_step_s <= auto.predicted_step_s_cap25 + 1e-12

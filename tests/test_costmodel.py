@@ -7,7 +7,15 @@ import random
 
 import pytest
 
-from strategies.costmodel import LinkCost, best_buckets, buckets_for_cap, predict, sweep_caps, sweep_world
+from strategies.costmodel import (
+    LinkCost,
+    best_buckets,
+    buckets_for_cap,
+    choose_buckets,
+    predict,
+    sweep_caps,
+    sweep_world,
+)
 
 MB = 1024 * 1024
 
@@ -32,6 +40,8 @@ def test_ring_allreduce_formula() -> None:
     assert cost.allreduce_s(MB, 1) == 0.0
     fitted = LinkCost.fit((4096, cost.allreduce_s(4096, 4)), (4 * MB, cost.allreduce_s(4 * MB, 4)), 4)
     assert fitted.alpha == pytest.approx(cost.alpha) and fitted.beta == pytest.approx(cost.beta)
+    noisy = LinkCost.fit((4096, 2e-3), (4 * MB, 1e-3), 2)  # the small probe hit a busy moment
+    assert noisy.beta == pytest.approx(1e-3 / (4 * MB)) and noisy.alpha >= 0
 
 
 def test_one_bucket_is_the_flat_allreduce_after_backward() -> None:
@@ -101,3 +111,13 @@ def test_sweep_caps_has_the_overlap_optimum_inside() -> None:
     assert steps[5] < steps[0.01] and steps[5] < steps[1000]
     auto = predict(ready, sizes, best_buckets(ready, sizes, order, cost, 2), cost, 2).step_s
     assert auto <= min(steps.values()) + 1e-12
+
+
+def test_choose_buckets_keeps_the_current_layout_unless_the_gain_is_large_enough() -> None:
+    ready, sizes, order = _model(n=40, seed=2)
+    cost, current = LinkCost(2e-3, 1e-9), buckets_for_cap(sizes, order, 1000)
+    best = best_buckets(ready, sizes, order, cost, 2)
+    gain = 1 - predict(ready, sizes, best, cost, 2).step_s / predict(ready, sizes, current, cost, 2).step_s
+    assert gain > 0.05
+    assert choose_buckets(ready, sizes, order, cost, 2, None, current, 0.0, gain - 0.01) == best
+    assert choose_buckets(ready, sizes, order, cost, 2, None, current, 0.0, gain + 0.01) == current
