@@ -25,6 +25,23 @@ class BucketStats:
     done_s: float = 0.0  # wait() returned (an upper bound on when the all_reduce finished)
 
 
+@dataclass
+class AutoBuckets:
+    """What bucket_cap_mb="auto" measured (on rank 0) and chose; identical on every rank."""
+
+    alpha_s: float  # all-reduce latency per message (alpha-beta model)
+    beta_s: float  # all-reduce seconds per byte
+    probes: dict[int, float]  # probe bytes -> seconds of one all-reduce (fastest repetition)
+    ready_s: list[float]  # per parameter: when its gradient was ready, seconds after backward started
+    backward_s: float  # when the last gradient was ready
+    outside_s: float  # between two backwards: optimizer step, zero_grad and forward
+    buckets: list[list[int]]  # the chosen buckets (parameter indices, launch order)
+    bucket_mb: list[float]  # their sizes
+    predicted_step_s: float  # cost-model step time with the chosen buckets
+    predicted_step_s_cap25: float  # ... and with the fixed default cap of 25 MB
+    kept_cap25: bool  # the predicted gain was under AUTO_MIN_GAIN: the 25 MB buckets were kept
+
+
 @dataclass(slots=True)
 class Bucket:
     """One flat gradient buffer, the parameters laid out in it and its in-flight work."""
@@ -86,11 +103,23 @@ class BucketLayout:
         """Parameter indices per bucket, in launch order."""
         return [list(b.params) for b in self.buckets]
 
+    @property
+    def sizes(self) -> list[int]:
+        """Bytes of each parameter's gradient."""
+        return [p.numel() * p.element_size() for p in self.params]
+
+    @property
+    def keys(self) -> list[object]:
+        """(device, dtype) of each parameter: only parameters of one key share a bucket."""
+        return [(p.device, p.dtype) for p in self.params]
+
     def build(self, order: list[int]) -> None:
         """Lay parameters out in flat buffers following `order`, keeping any existing .grad values."""
-        sizes = [p.numel() * p.element_size() for p in self.params]
-        keys: list[object] = [(p.device, p.dtype) for p in self.params]
-        assignment = assign_buckets(sizes, keys, order, self.first_cap, self.cap)
+        self.build_groups(assign_buckets(self.sizes, self.keys, order, self.first_cap, self.cap))
+
+    def build_groups(self, assignment: list[list[int]]) -> None:
+        """Lay parameters out in the given buckets (parameter indices, launch order), keeping .grad values."""
+        sizes = self.sizes
         if assignment == self.indices:
             return  # nothing moves: keep the buffers (and the .grad views into them)
         self.buckets = []

@@ -39,7 +39,7 @@ class DDPStrategy(ProcessGroupStrategy):
         devices: int | None = None,
         precision: Precision | str | int | None = None,
         num_nodes: int | None = None,
-        bucket_cap_mb: float = 25.0,
+        bucket_cap_mb: float | str = 25.0,
         find_unused_parameters: bool = False,
         gradient_as_bucket_view: bool = True,
         comm_hook: str | None = None,
@@ -61,6 +61,8 @@ class DDPStrategy(ProcessGroupStrategy):
             sync_batchnorm,
         )
         check_choice("comm_hook", str(comm_hook), ("None", "fp16", "bf16"))
+        if isinstance(bucket_cap_mb, str):  # "auto": the Reducer measures and picks (strategies/costmodel.py)
+            check_choice("bucket_cap_mb", bucket_cap_mb, ("auto",))
         self.bucket_cap_mb, self.find_unused_parameters = bucket_cap_mb, find_unused_parameters
         self.gradient_as_bucket_view, self.comm_hook = gradient_as_bucket_view, comm_hook
         self.static_graph, self.broadcast_buffers = static_graph, broadcast_buffers

@@ -24,7 +24,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from strategies.reducer import Reducer
+from strategies.reducer import AUTO_ITERATIONS, Reducer
 from trainer.errors import DistributedError
 
 # ---------------------------------------------------------------- one spawn for every distributed check
@@ -52,9 +52,10 @@ def runs() -> list[dict]:
 
 def _reference(rank: int, world_size: int) -> dict:
     out: dict = {}
-    for view in (True, False):
+    # "auto" runs until one step past its rebuild (its layout is chosen after AUTO_ITERATIONS backwards)
+    for view, cap, steps in ((True, CAP_MB, 2), (False, CAP_MB, 2), (True, "auto", AUTO_ITERATIONS + 1)):
         ours = make(Mixed)
-        reducer = Reducer(ours, bucket_cap_mb=CAP_MB, gradient_as_bucket_view=view)
+        reducer = Reducer(ours, bucket_cap_mb=cap, gradient_as_bucket_view=view)
         ddp = DDP(make(Mixed), bucket_cap_mb=CAP_MB, gradient_as_bucket_view=view)
         single = make(Mixed)
         opts = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (ours, ddp, single)]
@@ -66,7 +67,7 @@ def _reference(rank: int, world_size: int) -> dict:
             "stats": [],
             "is_view": [],
         }
-        for step in range(2):
+        for step in range(steps):
             rec["buckets"].append(gathered(reducer.bucket_indices))
             rec["ours"].append(ours_step(ours, reducer, opts[0], *batch(step, rank)))
             rec["stats"].append(list(reducer.stats))
@@ -82,7 +83,7 @@ def _reference(rank: int, world_size: int) -> dict:
             str(dt): sum(p.numel() for p in reducer.params if p.dtype == dt)
             for dt in (torch.float32, torch.float64)
         }
-        out[f"view={view}"] = rec
+        out[f"view={view}" if cap == CAP_MB else f"cap={cap}"] = rec
 
     # BatchNorm: buffers broadcast at construction and before each forward, as torch DDP does.
     ours, theirs = make(WithBatchNorm), make(WithBatchNorm)
@@ -110,11 +111,12 @@ def reference(runs: list[dict]) -> list[dict]:
     return [r["reference"] for r in runs]
 
 
-@pytest.mark.parametrize("view", [True, False])
-def test_grads_match_ddp_and_single_process(reference: list[dict], view: bool) -> None:
+@pytest.mark.parametrize("variant", ["view=True", "view=False", "cap=auto"])
+def test_grads_match_ddp_and_single_process(reference: list[dict], variant: str) -> None:
+    view = variant != "view=False"
     for rank, result in enumerate(reference):
-        rec = result[f"view={view}"]
-        for step in range(2):
+        rec = result[variant]
+        for step in range(len(rec["ours"])):
             assert_grads_close(rec["ours"][step], rec["ddp"][step], what=f"rank {rank} step {step} vs DDP")
             assert_grads_close(
                 rec["ours"][step], rec["single"][step], what=f"rank {rank} step {step} vs single"

@@ -1,0 +1,141 @@
+"""bucket_cap_mb="auto": measured, decided on rank 0, identical on every rank, built once, grads as torch DDP."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from helpers.reducer_models import assert_grads_close, ddp_step, gathered, make, ours_step
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from strategies.buckets import BucketLayout
+from strategies.costmodel import LinkCost, buckets_for_cap, choose_buckets
+from strategies.ddp import DDPStrategy
+from strategies.reducer import AUTO_ITERATIONS, AUTO_MIN_GAIN, Reducer
+from trainer.errors import ConfigError, DistributedError
+
+STEPS = AUTO_ITERATIONS + 2
+
+
+class Deep(nn.Module):
+    """Twelve layers of 256x256 (~3 MB of gradients): several plausible bucket layouts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(256, 256) for _ in range(12))
+        self.head = nn.Linear(256, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return self.head(x)
+
+
+def _batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(64, 256, generator=g), torch.randint(0, 10, (64,), generator=g)
+
+
+def _auto_run(rank: int, world_size: int) -> dict:
+    torch.set_num_threads(1)
+    builds: list[list[list[int]]] = []
+    original = BucketLayout.build_groups
+
+    def counting(self: BucketLayout, assignment: list[list[int]]) -> None:
+        builds.append([list(b) for b in assignment])
+        original(self, assignment)
+
+    BucketLayout.build_groups = counting  # type: ignore[method-assign]
+    messages: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
+    log = logging.getLogger("strategies.reducer")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    ours, theirs = make(Deep), make(Deep)
+    reducer = Reducer(ours, bucket_cap_mb="auto")
+    ddp = DDP(theirs)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (ours, theirs)]
+    out: dict = {"grads": [], "layouts": [], "auto_before": []}
+    for step in range(STEPS):
+        out["auto_before"].append(reducer.auto is not None)
+        out["grads"].append(
+            (
+                ours_step(ours, reducer, opts[0], *_batch(step, rank)),
+                ddp_step(ddp, opts[1], *_batch(step, rank)),
+            )
+        )
+        out["layouts"].append(gathered(reducer.bucket_indices))
+    BucketLayout.build_groups = original  # type: ignore[method-assign]
+    out["builds"] = builds
+    out["auto"] = reducer.auto
+    out["sizes"] = [p.numel() * p.element_size() for p in reducer.params]
+    out["messages"] = messages
+    out["stats_bytes"] = [s.nbytes for s in reducer.stats]
+    try:
+        Reducer(make(Deep), bucket_cap_mb="big")  # type: ignore[arg-type]
+        out["bad"] = None
+    except DistributedError as e:
+        out["bad"] = str(e)
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs() -> list[dict]:
+    from conftest import run_distributed
+
+    return run_distributed(_auto_run, timeout=300.0)
+
+
+def test_auto_grads_equal_torch_ddp_before_and_after_the_rebuild(runs: list[dict]) -> None:
+    for rank, result in enumerate(runs):
+        for step, (ours, theirs) in enumerate(result["grads"]):
+            assert_grads_close(ours, theirs, what=f"rank {rank} step {step}")
+
+
+def test_auto_measures_then_rebuilds_once_the_same_on_every_rank(runs: list[dict]) -> None:
+    for result in runs:
+        # not decided while measuring, decided from the step after AUTO_ITERATIONS backwards on
+        assert result["auto_before"] == [s >= AUTO_ITERATIONS for s in range(STEPS)]
+        assert len(result["builds"]) == 2  # the initial 25 MB layout, then the one rebuild
+        layouts = result["layouts"]
+        for step in range(STEPS):
+            assert layouts[step][0] == layouts[step][1], f"ranks disagree at step {step}"
+        # layouts[s]: after step s; the rebuild happens at the end of step AUTO_ITERATIONS - 1
+        assert all(layouts[s][0] == result["builds"][0] for s in range(AUTO_ITERATIONS - 1))
+        assert all(layouts[s][0] == result["builds"][1] for s in range(AUTO_ITERATIONS - 1, STEPS))
+    a0, a1 = runs[0]["auto"], runs[1]["auto"]
+    assert (a0.alpha_s, a0.beta_s, a0.buckets, a0.ready_s) == (a1.alpha_s, a1.beta_s, a1.buckets, a1.ready_s)
+
+
+def test_auto_choice_is_the_cost_models_on_rank0_measurements(runs: list[dict]) -> None:
+    auto, sizes = runs[0]["auto"], runs[0]["sizes"]
+    assert auto.alpha_s >= 0 and auto.beta_s > 0 and set(auto.probes) == {4096, 4 * 1024 * 1024}
+    assert auto.probes[4 * 1024 * 1024] > auto.probes[4096] > 0
+    assert auto.backward_s == max(auto.ready_s) > 0 and auto.outside_s > 0
+    order = [i for b in auto.buckets for i in b]
+    assert sorted(order) == list(range(len(sizes)))
+    cost, fixed = LinkCost(auto.alpha_s, auto.beta_s), buckets_for_cap(sizes, order, 25.0)
+    expected = choose_buckets(auto.ready_s, sizes, order, cost, 2, None, fixed, auto.outside_s, AUTO_MIN_GAIN)
+    assert auto.buckets == expected and auto.kept_cap25 == (expected == fixed)
+    assert auto.bucket_mb == pytest.approx([sum(sizes[i] for i in b) / 2**20 for b in auto.buckets])
+    assert runs[0]["stats_bytes"] == [sum(sizes[i] for i in b) for b in auto.buckets]
+    assert auto.predicted_step_s <= auto.predicted_step_s_cap25 + 1e-12
+
+
+def test_auto_logged_once_on_rank0_only(runs: list[dict]) -> None:
+    assert [m for m in runs[0]["messages"] if "auto" in m] and len(runs[0]["messages"]) == 1
+    assert runs[1]["messages"] == []
+    assert "buckets of" in runs[0]["messages"][0] and "alpha" in runs[0]["messages"][0]
+
+
+def test_bad_bucket_cap_names_auto() -> None:
+    with pytest.raises(ConfigError, match="'auto'"):
+        DDPStrategy(bucket_cap_mb="big")  # type: ignore[arg-type]
+    assert DDPStrategy(bucket_cap_mb="auto").bucket_cap_mb == "auto"
+
+
+def test_bad_bucket_cap_in_reducer(runs: list[dict]) -> None:
+    assert runs[0]["bad"] is not None and "'auto'" in runs[0]["bad"]
