@@ -53,18 +53,26 @@ class StopSignals:
         if state.stop_signal is not None:
             if signum == signal.SIGINT:  # a second Ctrl-C: stop now
                 raise KeyboardInterrupt
-            return  # a repeated SIGTERM (a scheduler signals every process, the launcher forwards it too)
+            # a repeated SIGTERM: a scheduler signals every process and the launcher forwards it too
+            _say(
+                f"[tandem] rank {rank} received {signal.Signals(signum).name} again; ignored (already stopping)"
+            )
+            return
         state.stop_signal = signum
         grace = self.trainer.config.stop_grace_s + GRACE_PER_GAP * state.agreement_gap
-        print(
+        _say(
             f"[tandem] rank {rank} received {signal.Signals(signum).name}: checkpointing at the next step boundary "
-            f"(within {grace:.0f} s; press Ctrl-C twice to stop at once)",
-            file=sys.stderr,
-            flush=True,
+            f"(within {grace:.0f} s; press Ctrl-C twice to stop at once)"
         )
         watchdog = threading.Timer(grace, _stuck_exit, args=(rank, signum, grace))
         watchdog.daemon = True
         watchdog.start()
+
+
+def _say(line: str) -> None:
+    """Write to stderr from a signal handler: one unbuffered write, so it cannot re-enter a print that the
+    signal interrupted (which raises RuntimeError in Python's buffered streams)."""
+    os.write(2, (line + "\n").encode())
 
 
 def _stuck_exit(rank: int, signum: int, grace: float) -> None:

@@ -1,0 +1,149 @@
+"""SIGTERM during DDP training (issue 13): to the launcher alone, or to every process of the job at once as a
+scheduler does, during ~3 s training steps and during a long validation. Each run must leave `last.ckpt`
+of the step it reached, end every process within 60 s with 143, and resume to the same weights as an
+uninterrupted run."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from trainer.checkpoint import load
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FT = os.path.join(HERE, "scripts", "ft_train.py")
+COMMON = ("--epochs", "2", "--val-sleep", "0")  # 6 steps an epoch, 8 validation batches per rank after each
+
+pytestmark = pytest.mark.slow
+
+
+def _env() -> dict[str, str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    return env
+
+
+def _run(tmp, name: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, FT, str(tmp / f"{name}.pt"), str(tmp / name), *COMMON, *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=_env())
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict[str, torch.Tensor]:
+    """The final weights of the same run, never interrupted."""
+    tmp = tmp_path_factory.mktemp("ref")
+    proc = _run(tmp, "ref")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return torch.load(tmp / "ref.pt")
+
+
+def _children(pid: int) -> list[int]:
+    """Every live descendant of `pid` (from /proc: the workers run in sessions of their own)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parents.items() if pp == p]
+        found += kids
+        todo += kids
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _interrupt(tmp, name: str, wait_for: str, everyone: bool, *extra: str) -> tuple[int, str, str]:
+    """Start the job, send SIGTERM when rank 0 prints `wait_for`, and wait for every process to end.
+    Returns the launcher's exit code, its stdout and stderr (the workers' output included)."""
+    err_path = tmp / f"{name}.err"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, FT, str(tmp / f"{name}.pt"), str(tmp / name), *COMMON, *extra],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env=_env(),
+            start_new_session=True,  # the job's own process group, as under a scheduler
+        )
+        assert proc.stdout is not None
+        seen, deadline = [], time.monotonic() + 180
+        for line in proc.stdout:
+            seen.append(line)
+            if line.strip() == wait_for or time.monotonic() > deadline:
+                break
+        assert seen and seen[-1].strip() == wait_for, "".join(seen) + err_path.read_text()[-3000:]
+        workers = _children(proc.pid)
+        assert len(workers) >= 2, workers
+        start = time.monotonic()
+        os.killpg(proc.pid, signal.SIGTERM)  # the launcher's group: torch starts each worker in its own
+        if everyone:  # a scheduler's kill reaches every process of the job (SLURM's cgroup, a pod's stop)
+            for pid in workers:
+                os.killpg(pid, signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=60)
+        while any(_alive(p) for p in workers) and time.monotonic() - start < 60:
+            time.sleep(0.2)
+        assert time.monotonic() - start < 60, "a process outlived SIGTERM by 60 s"
+        assert not any(_alive(p) for p in workers)
+    return proc.returncode, "".join(seen) + rest, err_path.read_text()
+
+
+def _check(tmp, name: str, code: int, err: str, reference) -> int:
+    """The job exited 143 on every process, saved last.ckpt at the step it stopped at, and resumes exactly."""
+    assert code == 143, err[-3000:]
+    for rank in (0, 1):
+        assert f"rank {rank} exits with 143" in err, err[-3000:]
+        # each worker acts on one SIGTERM; a copy (scheduler + launcher) is reported and ignored
+        assert err.count(f"rank {rank} received SIGTERM:") == 1, err[-3000:]
+        assert err.count(f"rank {rank} received SIGTERM again") <= 1, err[-3000:]
+    stopped = re.findall(r"stopping at global step (\d+) after SIGTERM; checkpoint saved to (\S+)", err)
+    assert len(stopped) == 1, err[-3000:]
+    step, path = int(stopped[0][0]), stopped[0][1]
+    assert path == str(tmp / name / "ckpts" / "last.ckpt")
+    ckpt = load(path)
+    assert ckpt["global_step"] == step
+    resumed = _run(tmp, name)  # the same command without the sleeps: resume="auto" finds last.ckpt
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    final = torch.load(tmp / f"{name}.pt")
+    assert final.keys() == reference.keys()
+    for k in reference:
+        assert torch.equal(final[k], reference[k]), k
+    return step
+
+
+@pytest.mark.parametrize("everyone", [False, True], ids=["launcher", "every-process"])
+def test_sigterm_during_slow_steps_saves_the_reached_step_and_resumes_exactly(tmp_path, reference, everyone):
+    name = "steps"
+    code, out, err = _interrupt(tmp_path, name, "STEP 2", everyone, "--step-sleep", "3")
+    step = _check(tmp_path, name, code, err, reference)
+    assert 3 <= step < 6  # signalled during step 3 (index 2): stops at the next agreed boundary
+    assert f"STEP {step}" not in out  # no step ran after the one it saved
+
+
+@pytest.mark.parametrize("everyone", [False, True], ids=["launcher", "every-process"])
+def test_sigterm_during_long_validation_saves_and_resumes_exactly(tmp_path, reference, everyone):
+    name = "val"
+    code, out, err = _interrupt(tmp_path, name, "VAL 1", everyone, "--val-sleep", "2")
+    step = _check(tmp_path, name, code, err, reference)
+    assert step == 6  # the end of epoch 0, during its validation
+    assert "VAL 7" not in out  # it stopped inside the validation, not after it
+    assert load(str(tmp_path / name / "ckpts" / "last.ckpt"))["loop"]["epoch_finished"] is True
