@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -72,7 +73,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _interrupt(tmp, name: str, wait_for: str, everyone: bool, *extra: str) -> tuple[int, str, str]:
+def _interrupt(tmp, name: str, wait_for: str, mode: str, *extra: str) -> tuple[int, str, str]:
     """Start the job, send SIGTERM when rank 0 prints `wait_for`, and wait for every process to end.
     Returns the launcher's exit code, its stdout and stderr (the workers' output included)."""
     err_path = tmp / f"{name}.err"
@@ -96,22 +97,27 @@ def _interrupt(tmp, name: str, wait_for: str, everyone: bool, *extra: str) -> tu
         assert len(workers) >= 2, workers
         start = time.monotonic()
         os.killpg(proc.pid, signal.SIGTERM)  # the launcher's group: torch starts each worker in its own
-        if everyone:  # a scheduler's kill reaches every process of the job (SLURM's cgroup, a pod's stop)
+        if mode == "every-process":  # a scheduler's kill reaches every process of the job (SLURM's cgroup)
             for pid in workers:
                 os.killpg(pid, signal.SIGTERM)
+        if mode == "launcher-twice":  # a repeated signal must not end the launcher's wait for the workers
+            time.sleep(1)
+            os.killpg(proc.pid, signal.SIGTERM)
         rest, _ = proc.communicate(timeout=60)
         while any(_alive(p) for p in workers) and time.monotonic() - start < 60:
             time.sleep(0.2)
         assert time.monotonic() - start < 60, "a process outlived SIGTERM by 60 s"
         assert not any(_alive(p) for p in workers)
+        print(f"{mode}: every process ended {time.monotonic() - start:.1f} s after SIGTERM")
     return proc.returncode, "".join(seen) + rest, err_path.read_text()
 
 
-def _check(tmp, name: str, code: int, err: str, reference) -> int:
+def _check(tmp, name: str, code: int, err: str, reference) -> dict[str, Any]:
     """The job exited 143 on every process, saved last.ckpt at the step it stopped at, and resumes exactly."""
     assert code == 143, err[-3000:]
+    launcher_done = err.index("[tandem] launcher received SIGTERM; workers stopped.")
     for rank in (0, 1):
-        assert f"rank {rank} exits with 143" in err, err[-3000:]
+        assert -1 < err.find(f"rank {rank} exits with 143") < launcher_done, err[-3000:]  # it waited for them
         # each worker acts on one SIGTERM; a copy (scheduler + launcher) is reported and ignored
         assert err.count(f"rank {rank} received SIGTERM:") == 1, err[-3000:]
         assert err.count(f"rank {rank} received SIGTERM again") <= 1, err[-3000:]
@@ -119,7 +125,7 @@ def _check(tmp, name: str, code: int, err: str, reference) -> int:
     assert len(stopped) == 1, err[-3000:]
     step, path = int(stopped[0][0]), stopped[0][1]
     assert path == str(tmp / name / "ckpts" / "last.ckpt")
-    ckpt = load(path)
+    ckpt = load(path)  # read before the resumed run overwrites it
     assert ckpt["global_step"] == step
     resumed = _run(tmp, name)  # the same command without the sleeps: resume="auto" finds last.ckpt
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -127,23 +133,22 @@ def _check(tmp, name: str, code: int, err: str, reference) -> int:
     assert final.keys() == reference.keys()
     for k in reference:
         assert torch.equal(final[k], reference[k]), k
-    return step
+    return ckpt
 
 
-@pytest.mark.parametrize("everyone", [False, True], ids=["launcher", "every-process"])
-def test_sigterm_during_slow_steps_saves_the_reached_step_and_resumes_exactly(tmp_path, reference, everyone):
+@pytest.mark.parametrize("mode", ["launcher", "every-process", "launcher-twice"])
+def test_sigterm_during_slow_steps_saves_the_reached_step_and_resumes_exactly(tmp_path, reference, mode):
     name = "steps"
-    code, out, err = _interrupt(tmp_path, name, "STEP 2", everyone, "--step-sleep", "3")
-    step = _check(tmp_path, name, code, err, reference)
+    code, out, err = _interrupt(tmp_path, name, "STEP 2", mode, "--step-sleep", "3")
+    step = _check(tmp_path, name, code, err, reference)["global_step"]
     assert 3 <= step < 6  # signalled during step 3 (index 2): stops at the next agreed boundary
     assert f"STEP {step}" not in out  # no step ran after the one it saved
 
 
-@pytest.mark.parametrize("everyone", [False, True], ids=["launcher", "every-process"])
-def test_sigterm_during_long_validation_saves_and_resumes_exactly(tmp_path, reference, everyone):
+@pytest.mark.parametrize("mode", ["launcher", "every-process"])
+def test_sigterm_during_long_validation_saves_and_resumes_exactly(tmp_path, reference, mode):
     name = "val"
-    code, out, err = _interrupt(tmp_path, name, "VAL 1", everyone, "--val-sleep", "2")
-    step = _check(tmp_path, name, code, err, reference)
-    assert step == 6  # the end of epoch 0, during its validation
+    code, out, err = _interrupt(tmp_path, name, "VAL 1", mode, "--val-sleep", "2")
+    ckpt = _check(tmp_path, name, code, err, reference)
+    assert ckpt["global_step"] == 6 and ckpt["loop"]["epoch_finished"]  # epoch 0's end, in its validation
     assert "VAL 7" not in out  # it stopped inside the validation, not after it
-    assert load(str(tmp_path / name / "ckpts" / "last.ckpt"))["loop"]["epoch_finished"] is True

@@ -134,7 +134,8 @@ def main() -> None:
     try:
         trainer.fit(task, loader, val)
     except SystemExit as e:  # a stop signal: say how this worker ends (the launcher does not report it)
-        print(f"rank {trainer.global_rank} exits with {e.code}", file=sys.stderr, flush=True)
+        who = f"rank {os.environ['RANK']}" if "RANK" in os.environ else "launcher"  # fit() relaunches
+        print(f"{who} exits with {e.code}", file=sys.stderr, flush=True)
         raise
     print(f"rank {trainer.global_rank} finished at step {trainer.global_step}", flush=True)
     if trainer.is_global_zero:
