@@ -15,14 +15,15 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
 
+from trainer import Task, Trainer
 from trainer.checkpoint import load
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FT = os.path.join(HERE, "scripts", "ft_train.py")
 COMMON = ("--epochs", "2", "--val-sleep", "0")  # 6 steps an epoch, 8 validation batches per rank after each
-
-pytestmark = pytest.mark.slow
 
 
 def _env() -> dict[str, str]:
@@ -112,8 +113,9 @@ def _interrupt(tmp, name: str, wait_for: str, mode: str, *extra: str) -> tuple[i
     return proc.returncode, "".join(seen) + rest, err_path.read_text()
 
 
-def _check(tmp, name: str, code: int, err: str, reference) -> dict[str, Any]:
-    """The job exited 143 on every process, saved last.ckpt at the step it stopped at, and resumes exactly."""
+def _check(tmp, name: str, code: int, err: str, reference) -> tuple[dict[str, Any], str]:
+    """The job exited 143 on every process, saved last.ckpt at the step it stopped at, and resumes exactly.
+    Returns the checkpoint and the resumed run's stdout."""
     assert code == 143, err[-3000:]
     launcher_done = err.index("[tandem] launcher received SIGTERM; workers stopped.")
     for rank in (0, 1):
@@ -133,22 +135,96 @@ def _check(tmp, name: str, code: int, err: str, reference) -> dict[str, Any]:
     assert final.keys() == reference.keys()
     for k in reference:
         assert torch.equal(final[k], reference[k]), k
-    return ckpt
+    return ckpt, resumed.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["launcher", "every-process", "launcher-twice"])
 def test_sigterm_during_slow_steps_saves_the_reached_step_and_resumes_exactly(tmp_path, reference, mode):
     name = "steps"
     code, out, err = _interrupt(tmp_path, name, "STEP 2", mode, "--step-sleep", "3")
-    step = _check(tmp_path, name, code, err, reference)["global_step"]
+    step = _check(tmp_path, name, code, err, reference)[0]["global_step"]
     assert 3 <= step < 6  # signalled during step 3 (index 2): stops at the next agreed boundary
     assert f"STEP {step}" not in out  # no step ran after the one it saved
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["launcher", "every-process"])
 def test_sigterm_during_long_validation_saves_and_resumes_exactly(tmp_path, reference, mode):
     name = "val"
     code, out, err = _interrupt(tmp_path, name, "VAL 1", mode, "--val-sleep", "2")
-    ckpt = _check(tmp_path, name, code, err, reference)
-    assert ckpt["global_step"] == 6 and ckpt["loop"]["epoch_finished"]  # epoch 0's end, in its validation
-    assert "VAL 7" not in out  # it stopped inside the validation, not after it
+    ckpt, resumed = _check(tmp_path, name, code, err, reference)
+    assert "VAL 7" not in out  # it stopped inside epoch 0's validation, at its end (6 steps an epoch)
+    # the checkpoint is the moment before that validation: the resumed run repeats it, then epoch 1's
+    assert ckpt["global_step"] == 6 and ckpt["loop"]["batch_in_epoch"] == 6
+    assert not ckpt["loop"]["epoch_finished"]
+    assert resumed.count("VAL 0") == 2 and resumed.count("VAL 7") == 2
+
+
+# ----- one process: a stop inside a validation that feeds a ReduceLROnPlateau -----------------------------
+class _Plateau(Task):
+    """Dropout, shuffled data, and a plateau scheduler on the validation loss; records what the scheduler
+    sees. Sends itself SIGTERM at validation batch 1 after global step `kill_step`."""
+
+    def __init__(self, kill_step: int = -1) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Linear(3, 16), torch.nn.Dropout(0.3), torch.nn.Linear(16, 1))
+        self.kill_step, self.seen = kill_step, []
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.mse_loss(self.net(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        if self.global_step == self.kill_step and batch_idx == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        x, y = batch
+        self.log("val_loss", F.mse_loss(self.net(x), y))
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=0.05)
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=0)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": plateau, "monitor": "val_loss"}}
+
+    def lr_scheduler_step(self, scheduler, metric):
+        self.seen.append((self.global_step, float(metric)))
+        scheduler.step(metric)
+
+
+def _plateau_fit(root, task: _Plateau, ckpt_path: str | None = None) -> Trainer:
+    g = torch.Generator().manual_seed(0)
+    train = TensorDataset(torch.randn(32, 3, generator=g), torch.randn(32, 1, generator=g))
+    val = TensorDataset(torch.randn(16, 3, generator=g), torch.randn(16, 1, generator=g))
+    trainer = Trainer(
+        max_epochs=3,
+        val_check_interval=4,  # a validation after batch 4 of 8, and one at each epoch's end
+        default_root_dir=str(root),
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    torch.manual_seed(1)
+    trainer.fit(task, DataLoader(train, 4, shuffle=True), DataLoader(val, 4), ckpt_path=ckpt_path)
+    return trainer
+
+
+@pytest.mark.parametrize("kill_step", [12, 16], ids=["mid-epoch", "epoch-end"])
+def test_a_stop_inside_validation_repeats_it_on_resume(tmp_path, kill_step):
+    """The checkpoint is the moment before the interrupted validation: resume repeats it, so the plateau
+    scheduler sees every validation loss of the uninterrupted run, and the weights end bit-identical."""
+    whole = _Plateau()
+    reference = _plateau_fit(tmp_path / "whole", whole)
+    first = _Plateau(kill_step)
+    with pytest.raises(SystemExit) as e:
+        _plateau_fit(tmp_path / "cut", first)
+    assert e.value.code == 143
+    path = str(tmp_path / "cut" / "checkpoints" / "last.ckpt")
+    assert load(path)["global_step"] == kill_step
+    resumed = _Plateau()
+    trainer = _plateau_fit(tmp_path / "cut", resumed, ckpt_path=path)
+    assert first.seen + resumed.seen == whole.seen  # (global step, validation loss) per scheduler step
+    assert trainer.optimizers[0].param_groups[0]["lr"] == reference.optimizers[0].param_groups[0]["lr"]
+    for (k, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), k
