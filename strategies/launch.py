@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import sys
 import uuid
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from trainer.errors import ConfigError
 
@@ -66,6 +67,27 @@ def _command() -> list[str]:
     return ["-u", os.path.abspath(sys.argv[0]), *sys.argv[1:]]
 
 
+def _ignore_repeated_sigterm() -> None:
+    """The elastic agent turns each signal into an exception; a second SIGTERM (a scheduler that repeats it)
+    would abort its wait for the workers' checkpoint and leave them behind. Act on the first only."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    first = getattr(api, "_terminate_process_handler", None)
+    if first is None or getattr(first, "_tandem", False):
+        return
+    received: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        if received and signum == signal.SIGTERM:
+            os.write(2, b"[tandem] launcher received SIGTERM again; still waiting for the workers to stop\n")
+            return
+        received.append(signum)
+        first(signum, frame)
+
+    handler._tandem = True  # type: ignore[attr-defined]
+    api._terminate_process_handler = handler  # looked up when the agent installs its handlers
+
+
 def relaunch(nprocs: int, max_restarts: int = 0) -> NoReturn:
     """Run this command as `nprocs` workers on this machine; exit with their status."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -89,6 +111,7 @@ def relaunch(nprocs: int, max_restarts: int = 0) -> NoReturn:
         # their agreed stop and checkpoint (torch 2.13 applies its fixed 30 s when a worker fails instead)
         shutdown_timeout=50,
     )
+    _ignore_repeated_sigterm()
     try:
         elastic_launch(config, sys.executable)(*_command())
     except SignalException as e:  # this launcher was signalled; the workers got it too and checkpointed

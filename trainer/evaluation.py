@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer.reporting import finalize_loggers, log_metrics
+from trainer.seed import get_rng_state
 from trainer.signals import check_stop
 from trainer.transfer import to_device
 
@@ -50,6 +51,7 @@ def run_eval(t: Trainer, phase: str, limit: int | None = None) -> Any:
     multi = len(loaders) > 1
     # during fit the ranks agree on a stop request after each batch that every rank has
     agree = _common_batches(t, sizes, limit) if t.state.stage == "fit" and not t.state.sanity_checking else 0
+    start_rng = get_rng_state() if agree else None  # a stop inside this validation checkpoints this moment
     # inside fit, validation's tensors may meet training's later: no_grad there, as Lightning does
     standalone = t.config.inference_mode and t.state.stage != "fit"
     with torch.inference_mode() if standalone else torch.no_grad():
@@ -71,7 +73,7 @@ def run_eval(t: Trainer, phase: str, limit: int | None = None) -> Any:
                 hooks.call(f"on_{prefix}_batch_end", out, batch, batch_idx, *extra)
                 if agree > 0:
                     agree -= 1
-                    check_stop(t)
+                    check_stop(t, start_rng)
             predictions.append(outputs)
     store.dataloader_suffix = ""
     store.in_epoch_hook = True

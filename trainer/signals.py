@@ -10,7 +10,10 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from trainer import checkpoint
+from trainer.seed import set_rng_state
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -18,15 +21,16 @@ if TYPE_CHECKING:
 GRACE_PER_GAP = 4  # ... plus this many times the longest gap measured between two stop agreements
 
 
-def check_stop(t: Trainer) -> None:
+def check_stop(t: Trainer, val_start_rng: dict[str, Any] | None = None) -> None:
     """A point where every rank agrees on a stop request (each step boundary, each validation batch):
-    on agreement, checkpoint and exit. Measures the gap between such points for the watchdog's grace."""
+    on agreement, checkpoint and exit. Measures the gap between such points for the watchdog's grace.
+    Inside fit's validation, `val_start_rng` is the RNG state at that validation's start."""
     state, now = t.state, time.monotonic()
     if state.last_agreement is not None:
         state.agreement_gap = max(state.agreement_gap, now - state.last_agreement)
     state.last_agreement = now
     if t.strategy.comm.agree_stop(state.stop_signal is not None):
-        stop_on_signal(t)
+        stop_on_signal(t, val_start_rng)
 
 
 class StopSignals:
@@ -53,18 +57,43 @@ class StopSignals:
         if state.stop_signal is not None:
             if signum == signal.SIGINT:  # a second Ctrl-C: stop now
                 raise KeyboardInterrupt
-            return  # a repeated SIGTERM (a scheduler signals every process, the launcher forwards it too)
+            # a repeated SIGTERM: a scheduler signals every process and the launcher forwards it too
+            _say(
+                f"[tandem] rank {rank} received {signal.Signals(signum).name} again; ignored (already stopping)"
+            )
+            return
         state.stop_signal = signum
         grace = self.trainer.config.stop_grace_s + GRACE_PER_GAP * state.agreement_gap
-        print(
+        _say(
             f"[tandem] rank {rank} received {signal.Signals(signum).name}: checkpointing at the next step boundary "
-            f"(within {grace:.0f} s; press Ctrl-C twice to stop at once)",
-            file=sys.stderr,
-            flush=True,
+            f"(within {grace:.0f} s; press Ctrl-C twice to stop at once)"
         )
         watchdog = threading.Timer(grace, _stuck_exit, args=(rank, signum, grace))
         watchdog.daemon = True
         watchdog.start()
+
+
+def _before_validation(t: Trainer, rng: dict[str, Any]) -> None:
+    """Stopped inside fit's validation: describe the moment before it, so that resume repeats it (its
+    metrics feed schedulers, early stopping and checkpoint selection) with the same random draws."""
+    state = t.state
+    if state.epoch_finished:  # the epoch's end: resume re-enters the epoch after its last batch and ends it
+        # only after a full epoch on every rank (a loop cut short by a hook or by uneven data keeps its end)
+        full = torch.tensor(
+            float(state.batch_in_epoch == t.num_training_batches), device=t.strategy.root_device
+        )
+        if not t.strategy.comm.reduce(full, op="min").item():
+            return
+        state.epoch_finished = False
+    else:  # a mid-epoch validation: resume runs it before the next batch (see LoopState.val_pending)
+        state.val_pending = True
+    set_rng_state(rng)  # the checkpoint records each rank's RNG as it was when the validation started
+
+
+def _say(line: str) -> None:
+    """Write to stderr from a signal handler: one unbuffered write, so it cannot re-enter a print that the
+    signal interrupted (which raises RuntimeError in Python's buffered streams)."""
+    os.write(2, (line + "\n").encode())
 
 
 def _stuck_exit(rank: int, signum: int, grace: float) -> None:
@@ -79,11 +108,13 @@ def _stuck_exit(rank: int, signum: int, grace: float) -> None:
     os._exit(128 + int(signum))
 
 
-def stop_on_signal(t: Trainer) -> None:
+def stop_on_signal(t: Trainer, val_start_rng: dict[str, Any] | None = None) -> None:
     """SIGINT/SIGTERM reached a rank: every rank saves one checkpoint together, then exits 128+signal."""
     signum = t.state.stop_signal or signal.SIGTERM
     where = ""
     if t.config.enable_checkpointing:
+        if val_start_rng is not None:
+            _before_validation(t, val_start_rng)
         path = checkpoint.stop_path(t)
         checkpoint.save(t, path)
         where = f"; checkpoint saved to {path}"

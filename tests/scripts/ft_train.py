@@ -1,7 +1,11 @@
 """Fault-tolerance scenarios, run by tests/test_fault_tolerance.py as a user's script:
 
 python ft_train.py OUT ROOT [--kill-rank R --kill-step S] [--max-restarts N] [--sigterm-wait]
-                            [--uneven] [--stall-rank R] [--timeout-s T]
+                            [--uneven] [--stall-rank R] [--timeout-s T] [--step-sleep S] [--val-sleep S]
+
+--step-sleep makes every training step last S seconds (rank 0 prints "STEP n" as it starts step n);
+--val-sleep adds a validation set at each epoch's end whose batches last S seconds ("VAL i"). Neither
+changes the arithmetic, so a run with them ends bit-identical to one without.
 
 Rank 0 saves the final weights to OUT. Checkpoints go to ROOT/ckpts every 2 steps; resume="auto".
 """
@@ -39,10 +43,21 @@ class Net(Task):
             os.kill(os.getpid(), signal.SIGKILL)  # a preempted node: no cleanup, no traceback
         if self.global_rank == a.stall_rank and self.global_step == 3:
             time.sleep(3600)  # stuck outside any collective: the others must time out
+        if a.step_sleep:
+            if self.global_rank == 0:
+                print(f"STEP {self.global_step}", flush=True)
+            time.sleep(a.step_sleep)
         if a.sigterm_wait:
             if self.global_step == 3 and self.global_rank == 0:
                 print("READY", flush=True)
             time.sleep(0.05)
+        x, y = batch
+        return F.cross_entropy(self.net(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        if self.global_rank == 0 and not self.trainer.sanity_checking:
+            print(f"VAL {batch_idx}", flush=True)
+        time.sleep(self.args.val_sleep)
         x, y = batch
         return F.cross_entropy(self.net(x), y)
 
@@ -72,6 +87,8 @@ def main() -> None:
     p.add_argument("--sigterm-wait", action="store_true")
     p.add_argument("--uneven", choices=["", "map", "stream"], default="")
     p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument("--val-sleep", type=float, default=-1.0, help=">= 0: validate at each epoch's end")
     p.add_argument("--single", action="store_true", help="one process, strategy='single'")
     args = p.parse_args()
     seed_everything(0)
@@ -85,6 +102,12 @@ def main() -> None:
         if args.uneven == "stream"
         else DataLoader(data, batch_size=8, shuffle=True)
     )
+    val = None
+    if args.val_sleep >= 0:  # 64 samples: 8 batches of 4 per rank
+        gv = torch.Generator().manual_seed(1)
+        val = DataLoader(
+            TensorDataset(torch.randn(64, 6, generator=gv), torch.randint(0, 3, (64,), generator=gv)), 4
+        )
     trainer = Trainer(
         strategy="single"
         if args.single
@@ -100,6 +123,7 @@ def main() -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
         use_distributed_sampler=args.uneven == "",
+        num_sanity_val_steps=0,
         callbacks=[
             ModelCheckpoint(
                 dirpath=os.path.join(args.root, "ckpts"), every_n_train_steps=2, save_last=True, save_top_k=0
@@ -107,7 +131,12 @@ def main() -> None:
         ],
     )
     task = Net(args)
-    trainer.fit(task, loader)
+    try:
+        trainer.fit(task, loader, val)
+    except SystemExit as e:  # a stop signal: say how this worker ends (the launcher does not report it)
+        who = f"rank {os.environ['RANK']}" if "RANK" in os.environ else "launcher"  # fit() relaunches
+        print(f"{who} exits with {e.code}", file=sys.stderr, flush=True)
+        raise
     print(f"rank {trainer.global_rank} finished at step {trainer.global_step}", flush=True)
     if trainer.is_global_zero:
         torch.save({k: v.clone() for k, v in task.state_dict().items()}, args.out)
