@@ -171,3 +171,12 @@ def test_a_file_deleted_while_listed_is_skipped(tmp_path, monkeypatch):
 
     monkeypatch.setattr(names.os, "scandir", Listing)
     assert names.newest_last([str(tmp_path)]) == str(tmp_path / "last.ckpt")
+
+
+def test_each_example_config_has_its_own_run_directory(monkeypatch):
+    from trainer.config import resolve
+
+    monkeypatch.setenv("TANDEM_RUNS", "/runs")
+    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "configs")
+    roots = {n: resolve(os.path.join(folder, n))["trainer"]["default_root_dir"] for n in os.listdir(folder)}
+    assert len(roots) >= 5 and len(set(roots.values())) == len(roots), roots
