@@ -7,6 +7,7 @@ import os
 import threading
 from typing import Any
 
+import pytest
 import torch
 import torch.nn.functional as F
 import yaml
@@ -116,3 +117,25 @@ def test_rank_zero_claims_and_every_rank_takes_its_version(tmp_path):
     agree_versions(rank1, FakeComm(1, sent))
     assert [lg.version for lg in rank1] == [lg.version for lg in rank0] == [1, 5]
     assert sorted(os.listdir(tmp_path / "exp")) == ["version_0", "version_1"]  # rank 1 created nothing
+
+
+def _ddp_runs(rank: int, world_size: int, root: str) -> list[str]:
+    """Two fits under DDP, one after the other: each rank's log_dir."""
+    x = torch.randn(8, 2)
+    data = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=2)
+    dirs = []
+    for steps in (1, 2):
+        options = {**FAST, "enable_checkpointing": True, "logger": CSVLogger(root, name="exp")}
+        trainer = Trainer(**options, strategy="ddp", devices=2, max_steps=steps, default_root_dir=root)
+        trainer.fit(Tiny(run=0), data)
+        dirs.append(trainer.log_dir)
+    return dirs
+
+
+@pytest.mark.slow  # two processes, about 40 s here
+def test_ddp_ranks_share_the_version_rank_zero_claimed(tmp_path):
+    from conftest import run_distributed
+
+    rank0, rank1 = run_distributed(_ddp_runs, str(tmp_path))
+    assert rank0 == rank1 and rank0[0] != rank0[1]
+    assert sorted(os.listdir(tmp_path / "exp")) == ["version_0", "version_1"]  # no directory of rank 1's own
