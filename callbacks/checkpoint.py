@@ -10,7 +10,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from callbacks.base import Callback
-from callbacks.checkpoint_names import format_name, newest_last, parse_template, unique_path
+from callbacks.checkpoint_names import (
+    format_name,
+    newest_last,
+    parse_template,
+    unique_path,
+    version_checkpoint_dirs,
+)
 from callbacks.checkpoint_schedule import SaveSchedule
 from callbacks.monitor import Monitor, at_train_epoch_end, fitting, rank_zero_decides
 from trainer.errors import ConfigError
@@ -86,7 +92,7 @@ class ModelCheckpoint(Callback):
         self.last_model_path = ""
         self._carried: tuple[str, float] | None = None  # best of a resumed run that saved elsewhere
         self._last_global_step_saved = 0  # nothing to save before the first step
-        self._search_roots: list[str] = []
+        self._experiment_roots: list[str] = []
 
     @property
     def monitor(self) -> str | None:
@@ -137,15 +143,12 @@ class ModelCheckpoint(Callback):
         if self.dirpath is None:
             base = trainer.log_dir if trainer.loggers else trainer.default_root_dir
             self.dirpath = os.path.abspath(rank_zero_decides(trainer, os.path.join(base, "checkpoints")))
-        roots = [self.dirpath]
-        if self._default_dirpath:  # earlier runs of this experiment wrote into sibling version directories
-            roots += [
-                os.path.join(lg.root_dir, "*", "checkpoints")
-                for lg in trainer.loggers
-                if hasattr(lg, "root_dir")
-            ]
-            roots.append(os.path.join(trainer.default_root_dir, "checkpoints"))
-        self._search_roots = roots
+        # earlier starts of this experiment wrote into its other version_N directories
+        self._experiment_roots = (
+            [lg.root_dir for lg in trainer.loggers if hasattr(lg, "root_dir")]
+            if self._default_dirpath
+            else []
+        )
 
     def on_train_start(self, trainer: Trainer, task: Task) -> None:
         self._schedule.restart()
@@ -305,8 +308,18 @@ class ModelCheckpoint(Callback):
         return os.path.join(self.dirpath or "", name + self.FILE_EXTENSION)
 
     def last_checkpoint_path(self) -> str | None:
-        """The newest last*.ckpt in this callback's directory (or this experiment's earlier versions)."""
-        return newest_last(self._search_roots)
+        """The newest last*.ckpt in this callback's directory, else in this experiment's other versions.
+
+        With the default dirpath (``<save_dir>/<name>/version_N/checkpoints``, N new at every start) the
+        experiment's place is ``<save_dir>/<name>``: only its ``version_*/checkpoints`` directories are
+        searched, one level each, never other experiments or other files under default_root_dir.
+        """
+        if self.dirpath is None:
+            return None
+        own = newest_last([self.dirpath])
+        if own is not None:
+            return own
+        return newest_last([d for root in self._experiment_roots for d in version_checkpoint_dirs(root)])
 
     # ----- checkpoint state ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -1,8 +1,8 @@
-"""Checkpoint file names: the filename template, version suffixes, and finding the newest last.ckpt."""
+"""Checkpoint file names: the filename template, version suffixes, and finding the newest last.ckpt
+of one experiment."""
 
 from __future__ import annotations
 
-import glob
 import os
 import re
 
@@ -10,6 +10,7 @@ from trainer.errors import ConfigError
 
 _FIELD = re.compile(r"\{([^{}:]+)(?::([^{}]*))?\}")
 _LAST = re.compile(r"last(-v\d+)?\.ckpt")
+_VERSION = re.compile(r"version_\d+")
 
 
 def parse_template(filename: str | None) -> list[tuple[str, str]]:
@@ -52,12 +53,47 @@ def unique_path(path: str, replaceable: str) -> str:
     return candidate
 
 
-def newest_last(roots: list[str]) -> str | None:
-    """The newest last.ckpt / last-vN.ckpt in the first of `roots` (glob patterns allowed) that has one."""
-    for root in roots:
-        found = [
-            p for p in glob.glob(os.path.join(root, "last*.ckpt")) if _LAST.fullmatch(os.path.basename(p))
-        ]
-        if found:
-            return max(found, key=os.path.getmtime)
-    return None
+def last_files(directory: str) -> list[tuple[float, str]]:
+    """(mtime, path) of each last.ckpt / last-vN.ckpt directly in `directory` (one level, no recursion).
+
+    A file deleted while the directory is listed (a run cleaning up beside this one) is skipped.
+    """
+    found: list[tuple[float, str]] = []
+    try:
+        with os.scandir(directory) as entries:
+            for e in entries:
+                if not _LAST.fullmatch(e.name):
+                    continue
+                try:
+                    if e.is_file():
+                        found.append((e.stat().st_mtime, e.path))
+                except OSError:  # vanished, or a broken / looping link
+                    continue
+    except OSError:  # no such directory (yet), not a directory, not readable
+        return []
+    return found
+
+
+def version_checkpoint_dirs(root: str) -> list[str]:
+    """root/version_N/checkpoints for every version_N directly in `root`: one experiment's own runs.
+
+    Listed with os.scandir one level deep; a version_N that is a symlink is not followed.
+    """
+    dirs: list[str] = []
+    try:
+        with os.scandir(root) as entries:
+            for e in entries:
+                try:
+                    if _VERSION.fullmatch(e.name) and e.is_dir(follow_symlinks=False):
+                        dirs.append(os.path.join(e.path, "checkpoints"))
+                except OSError:
+                    continue
+    except OSError:
+        return []
+    return dirs
+
+
+def newest_last(dirs: list[str]) -> str | None:
+    """The newest last.ckpt / last-vN.ckpt directly inside any of `dirs`, or None."""
+    found = [f for d in dirs for f in last_files(d)]
+    return max(found)[1] if found else None

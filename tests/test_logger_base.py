@@ -31,7 +31,7 @@ def test_version_is_chosen_once_at_first_use(tmp_path):
     first = Logger(tmp_path, name="exp")
     assert first.root_dir == os.path.join(str(tmp_path), "exp")
     assert first.version == 0
-    os.makedirs(first.log_dir)
+    assert os.path.isdir(first.log_dir)  # claimed: created at the first use, so no other run can take it
     assert first.version == 0 and first.log_dir == os.path.join(str(tmp_path), "exp", "version_0")
     assert Logger(tmp_path, name="exp").version == 1  # the next run takes the next directory
 

@@ -3,14 +3,13 @@ trainer/checkpoint_io.py (one file, or a directory of shards)."""
 
 from __future__ import annotations
 
-import glob
 import os
 import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.checkpoint_io import atomic_save, check_compatible, checkpoint_io, load, resumable
+from trainer.checkpoint_io import META, atomic_save, check_compatible, checkpoint_io, load, resumable
 from trainer.ckpt_format import decode, encode, missing
 from trainer.errors import CheckpointError
 from trainer.optim import step_schedulers
@@ -30,6 +29,9 @@ def save(t: Trainer, path: str, weights_only: bool = False) -> None:
     ckpt: dict[str, Any] = {
         "tandem_version": FORMAT_VERSION,
         "task_class": _class_name(task),
+        "run_id": run_id(
+            t
+        ),  # resume="auto" and ckpt_path="last" resume only a file of this experiment and task
         **io.collect(task, None if weights_only else t.optimizers),
         "hyper_parameters": encode(dict(task.hparams), "hyper_parameters"),
         "config": t.resolved_config,  # the run config that built this trainer (trainer/config.py)
@@ -67,6 +69,7 @@ def restore(t: Trainer, path: str, stage: str) -> None:
     assert task is not None
     io = checkpoint_io(t.strategy)
     ckpt = io.restore(path, task, t.optimizers if stage == "fit" else None)
+    _warn_hparams(t, ckpt, path)
     if stage == "fit" and resumable(ckpt):
         for cfg, state in zip(t.lr_scheduler_configs, ckpt["lr_schedulers"]):
             cfg.scheduler.load_state_dict(state)
@@ -78,6 +81,33 @@ def restore(t: Trainer, path: str, stage: str) -> None:
         if t.datamodule is not None and "datamodule" in ckpt:
             t.datamodule.load_state_dict(ckpt["datamodule"])
     t.hooks.call("on_load_checkpoint", ckpt)
+    epoch, step = (t.current_epoch, t.global_step) if stage == "fit" else (ckpt["epoch"], ckpt["global_step"])
+    t.print(f"Restored from {path} (epoch {epoch}, step {step})")
+
+
+def _warn_hparams(t: Trainer, ckpt: dict[str, Any], path: str) -> None:
+    """Warn (rank 0) listing the hyperparameters that differ between the checkpoint and the task."""
+    assert t.task is not None
+    saved, own = ckpt.get("hyper_parameters") or {}, encode(dict(t.task.hparams), "hyper_parameters")
+    differ = sorted(str(k) for k in {*saved, *own} if not _same(saved.get(k, _ABSENT), own.get(k, _ABSENT)))
+    if differ and t.is_global_zero:
+        shown = ", ".join(f"{k}: {saved.get(k, '<absent>')!r} -> {own.get(k, '<absent>')!r}" for k in differ)
+        warnings.warn(
+            f"checkpoint {path!r} was saved with other hyperparameters than this task's ({shown}); "
+            "the restored weights and state were trained with the saved ones.",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+_ABSENT = object()
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # tensors and arrays compare element-wise
+        return repr(a) == repr(b)
 
 
 def _restore_loop(t: Trainer, ckpt: dict[str, Any]) -> None:
@@ -126,14 +156,41 @@ def rebuild_task(
 
 
 # ----- finding files ------------------------------------------------------------------------------
+# resume="auto" and ckpt_path="last" look only in this run's own checkpoint directory: each checkpoint
+# callback's dirpath and, for a default dirpath, its experiment's other starts
+# (<save_dir>/<logger name>/version_*/checkpoints, see ModelCheckpoint.last_checkpoint_path); without a
+# checkpoint callback, <default_root_dir>/checkpoints (where a stop signal saves). Nothing is searched
+# recursively and no directory symlink is followed. The file's run id (experiment name, task class) must
+# match this run's.
+def run_id(t: Trainer) -> dict[str, str]:
+    """Who wrote a checkpoint: the experiment (the first logger's name, "" without one) and the task class."""
+    task = t.task
+    return {
+        "experiment": t.loggers[0].name if t.loggers else "",
+        "task_class": "" if task is None else f"{type(task).__module__}.{type(task).__qualname__}",
+    }
+
+
 def find_last(t: Trainer) -> str | None:
-    """For resume='auto': the checkpoint callbacks' last checkpoint, else the newest last.ckpt under
-    default_root_dir (log versions change between restarts), else None for a fresh start."""
+    """For resume='auto': this run's own newest last checkpoint, or None for a fresh start (said, when a
+    file was there but belongs to another experiment or task)."""
+    path = _own_last(t)
+    if path is None:
+        return None
+    problem = _other_run(t, path)
+    if problem is not None:
+        t.print(f"resume='auto': not resuming {path} ({problem}); starting fresh.")
+        return None
+    return path
+
+
+def _own_last(t: Trainer) -> str | None:
+    from callbacks.checkpoint_names import newest_last
+
     last = _callback_last(t)
-    if last is not None:
+    if last is not None or t.checkpoint_callbacks:
         return last
-    found = glob.glob(os.path.join(t.default_root_dir, "**", "last.ckpt"), recursive=True)
-    return max(found, key=os.path.getmtime) if found else None
+    return newest_last([os.path.dirname(stop_path(t))])
 
 
 def _callback_last(t: Trainer) -> str | None:
@@ -142,6 +199,23 @@ def _callback_last(t: Trainer) -> str | None:
         if last and os.path.exists(last):
             return last
     return None
+
+
+def _other_run(t: Trainer, path: str) -> str | None:
+    """Why `path` is not this run's (its stored run id differs), or None. Files without a run id pass."""
+    head = os.path.join(path, META) if os.path.isdir(path) else path  # a sharded directory's metadata
+    try:  # memory-mapped: only the small header entries are read here, restore reads the tensors
+        ckpt = torch.load(head, map_location="cpu", weights_only=True, mmap=True)
+    except OSError:
+        return "it was removed while resuming"
+    except Exception:
+        return None  # restore reports what is wrong with the file
+    saved = ckpt.get("run_id") if isinstance(ckpt, dict) else None
+    if not isinstance(saved, dict):
+        return None
+    own = run_id(t)
+    differ = [f"{k} {saved.get(k)!r}, this run's {v!r}" for k, v in own.items() if saved.get(k) != v]
+    return "saved by another run: " + "; ".join(differ) if differ else None
 
 
 def resolve_path(t: Trainer, path: str) -> str:
@@ -157,13 +231,19 @@ def resolve_path(t: Trainer, path: str) -> str:
         )
     if path != "last":
         return path
-    last = _callback_last(t)
-    if last is not None:
-        return last
-    raise CheckpointError(
-        "ckpt_path='last' found no last checkpoint; enable ModelCheckpoint(save_last=True) "
-        "in the run you resume, or pass a file path."
-    )
+    last = _own_last(t)
+    if last is None:
+        raise CheckpointError(
+            "ckpt_path='last' found no last checkpoint of this run; enable ModelCheckpoint(save_last=True) "
+            "in the run you resume (same default_root_dir and logger name), or pass a file path."
+        )
+    problem = _other_run(t, last)
+    if problem is not None:
+        raise CheckpointError(
+            f"ckpt_path='last' found {last!r}, {problem}; pass that file's path to resume it anyway, "
+            "or leave ckpt_path unset to start fresh."
+        )
+    return last
 
 
 def stop_path(t: Trainer) -> str:

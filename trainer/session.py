@@ -12,6 +12,7 @@ from trainer import checkpoint
 from trainer.data import num_batches, with_worker_seeding
 from trainer.errors import TaskError
 from trainer.hooks import Hooks, overrides
+from trainer.loggers import agree_versions
 from trainer.optim import TaskOptimizer, check_optimizers, parse_optimizers
 from trainer.reporting import finalize_loggers
 from trainer.signals import StopSignals
@@ -66,6 +67,7 @@ class Session:
 
     def _setup(self) -> None:
         t, task, stage, dm = self.t, self.task, self.stage, self.dm
+        agree_versions(t.loggers, t.strategy.comm)  # every rank's log_dir is rank 0's claimed version_N
         owners = [o for o in (dm, task) if o is not None and overrides(o, "prepare_data")]
         if owners:
             if t.local_rank == 0:  # once per node, as Lightning's default prepare_data_per_node=True

@@ -6,31 +6,76 @@ import os
 import re
 from typing import Any
 
+_VERSION = re.compile(r"version_(\d+)")
+
 
 def next_version(root: str) -> int:
-    """The first unused N among root/version_N (0 when root does not exist)."""
-    if not os.path.isdir(root):
+    """The first N above every root/version_N there now (0 when root does not exist); not a claim."""
+    try:
+        with os.scandir(root) as entries:
+            used = [int(m.group(1)) for e in entries if (m := _VERSION.fullmatch(e.name))]
+    except (FileNotFoundError, NotADirectoryError):
         return 0
-    used = [int(m.group(1)) for d in os.listdir(root) if (m := re.fullmatch(r"version_(\d+)", d))]
     return max(used, default=-1) + 1
 
 
-def align_versions(loggers: list[Logger]) -> list[Logger]:
-    """Give loggers that share save_dir/name (and have no fixed version) the same next free version_N.
+def claim_version(root: str) -> int:
+    """Create root/version_N for the first free N and return N.
 
-    Each logger picks its version when first used, so without this ``[TensorBoardLogger("runs"),
+    os.mkdir fails when the directory exists, so of two runs that start together under one root each
+    gets its own N (the loser of a race retries with N+1) instead of both writing into version_0.
+    """
+    os.makedirs(root, exist_ok=True)
+    n = next_version(root)
+    while True:
+        try:
+            os.mkdir(os.path.join(root, f"version_{n}"))
+            return n
+        except FileExistsError:
+            n += 1
+
+
+class SharedVersion:
+    """One version claimed once for several loggers that write into the same save_dir/name."""
+
+    def __init__(self) -> None:
+        self.version: int | None = None
+
+    def get(self, root: str) -> int:
+        if self.version is None:
+            self.version = claim_version(root)
+        return self.version
+
+
+def align_versions(loggers: list[Logger]) -> list[Logger]:
+    """Make loggers that share save_dir/name (and have no fixed version) share one claimed version_N.
+
+    Each logger claims its version when first used, so without this ``[TensorBoardLogger("runs"),
     CSVLogger("runs")]`` would write into version_0 and version_1.
     """
     groups: dict[str, list[Logger]] = {}
     for lg in loggers:
         if lg._version is None:
             groups.setdefault(os.path.abspath(lg.root_dir), []).append(lg)
-    for root, group in groups.items():
+    for group in groups.values():
         if len(group) > 1:
-            version = next_version(root)
+            shared = SharedVersion()
             for lg in group:
-                lg._version = version
+                lg._shared = shared
     return loggers
+
+
+def agree_versions(loggers: list[Logger], comm: Any) -> None:
+    """Under several processes: rank 0 claims every logger's version and the other ranks take rank 0's.
+
+    Called when a stage is set up (the process group exists by then); loggers may be built before it.
+    """
+    if comm.world_size <= 1:
+        return
+    versions = [lg.version for lg in loggers] if comm.is_global_zero else None
+    versions = comm.broadcast(versions, 0)
+    for lg, v in zip(loggers, versions):
+        lg._version = v
 
 
 class Logger:
@@ -46,6 +91,7 @@ class Logger:
         self.save_dir = os.fspath(save_dir)
         self.name = name or ""
         self._version = version
+        self._shared: SharedVersion | None = None  # set by align_versions
 
     @property
     def root_dir(self) -> str:
@@ -54,9 +100,10 @@ class Logger:
 
     @property
     def version(self) -> int | str:
-        """The run's version: fixed at the first access to the next free version_N unless given."""
+        """The run's version: unless given, claimed (version_N created) at the first access on rank 0."""
         if self._version is None:
-            self._version = next_version(self.root_dir)
+            root = self.root_dir
+            self._version = self._shared.get(root) if self._shared is not None else claim_version(root)
         return self._version
 
     @property
