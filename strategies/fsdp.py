@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -141,13 +142,16 @@ class FSDPStrategy(ProcessGroupStrategy):
             self._before_sharding.pop(id(p), None)
 
     # ----- steps --------------------------------------------------------------------------------
-    def backward(self, loss: torch.Tensor, sync: bool = True) -> None:
+    def backward(
+        self, loss: torch.Tensor, sync: bool = True, run: Callable[[torch.Tensor], Any] | None = None
+    ) -> None:
         """With sync, each unit's gradients are reduce-scattered as its backward ends; without, they
         accumulate unsharded on every rank (micro-batches 1..k-1 of an accumulation window)."""
         if self.sharded and sync != self._sync:  # toggle only on a change: it walks every unit
             self._task.set_requires_gradient_sync(sync)  # type: ignore[union-attr]
             self._sync = sync
-        self.precision.scale(loss).backward()
+        scaled = self.precision.scale(loss)
+        scaled.backward() if run is None else run(scaled)  # noqa: B018 (a call, not an expression)
         self._unsynced = self.sharded and not sync
 
     def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
