@@ -16,6 +16,8 @@ from torch.utils.data import DistributedSampler, RandomSampler, Sampler
 from strategies import launch
 from strategies.base import pick_device
 from strategies.comm import ProcessGroupComm
+from strategies.heartbeat import Heartbeat
+from strategies.multinode import bind_gloo_interface, check_attempt_store, is_multinode
 from strategies.parallel import ParallelStrategy
 from strategies.precision import Precision
 from strategies.syncbn import convert_sync_batchnorm
@@ -33,23 +35,25 @@ def _destroy_group() -> None:
 
 
 def _attempt_store(timeout: datetime.timedelta) -> dist.Store | None:
-    """Under torch's elastic agent, a store whose keys are private to this restart attempt.
+    """Under torch's elastic agent with its shared store, a store whose keys are private to this restart attempt.
 
-    The agent's store outlives a restart, and a restarted rank could otherwise read the previous attempt's
-    process-group addresses and try to connect to a dead peer (seen here as "Connection refused" in
-    Gloo connectFullMesh after a SIGKILL). None outside the agent: init_process_group's env:// is fine.
+    The agent's shared store outlives a restart, and a restarted rank could otherwise read the previous
+    attempt's process-group addresses and try to connect to a dead peer (seen here as "Connection refused"
+    in Gloo connectFullMesh after a SIGKILL). The attempt key must be the same on every node, and
+    TORCHELASTIC_RESTART_COUNT is counted per node, so it is used only on one node (multi-node restarts
+    need TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: see multinode.check_attempt_store). None without the
+    shared store: rank 0 then hosts a fresh store each attempt and init_process_group's env:// is right.
     """
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if attempt is None:
+    if attempt is None or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
-    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    check_attempt_store()
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"],
         int(os.environ["MASTER_PORT"]),
         int(os.environ["WORLD_SIZE"]),
-        is_master=not agent_store and os.environ.get("RANK") == "0",
+        is_master=False,
         timeout=timeout,
-        multi_tenant=not agent_store,
     )
     return dist.PrefixStore(f"tandem/attempt_{attempt}", store)
 
@@ -97,6 +101,7 @@ class DDPStrategy(ParallelStrategy):
         timeout_s: float = 1800.0,
         max_restarts: int = 0,
         sync_batchnorm: bool | None = None,
+        peer_timeout_s: float | None = 20.0,
     ) -> None:
         super().__init__(accelerator, precision)
         check_choice("comm_hook", str(comm_hook), ("None", "fp16", "bf16"))
@@ -109,6 +114,9 @@ class DDPStrategy(ParallelStrategy):
         self.gradient_as_bucket_view, self.comm_hook = gradient_as_bucket_view, comm_hook
         self.static_graph, self.broadcast_buffers = static_graph, broadcast_buffers
         self.backend, self.timeout_s, self.max_restarts = process_group_backend, timeout_s, max_restarts
+        self.peer_timeout_s = (
+            peer_timeout_s  # multi-node: a rank silent this long ends the job (heartbeat.py)
+        )
         self.comm: ProcessGroupComm = ProcessGroupComm(timeout_s)
         self.reducer: Reducer | None = None
         self._unsynced = False  # gradients accumulated by backward(sync=False) and not reduced since
@@ -155,6 +163,8 @@ class DDPStrategy(ParallelStrategy):
             return
         backend = self.backend or ("nccl" if device.type == "cuda" else "gloo")
         timeout = datetime.timedelta(seconds=self.timeout_s)
+        if backend == "gloo":
+            bind_gloo_interface()
         store = _attempt_store(timeout)
         if store is None:
             dist.init_process_group(backend, timeout=timeout)
@@ -165,6 +175,10 @@ class DDPStrategy(ParallelStrategy):
         # A group left to interpreter shutdown can abort the process ("terminate called without an
         # active exception", exit -6) after a successful run: close the one we opened, in order.
         atexit.register(_destroy_group)
+        if self.peer_timeout_s and is_multinode():  # one node's agent already sees its own dead workers
+            beat = Heartbeat(self.comm.rank, self.comm.world_size, self.peer_timeout_s)
+            beat.start()
+            atexit.register(beat.stop)  # runs before _destroy_group (atexit is last-in, first-out)
 
     @property
     def root_device(self) -> torch.device:

@@ -1,0 +1,104 @@
+"""Liveness of the other ranks of a multi-node job: a heartbeat thread per rank over the c10d store.
+
+A collective's timeout (timeout_s, 1800 s by default) cannot tell a lost node from a slow all-reduce. Each
+rank instead bumps its own counter in the store every `interval_s` and watches everyone's; a rank whose
+counter stops moving for `silence_s` (or a store that stops answering, for that long) ends this process with
+a message naming the silent ranks and their hosts, since the main thread may be blocked in a collective
+that would otherwise wait for timeout_s.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import threading
+import time
+
+import torch.distributed as dist
+
+from strategies.multinode import node_identity
+
+PREFIX = "tandem/heartbeat"
+
+
+class Heartbeat:
+    """Start with `start()`; `stop()` before the process group closes (a normal exit stops nothing else)."""
+
+    def __init__(self, rank: int, world_size: int, silence_s: float, interval_s: float = 2.0) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.silence_s, self.interval_s = silence_s, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tandem-heartbeat", daemon=True)
+        self._hosts: dict[int, str] = {}
+
+    def _connect(self) -> dist.Store:
+        """A store client of its own (the main thread's may be busy), with a short timeout."""
+        return dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            is_master=False,
+            timeout=datetime.timedelta(seconds=max(1.0, self.interval_s * 2)),
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop beating and mark this rank as finished, so that its silence from now on is no failure."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.interval_s * 3)
+
+    def _run(self) -> None:
+        peers = [r for r in range(self.world_size) if r != self.rank]
+        seen: dict[int, tuple[bytes, float]] = {}  # rank -> (last counter value, when it last changed)
+        started = time.monotonic()
+        store: dist.Store | None = None
+        announced = False
+        while not self._stop.wait(0 if store is None else self.interval_s):
+            now = time.monotonic()
+            try:
+                if store is None:
+                    store = self._connect()
+                if not announced:
+                    store.set(f"{PREFIX}/host/{self.rank}", node_identity())
+                    announced = True
+                store.add(f"{PREFIX}/{self.rank}", 1)
+                for r in [r for r in peers if r not in seen or seen[r][0] != b"done"]:
+                    if store.check([f"{PREFIX}/done/{r}"]):
+                        seen[r] = (b"done", float("inf"))
+                        continue
+                    key = f"{PREFIX}/{r}"
+                    if store.check([key]):
+                        value = store.get(key)
+                        if r not in seen or seen[r][0] != value:
+                            seen[r] = (value, now)
+                    if r not in self._hosts and store.check([f"{PREFIX}/host/{r}"]):
+                        self._hosts[r] = store.get(f"{PREFIX}/host/{r}").decode()
+                store_error = None
+            except Exception as e:  # noqa: BLE001 (any store failure counts as silence; reported below)
+                store, store_error = None, e
+                time.sleep(self.interval_s)
+            silent = [r for r in peers if time.monotonic() - seen.get(r, (b"", started))[1] > self.silence_s]
+            if silent and not self._stop.is_set():
+                self._fail(silent, store_error)
+        if store is not None:
+            try:
+                store.set(f"{PREFIX}/done/{self.rank}", "1")
+            except Exception:  # noqa: BLE001 (best effort: the peers may be gone already)
+                pass
+
+    def _fail(self, silent: list[int], store_error: Exception | None) -> None:
+        names = ", ".join(f"rank {r} on {self._hosts.get(r, 'an unknown host')}" for r in silent)
+        where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        detail = f"; the store at {where} did not answer ({store_error})" if store_error else ""
+        print(
+            f"tandem: DistributedError: rank {self.rank}/{self.world_size} on {node_identity()}: no heartbeat "
+            f"from {names} for {self.silence_s:g}s{detail}. That node or process was lost (killed, crashed or "
+            "cut off the network); ending this rank now instead of waiting for the collective timeout "
+            "(timeout_s). Raise DDPStrategy(peer_timeout_s=...) if ranks can legitimately stall this long.",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(1)
