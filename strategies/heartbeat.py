@@ -23,14 +23,25 @@ PREFIX = "tandem/heartbeat"
 
 
 class Heartbeat:
-    """Start with `start()`; `stop()` before the process group closes (a normal exit stops nothing else)."""
+    """Start with `start()`; `stop()` before the process group closes (a normal exit stops nothing else).
+
+    Two threads: one talks to the store (a store call to an unreachable node can block far longer than its
+    timeout), the other only reads the times of the last news and ends the process when they grow too old.
+    """
 
     def __init__(self, rank: int, world_size: int, silence_s: float, interval_s: float = 2.0) -> None:
         self.rank, self.world_size = rank, world_size
         self.silence_s, self.interval_s = silence_s, interval_s
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="tandem-heartbeat", daemon=True)
+        self._threads = [
+            threading.Thread(target=self._beat, name="tandem-heartbeat", daemon=True),
+            threading.Thread(target=self._watch, name="tandem-heartbeat-watch", daemon=True),
+        ]
+        self._peers = [r for r in range(world_size) if r != rank]
         self._hosts: dict[int, str] = {}
+        self._seen: dict[int, tuple[bytes, float]] = {}  # rank -> (last counter value, when it last changed)
+        self._store_ok = self._started = time.monotonic()  # the last store round trip that completed
+        self._store_error: Exception | None = None
 
     def _connect(self) -> dist.Store:
         """A store client of its own (the main thread's may be busy), with a short timeout."""
@@ -42,22 +53,19 @@ class Heartbeat:
         )
 
     def start(self) -> None:
-        self._thread.start()
+        for t in self._threads:
+            t.start()
 
     def stop(self) -> None:
         """Stop beating and mark this rank as finished, so that its silence from now on is no failure."""
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=self.interval_s * 3)
+        if self._threads[0].is_alive():
+            self._threads[0].join(timeout=self.interval_s * 3)
 
-    def _run(self) -> None:
-        peers = [r for r in range(self.world_size) if r != self.rank]
-        seen: dict[int, tuple[bytes, float]] = {}  # rank -> (last counter value, when it last changed)
-        started = time.monotonic()
+    def _beat(self) -> None:
         store: dist.Store | None = None
         announced = False
         while not self._stop.wait(0 if store is None else self.interval_s):
-            now = time.monotonic()
             try:
                 if store is None:
                     store = self._connect()
@@ -65,34 +73,47 @@ class Heartbeat:
                     store.set(f"{PREFIX}/host/{self.rank}", node_identity())
                     announced = True
                 store.add(f"{PREFIX}/{self.rank}", 1)
-                for r in [r for r in peers if r not in seen or seen[r][0] != b"done"]:
-                    if store.check([f"{PREFIX}/done/{r}"]):
-                        seen[r] = (b"done", float("inf"))
-                        continue
-                    key = f"{PREFIX}/{r}"
-                    if store.check([key]):
-                        value = store.get(key)
-                        if r not in seen or seen[r][0] != value:
-                            seen[r] = (value, now)
-                    if r not in self._hosts and store.check([f"{PREFIX}/host/{r}"]):
-                        self._hosts[r] = store.get(f"{PREFIX}/host/{r}").decode()
-                store_error = None
-            except Exception as e:  # noqa: BLE001 (any store failure counts as silence; reported below)
-                store, store_error = None, e
-                time.sleep(self.interval_s)
-            silent = [r for r in peers if time.monotonic() - seen.get(r, (b"", started))[1] > self.silence_s]
-            if silent and not self._stop.is_set():
-                self._fail(silent, store_error)
+                self._read_peers(store)
+                self._store_ok, self._store_error = time.monotonic(), None
+            except Exception as e:  # noqa: BLE001 (any store failure counts as silence: _watch reports it)
+                store, self._store_error = None, e
+                self._stop.wait(self.interval_s)
         if store is not None:
             try:
                 store.set(f"{PREFIX}/done/{self.rank}", "1")
             except Exception:  # noqa: BLE001 (best effort: the peers may be gone already)
                 pass
 
-    def _fail(self, silent: list[int], store_error: Exception | None) -> None:
+    def _read_peers(self, store: dist.Store) -> None:
+        now = time.monotonic()
+        for r in self._peers:
+            if self._seen.get(r, (b"", 0.0))[0] == b"done":
+                continue
+            if store.check([f"{PREFIX}/done/{r}"]):
+                self._seen[r] = (b"done", float("inf"))
+                continue
+            key = f"{PREFIX}/{r}"
+            if store.check([key]):
+                value = store.get(key)
+                if r not in self._seen or self._seen[r][0] != value:
+                    self._seen[r] = (value, now)
+            if r not in self._hosts and store.check([f"{PREFIX}/host/{r}"]):
+                self._hosts[r] = store.get(f"{PREFIX}/host/{r}").decode()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.interval_s / 2):
+            now = time.monotonic()
+            silent = [
+                r for r in self._peers if now - self._seen.get(r, (b"", self._started))[1] > self.silence_s
+            ]
+            if silent and not self._stop.is_set():
+                self._fail(silent, now - self._store_ok > self.silence_s)
+
+    def _fail(self, silent: list[int], store_stalled: bool) -> None:
         names = ", ".join(f"rank {r} on {self._hosts.get(r, 'an unknown host')}" for r in silent)
         where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
-        detail = f"; the store at {where} did not answer ({store_error})" if store_error else ""
+        error = f" ({self._store_error})" if self._store_error else ""
+        detail = f"; the store at {where} did not answer either{error}" if store_stalled else ""
         print(
             f"tandem: DistributedError: rank {self.rank}/{self.world_size} on {node_identity()}: no heartbeat "
             f"from {names} for {self.silence_s:g}s{detail}. That node or process was lost (killed, crashed or "

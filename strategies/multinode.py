@@ -14,9 +14,11 @@ _SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
 
 
 def is_multinode() -> bool:
-    """True when this job's ranks span more than one node (WORLD_SIZE > LOCAL_WORLD_SIZE)."""
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    return world > int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    """True when this job's ranks span more than one node (WORLD_SIZE > LOCAL_WORLD_SIZE, or SLURM_NNODES > 1)."""
+    world, local = int(os.environ.get("WORLD_SIZE", 1)), os.environ.get("LOCAL_WORLD_SIZE")
+    if local is None:  # srun sets no LOCAL_WORLD_SIZE
+        return int(os.environ.get("SLURM_NNODES", "1")) > 1
+    return world > int(local)
 
 
 def _is_loopback(host: str) -> bool:

@@ -163,6 +163,16 @@ class TwoNodeJob:
             proc.wait(timeout=10)
 
 
+def kill_machine(lab: Lab, node: int) -> None:
+    """SIGKILL every process in `node`'s namespace, the agent and its workers (their own session): a lost machine."""
+    pids = subprocess.run(["ip", "netns", "pids", lab.ns(node)], capture_output=True, text=True, timeout=10)
+    for pid in pids.stdout.split():
+        try:
+            os.kill(int(pid), 9)
+        except ProcessLookupError:
+            pass
+
+
 def run_one_node(script_argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
     """The reference: the same script as 2 processes of one torchrun on loopback (not in the lab)."""
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *script_argv]

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from netlab import ROOT, TwoNodeJob, lab_fixture, run_one_node
+from netlab import ROOT, TwoNodeJob, kill_machine, lab_fixture, run_one_node
 
 from benchmarks.lab import Lab
 
@@ -70,7 +70,7 @@ def _lose_node1(lab: Lab, tmp_path, how: str) -> tuple[list, float]:
     if how == "cut":
         lab.cut(1)
     else:
-        job.kill(1)
+        kill_machine(lab, 1)
     return job.wait(lost_at + LOST_WITHIN_S + 30), lost_at
 
 

@@ -154,3 +154,11 @@ def test_a_beating_or_finished_peer_is_left_alone(store):
     store.set("tandem/heartbeat/done/1", "1")
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0 and "ran to the end" in out, out
+
+
+def test_srun_across_nodes_counts_as_multinode(env):
+    env.delenv("LOCAL_WORLD_SIZE")
+    env.setenv("SLURM_NNODES", "2")
+    assert multinode.is_multinode()
+    env.setenv("SLURM_NNODES", "1")
+    assert not multinode.is_multinode()
