@@ -42,6 +42,7 @@ class Heartbeat:
         self._seen: dict[int, tuple[bytes, float]] = {}  # rank -> (last counter value, when it last changed)
         self._store_ok = self._started = time.monotonic()  # the last store round trip that completed
         self._store_error: Exception | None = None
+        self._me = node_identity()  # now: a node cut off the network later has no route to look up
 
     def _connect(self) -> dist.Store:
         """A store client of its own (the main thread's may be busy), with a short timeout."""
@@ -70,8 +71,12 @@ class Heartbeat:
                 if store is None:
                     store = self._connect()
                 if not announced:
-                    store.set(f"{PREFIX}/host/{self.rank}", node_identity())
+                    store.set(f"{PREFIX}/host/{self.rank}", self._me)
                     announced = True
+                if len(self._hosts) < len(self._peers):  # every rank announces itself right after joining
+                    keys = [f"{PREFIX}/host/{r}" for r in self._peers]
+                    store.wait(keys)
+                    self._hosts = {r: store.get(k).decode() for r, k in zip(self._peers, keys)}
                 store.add(f"{PREFIX}/{self.rank}", 1)
                 self._read_peers(store)
                 self._store_ok, self._store_error = time.monotonic(), None
@@ -97,8 +102,6 @@ class Heartbeat:
                 value = store.get(key)
                 if r not in self._seen or self._seen[r][0] != value:
                     self._seen[r] = (value, now)
-            if r not in self._hosts and store.check([f"{PREFIX}/host/{r}"]):
-                self._hosts[r] = store.get(f"{PREFIX}/host/{r}").decode()
 
     def _watch(self) -> None:
         while not self._stop.wait(self.interval_s / 2):
@@ -110,12 +113,13 @@ class Heartbeat:
                 self._fail(silent, now - self._store_ok > self.silence_s)
 
     def _fail(self, silent: list[int], store_stalled: bool) -> None:
-        names = ", ".join(f"rank {r} on {self._hosts.get(r, 'an unknown host')}" for r in silent)
         where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        unknown = f"an unknown host (the store's host is {where})"
+        names = ", ".join(f"rank {r} on {self._hosts.get(r, unknown)}" for r in silent)
         error = f" ({self._store_error})" if self._store_error else ""
         detail = f"; the store at {where} did not answer either{error}" if store_stalled else ""
         print(
-            f"tandem: DistributedError: rank {self.rank}/{self.world_size} on {node_identity()}: no heartbeat "
+            f"tandem: DistributedError: rank {self.rank}/{self.world_size} on {self._me}: no heartbeat "
             f"from {names} for {self.silence_s:g}s{detail}. That node or process was lost (killed, crashed or "
             "cut off the network); ending this rank now instead of waiting for the collective timeout "
             "(timeout_s). Raise DDPStrategy(peer_timeout_s=...) if ranks can legitimately stall this long.",

@@ -146,6 +146,7 @@ def test_a_silent_peer_ends_the_rank_naming_it(store):
 
 
 def test_a_beating_or_finished_peer_is_left_alone(store):
+    store.set("tandem/heartbeat/host/1", "node-b (10.9.9.9)")
     proc = _rank0(store.port, silence=2.0, lifetime=8)
     end = time.monotonic() + 3.5
     while time.monotonic() < end:  # rank 1 beats 3.5 s, then is done: 4.5 s silent
