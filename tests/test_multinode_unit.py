@@ -163,3 +163,31 @@ def test_srun_across_nodes_counts_as_multinode(env):
     assert multinode.is_multinode()
     env.setenv("SLURM_NNODES", "1")
     assert not multinode.is_multinode()
+
+
+def _check_resume_file(rank: int, world: int, root: str) -> str:
+    """Rank r resumes from root/node{r}/last.ckpt: one file per node, as on nodes without shared storage."""
+    from types import SimpleNamespace
+
+    from trainer.checkpoint import atomic_save, check_same_file_everywhere
+    from trainer.errors import CheckpointError
+
+    t = SimpleNamespace(strategy=SimpleNamespace(comm=ProcessGroupComm()))
+    here = os.path.join(root, f"node{rank}")
+    os.makedirs(here, exist_ok=True)
+    if rank == 0:
+        atomic_save({"state_dict": {}}, os.path.join(here, "last.ckpt"))
+    os.chdir(here)  # a relative path: the same string names each node's own file
+    try:
+        check_same_file_everywhere(t, "last.ckpt")
+    except CheckpointError as e:
+        return str(e)
+    return "no error"
+
+
+def test_resume_on_nodes_without_shared_storage_says_so(tmp_path):
+    from conftest import run_distributed
+
+    messages = run_distributed(_check_resume_file, str(tmp_path))
+    for m in messages:  # every rank gets the same error: none is left waiting in a collective
+        assert "missing on rank(s) [1]" in m and "shared by every node" in m, m
