@@ -114,9 +114,8 @@ class DDPStrategy(ParallelStrategy):
         self.gradient_as_bucket_view, self.comm_hook = gradient_as_bucket_view, comm_hook
         self.static_graph, self.broadcast_buffers = static_graph, broadcast_buffers
         self.backend, self.timeout_s, self.max_restarts = process_group_backend, timeout_s, max_restarts
-        self.peer_timeout_s = (
-            peer_timeout_s  # multi-node: a rank silent this long ends the job (heartbeat.py)
-        )
+        # multi-node: a rank whose heartbeat is silent this long ends the job (strategies/heartbeat.py)
+        self.peer_timeout_s = peer_timeout_s
         self.comm: ProcessGroupComm = ProcessGroupComm(timeout_s)
         self.reducer: Reducer | None = None
         self._unsynced = False  # gradients accumulated by backward(sync=False) and not reduced since
