@@ -8,6 +8,7 @@ that names this rank and the operation.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,17 @@ import torch
 from trainer.errors import DistributedError, check_choice
 
 REDUCE_OPS = ("sum", "mean", "max", "min")
+# what gloo (and the c10d store) say when a peer's connection ends: the peer died or its node left
+_LOST = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "pair closure",
+    "connection refused",
+    "broken pipe",
+    "no route to host",
+    "network is unreachable",
+)
+_PEER = re.compile(r"\[([0-9a-fA-F:.]+)\]:\d+|\b((?:\d{1,3}\.){3}\d{1,3}):\d+")
 
 
 class Comm:
@@ -108,14 +120,27 @@ class ProcessGroupComm(Comm):
         try:
             return fn(*args)
         except RuntimeError as e:
-            text = str(e).lower()
-            if any(s in text for s in ("timed out", "timeout", "connection closed", "pair closure")):
-                raise DistributedError(
-                    f"rank {self.rank}/{self.world_size}: {op} did not complete within timeout_s="
-                    f"{self.timeout_s:g}s ({e}). Another rank has probably failed or is stuck: look at its "
-                    "output; raise DDPStrategy(timeout_s=...) if its steps are legitimately this slow."
-                ) from e
-            raise
+            raise self.translate(op, e) from e
+
+    def translate(self, op: str, e: RuntimeError) -> Exception:
+        """The DistributedError for a failed collective (or `e` itself when it is no communication failure)."""
+        text, me = str(e), f"rank {self.rank}/{self.world_size}"
+        lower = text.lower()
+        if any(s in lower for s in _LOST):
+            peer = _PEER.search(text)
+            who = f"the peer at {peer.group(1) or peer.group(2)}" if peer else "a peer"
+            return DistributedError(
+                f"{me}: {op} failed at once: the connection to {who} was lost ({text.strip()[-300:]}). "
+                "That rank's process or node has probably died or was cut off the network: look at its "
+                "output (its own error comes first)."
+            )
+        if any(s in lower for s in ("timed out", "timeout")):
+            return DistributedError(
+                f"{me}: {op} did not complete within timeout_s={self.timeout_s:g}s ({text.strip()[-300:]}). "
+                "Another rank has probably failed or is stuck: look at its output; raise "
+                "DDPStrategy(timeout_s=...) if its steps are legitimately this slow."
+            )
+        return e
 
     def reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
         import torch.distributed as dist

@@ -49,6 +49,7 @@ class DDPStrategy(ProcessGroupStrategy):
         timeout_s: float = 1800.0,
         max_restarts: int = 0,
         sync_batchnorm: bool | None = None,
+        peer_timeout_s: float | None = 20.0,
     ) -> None:
         super().__init__(
             accelerator,
@@ -59,6 +60,7 @@ class DDPStrategy(ProcessGroupStrategy):
             timeout_s,
             max_restarts,
             sync_batchnorm,
+            peer_timeout_s,
         )
         check_choice("comm_hook", str(comm_hook), ("None", "fp16", "bf16"))
         if isinstance(bucket_cap_mb, str):  # "auto": the Reducer measures and picks (strategies/costmodel.py)

@@ -16,6 +16,8 @@ from torch.utils.data import DistributedSampler, RandomSampler, Sampler
 from strategies import launch
 from strategies.base import pick_device
 from strategies.comm import ProcessGroupComm
+from strategies.heartbeat import Heartbeat
+from strategies.multinode import bind_gloo_interface, check_attempt_store, is_multinode
 from strategies.parallel import ParallelStrategy
 from strategies.precision import Precision
 from strategies.syncbn import convert_sync_batchnorm
@@ -29,23 +31,25 @@ def _destroy_group() -> None:
 
 
 def _attempt_store(timeout: datetime.timedelta) -> dist.Store | None:
-    """Under torch's elastic agent, a store whose keys are private to this restart attempt.
+    """Under torch's elastic agent with its shared store, a store whose keys are private to this restart attempt.
 
-    The agent's store outlives a restart, and a restarted rank could otherwise read the previous attempt's
-    process-group addresses and try to connect to a dead peer (seen here as "Connection refused" in
-    Gloo connectFullMesh after a SIGKILL). None outside the agent: init_process_group's env:// is fine.
+    The agent's shared store outlives a restart, and a restarted rank could otherwise read the previous
+    attempt's process-group addresses and try to connect to a dead peer (seen here as "Connection refused"
+    in Gloo connectFullMesh after a SIGKILL). The attempt key must be the same on every node, and
+    TORCHELASTIC_RESTART_COUNT is counted per node, so it is used only on one node (multi-node restarts
+    need TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: see multinode.check_attempt_store). None without the
+    shared store: rank 0 then hosts a fresh store each attempt and init_process_group's env:// is right.
     """
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if attempt is None:
+    if attempt is None or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
-    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    check_attempt_store()
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"],
         int(os.environ["MASTER_PORT"]),
         int(os.environ["WORLD_SIZE"]),
-        is_master=not agent_store and os.environ.get("RANK") == "0",
+        is_master=False,
         timeout=timeout,
-        multi_tenant=not agent_store,
     )
     return dist.PrefixStore(f"tandem/attempt_{attempt}", store)
 
@@ -81,6 +85,7 @@ class ProcessGroupStrategy(ParallelStrategy):
         timeout_s: float = 1800.0,
         max_restarts: int = 0,
         sync_batchnorm: bool | None = None,
+        peer_timeout_s: float | None = 20.0,
     ) -> None:
         super().__init__(accelerator, precision)
         self.devices, self.num_nodes, self.sync_batchnorm = (
@@ -89,6 +94,8 @@ class ProcessGroupStrategy(ParallelStrategy):
             sync_batchnorm,
         )  # None: the Trainer's
         self.backend, self.timeout_s, self.max_restarts = process_group_backend, timeout_s, max_restarts
+        # multi-node: a rank whose heartbeat is silent this long ends the job (strategies/heartbeat.py)
+        self.peer_timeout_s = peer_timeout_s
         self.comm: ProcessGroupComm = ProcessGroupComm(timeout_s, lambda: self._world[0] * self._world[1])
 
     @property
@@ -133,6 +140,8 @@ class ProcessGroupStrategy(ParallelStrategy):
             return
         backend = self.backend or ("nccl" if device.type == "cuda" else "gloo")
         timeout = datetime.timedelta(seconds=self.timeout_s)
+        if backend == "gloo":
+            bind_gloo_interface()
         store = _attempt_store(timeout)
         if store is None:
             dist.init_process_group(backend, timeout=timeout)
@@ -143,6 +152,10 @@ class ProcessGroupStrategy(ParallelStrategy):
         # A group left to interpreter shutdown can abort the process ("terminate called without an
         # active exception", exit -6) after a successful run: close the one we opened, in order.
         atexit.register(_destroy_group)
+        if self.peer_timeout_s and is_multinode():  # one node's agent already sees its own dead workers
+            beat = Heartbeat(self.comm.rank, self.comm.world_size, self.peer_timeout_s)
+            beat.start()
+            atexit.register(beat.stop)  # runs before _destroy_group (atexit is last-in, first-out)
 
     def setup(self, task: Any) -> None:
         if self.sync_batchnorm:

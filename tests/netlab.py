@@ -56,6 +56,7 @@ def torchrun_argv(
     settings: tuple[str, ...] = ALL_SETTINGS,
     max_restarts: int = 0,
     run_id: str = "lab",
+    rdzv_conf: tuple[str, ...] = (),
 ) -> tuple[list[str], dict[str, str]]:
     """The command and environment of node `node`'s torchrun agent (one worker per node)."""
     argv = [
@@ -71,8 +72,9 @@ def torchrun_argv(
         "--monitor-interval=0.1",
     ]
     env = clean_env()
-    if "is_host" in settings and node == 0:
-        argv.append("--rdzv-conf=is_host=1")
+    conf = [*rdzv_conf, *(["is_host=1"] if "is_host" in settings and node == 0 else [])]
+    if conf:
+        argv.append(f"--rdzv-conf={','.join(conf)}")
     if "local_addr" in settings:
         argv.append(f"--local-addr={lab.addr(node)}")
     if "gloo_ifname" in settings:
@@ -109,13 +111,14 @@ class TwoNodeJob:
         settings: tuple[str, ...] = ALL_SETTINGS,
         max_restarts: int = 0,
         env: dict[str, str] | None = None,
+        rdzv_conf: tuple[str, ...] = (),
     ) -> None:
         self.lab, self.logs = lab, [logdir / "node0.log", logdir / "node1.log"]
         run_id = uuid.uuid4().hex[:8]
         self.start = time.monotonic()
         self.procs: list[subprocess.Popen[str]] = []
         for node in (0, 1):
-            argv, node_env = torchrun_argv(lab, node, script_argv, settings, max_restarts, run_id)
+            argv, node_env = torchrun_argv(lab, node, script_argv, settings, max_restarts, run_id, rdzv_conf)
             node_env.update(env or {})
             with open(self.logs[node], "w") as log:
                 self.procs.append(lab.popen(node, argv, stdout=log, stderr=subprocess.STDOUT, env=node_env))
@@ -161,6 +164,16 @@ class TwoNodeJob:
             except ProcessLookupError:
                 pass
             proc.wait(timeout=10)
+
+
+def kill_machine(lab: Lab, node: int) -> None:
+    """SIGKILL every process in `node`'s namespace, the agent and its workers (their own session): a lost machine."""
+    pids = subprocess.run(["ip", "netns", "pids", lab.ns(node)], capture_output=True, text=True, timeout=10)
+    for pid in pids.stdout.split():
+        try:
+            os.kill(int(pid), 9)
+        except ProcessLookupError:
+            pass
 
 
 def run_one_node(script_argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:

@@ -103,13 +103,17 @@ def test_a_100mbit_link_reaches_the_same_weights(lab, tmp_path, record_property)
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 14: without GLOO_SOCKET_IFNAME gloo binds the host name's address (127.0.0.1 here) and the "
-    "nodes cannot connect; remove this mark once Tandem picks the interface that reaches MASTER_ADDR",
-)
 def test_two_nodes_without_gloo_socket_ifname(lab, tmp_path):
+    """The host name resolves to 127.0.0.1 here: Tandem sets GLOO_SOCKET_IFNAME to the lab interface itself."""
     results, out = _two_nodes(lab, tmp_path / "lab", width=32, settings=("is_host", "local_addr"), timeout=60)
     for r in results:
         assert r.returncode == 0, f"node{r.node} ({r.seconds:.0f}s):\n{r.output[-3000:]}"
     assert out.exists()
+
+
+def test_a_loopback_master_addr_is_named_not_a_store_timeout(lab, tmp_path):
+    """Without --local-addr torch hands the host name (127.0.0.1 here) to every node as MASTER_ADDR."""
+    results, _ = _two_nodes(lab, tmp_path / "lab", width=32, settings=("is_host",), timeout=90)
+    for r in results:
+        assert r.returncode not in (0, None), f"node{r.node} ({r.seconds:.0f}s):\n{r.output[-3000:]}"
+        assert "--local-addr" in r.output and "DistributedError" in r.output, r.output[-3000:]

@@ -65,6 +65,7 @@ def _class_name(task: torch.nn.Module) -> str:
 def restore(t: Trainer, path: str, stage: str) -> None:
     """Load `path` ("best", "last", a file or a directory) into the task and, for fit, into the whole run."""
     path = resolve_path(t, path)
+    check_same_file_everywhere(t, path)
     task = t.task
     assert task is not None
     io = checkpoint_io(t.strategy)
@@ -108,6 +109,22 @@ def _same(a: Any, b: Any) -> bool:
         return bool(a == b)
     except Exception:  # tensors and arrays compare element-wise
         return repr(a) == repr(b)
+
+
+def check_same_file_everywhere(t: Trainer, path: str) -> None:
+    """Every rank must read the file rank 0 resumes from (several nodes: a shared filesystem is assumed)."""
+    comm = t.strategy.comm
+    if comm.world_size == 1:
+        return
+    sizes = comm.gather_object(os.path.getsize(path) if os.path.isfile(path) else -1)
+    differ = [r for r, size in enumerate(sizes) if size != sizes[0]]
+    if differ:
+        raise CheckpointError(
+            f"checkpoint {path!r} is {'missing' if min(sizes) < 0 else 'different'} on rank(s) {differ} "
+            f"(sizes by rank: {sizes}): resuming on several nodes assumes a filesystem shared by every "
+            "node. Put the checkpoint directory (default_root_dir or ModelCheckpoint(dirpath=...)) on shared "
+            "storage, or copy the file to the same path on every node."
+        )
 
 
 def _restore_loop(t: Trainer, ckpt: dict[str, Any]) -> None:
