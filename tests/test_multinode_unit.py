@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from strategies import multinode
 from strategies.comm import ProcessGroupComm
-from strategies.ddp import _attempt_store
+from strategies.process_group import _attempt_store
 from trainer.errors import ConfigError, DistributedError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
