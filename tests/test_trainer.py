@@ -344,3 +344,17 @@ def test_ddp_fit_reaches_loss_backward_in_at_most_four_calls(dist_run):
     for path in dist_run(_ddp_backward_path):
         assert len(path) - 1 <= 4, path
         assert any(f.endswith("strategies/ddp.py:backward") for f in path)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "reason", "n"),
+    [({"max_steps": 0}, "max_steps=0", 8), ({"limit_train_batches": 0}, "limit_train_batches=0", 8),
+     ({}, "the training loader is empty", 0)],
+)  # fmt: skip
+def test_a_fit_that_takes_no_step_says_why_and_ends_normally(tmp_path, kwargs, reason, n):
+    task = Probe()
+    before = [p.detach().clone() for p in task.parameters()]
+    trainer = Trainer(max_epochs=1, default_root_dir=str(tmp_path), **{**FAST, **kwargs})
+    with pytest.warns(UserWarning, match=f"fit\\(\\) will take no optimizer step: {reason}"):
+        trainer.fit(task, DataLoader(TensorDataset(torch.randn(n, 2)), batch_size=4))
+    assert trainer.global_step == 0 and all(torch.equal(a, b) for a, b in zip(before, task.parameters()))
