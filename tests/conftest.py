@@ -89,6 +89,20 @@ def run_distributed(fn: Callable, *args: Any, world_size: int = 2, timeout: floa
     return [results[r] for r in range(world_size)]
 
 
+@pytest.fixture(autouse=True)
+def _torch_global_flags():
+    """Trainer(deterministic=..., benchmark=...) sets torch-wide flags, as Lightning does: give every test
+    the flags it started with."""
+    det, warn = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    bench = torch.backends.cudnn.benchmark
+    yield
+    torch.use_deterministic_algorithms(det, warn_only=warn)
+    torch.backends.cudnn.benchmark = bench
+
+
 @pytest.fixture
 def dist_run() -> Callable[..., list[Any]]:
     """Fixture form of run_distributed: dist_run(fn, *args, world_size=2)."""
