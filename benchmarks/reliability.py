@@ -1,7 +1,8 @@
 """What Tandem's safety mechanisms cost, measured side by side in one run (2 gloo processes on 127.0.0.1):
 
 - per-step join (an all-reduce of one int per step; on only when some rank's loader has no length),
-- the stop-request check (one all-reduce every `stop_check_interval` steps under DDP),
+- the stop-request agreement (a 1-element all-reduce at every step boundary under DDP; Tandem now launches it
+  without waiting and reads its answer one step later, so this blocking figure is an upper bound),
 - atomic checkpoint writes (temp file + fsync + rename) against a plain torch.save.
 
 Prints a table and writes benchmarks/results/reliability.json.  Usage: python benchmarks/reliability.py [--quick]
