@@ -10,8 +10,8 @@ Trainer only fills what the constructor left unset (`None`), see strategies/__in
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -146,9 +146,23 @@ def call_step(fn: Callable[..., Any], batch: Any, batch_idx: int, dataloader_idx
     return fn(batch, batch_idx) if takes >= 2 else fn(batch)
 
 
-@functools.lru_cache(maxsize=256)
+_COUNTS: weakref.WeakKeyDictionary[Callable[..., Any], int] = weakref.WeakKeyDictionary()
+
+
 def _positional_count(fn: Callable[..., Any]) -> int:
-    """How many positional arguments (after self) `fn` accepts; *args counts as many."""
+    """How many positional arguments (after self) `fn` accepts; *args counts as many. Cached weakly:
+    FSDP replaces the step methods with per-task closures, which a strong cache would keep (and with
+    them the task, its Trainer and the process group) for the life of the process."""
+    try:
+        count = _COUNTS.get(fn)
+        if count is None:
+            count = _COUNTS[fn] = _count_positional(fn)
+    except TypeError:  # a callable that takes no weak reference: not cached
+        count = _count_positional(fn)
+    return count
+
+
+def _count_positional(fn: Callable[..., Any]) -> int:
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import gc
 import os
+import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,10 +27,34 @@ from strategies.syncbn import convert_sync_batchnorm
 from trainer.data import rebuild, rebuildable
 from trainer.errors import ConfigError
 
+LINGER_S = 0.5  # see _destroy_group
+
 
 def _destroy_group() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    """Close the default group while the interpreter is whole (registered with atexit).
+
+    Dropping the last reference to a gloo group joins its worker threads (torch releases the GIL for that),
+    and each worker first frees the tensors of its last collective, which needs the GIL. A group still
+    alive at interpreter shutdown leaves that free to a worker after Python stopped handing out the GIL,
+    and the process aborts ("terminate called without an active exception", exit -6) after a good run.
+    A group something else still holds (an FSDP model's device mesh) keeps its workers; they get
+    `LINGER_S` with the GIL free to finish before shutdown begins.
+    """
+    if not dist.is_initialized():
+        return
+    group, gloo = dist.group.WORLD, dist.get_backend() == "gloo"
+    dist.destroy_process_group()
+    gc.collect()  # the Trainer's cycles may still hold the group, or collectives' Work objects
+    if gloo and sys.getrefcount(group) > 2:  # held beyond this frame (and getrefcount's argument)
+        time.sleep(LINGER_S)
+
+
+def _unpin_default_group() -> None:
+    """Import torch.distributed.nn before the group exists: its functions take `group=group.WORLD` as a
+    default argument, evaluated at import. Imported later (building any torch optimizer imports it through
+    torch._dynamo), they would hold the group for the life of the process, and destroy_process_group could
+    never close it (see _destroy_group)."""
+    import torch.distributed.nn.functional  # noqa: F401
 
 
 def _attempt_store(timeout: datetime.timedelta) -> dist.Store | None:
@@ -142,6 +169,7 @@ class ProcessGroupStrategy(ParallelStrategy):
         timeout = datetime.timedelta(seconds=self.timeout_s)
         if backend == "gloo":
             bind_gloo_interface()
+        _unpin_default_group()
         store = _attempt_store(timeout)
         if store is None:
             dist.init_process_group(backend, timeout=timeout)
@@ -149,9 +177,7 @@ class ProcessGroupStrategy(ParallelStrategy):
             dist.init_process_group(
                 backend, store=store, rank=self.comm.rank, world_size=self.comm.world_size, timeout=timeout
             )
-        # A group left to interpreter shutdown can abort the process ("terminate called without an
-        # active exception", exit -6) after a successful run: close the one we opened, in order.
-        atexit.register(_destroy_group)
+        atexit.register(_destroy_group)  # before interpreter shutdown: see _destroy_group
         if self.peer_timeout_s and is_multinode():  # one node's agent already sees its own dead workers
             beat = Heartbeat(self.comm.rank, self.comm.world_size, self.peer_timeout_s)
             beat.start()

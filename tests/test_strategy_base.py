@@ -85,3 +85,29 @@ def test_resolve_by_name_and_lightning_aliases():
     assert isinstance(ddp, DDPStrategy) and ddp.find_unused_parameters and ddp.devices == 2
     with pytest.raises(ConfigError, match="did you mean 'ddp'"):
         Trainer(strategy="ddq", **FAST)
+
+
+def test_calling_a_per_task_step_method_keeps_no_task_alive():
+    """Regression: FSDP replaces a task's step methods with closures over the task; the signature cache
+    of call_step held them, and with them the task, its Trainer and the process group, until exit."""
+    import gc
+    import types
+    import weakref
+
+    from strategies.base import call_step
+
+    class Stepper:
+        def training_step(self, batch, batch_idx):
+            return batch + batch_idx
+
+    def wrap(task: Stepper) -> None:  # as torch's register_fsdp_forward_method does
+        original = task.training_step
+        task.training_step = types.MethodType(lambda self, *args: original(*args), task)
+
+    task = Stepper()
+    wrap(task)
+    assert call_step(task.training_step, 1, 2) == 3
+    alive = weakref.ref(task)
+    del task
+    gc.collect()
+    assert alive() is None

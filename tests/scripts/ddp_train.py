@@ -45,7 +45,10 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--fail-rank", type=int, default=-1)
     p.add_argument("--fail-step", type=int, default=-1)
+    p.add_argument("--report-threads", action="store_true", help="print the native thread counts")
     args = p.parse_args()
+    threads = lambda: len(os.listdir("/proc/self/task"))  # noqa: E731
+    before = threads()
     seed_everything(0)
     task = Net(args.fail_rank, args.fail_step)
     trainer = Trainer(
@@ -61,6 +64,15 @@ def main() -> None:
     trainer.fit(task, DataLoader(make_data(), batch_size=args.batch_size))
     if trainer.is_global_zero:
         torch.save({k: v.clone() for k, v in task.state_dict().items()}, args.out)
+    if args.report_threads:
+        from strategies.process_group import _destroy_group
+
+        after_fit = threads()
+        del trainer, task
+        _destroy_group()  # what atexit runs
+        print(
+            f"rank {os.environ['RANK']} threads: before {before}, after fit {after_fit}, after closing {threads()}"
+        )
 
 
 if __name__ == "__main__":
