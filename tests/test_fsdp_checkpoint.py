@@ -179,3 +179,28 @@ def test_rank_killed_under_torchrun_restarts_and_ends_bit_identical(tmp_path):
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="cpu_offload needs 2 CUDA devices (one per rank)")
+def test_cpu_offload_on_two_gpus_trains_like_no_offload_with_shards_in_host_memory(tmp_path):
+    """Written for a machine with 2 GPUs (CI has none): FSDP's CPUOffloadPolicy keeps each rank's shards
+    and optimizer state in host memory; the weights must match the run without offload."""
+    runs = {}
+    for name, extra in (("gpu", []), ("offload", ["--cpu-offload"])):
+        out = _run(
+            [
+                sys.executable,
+                SCRIPT,
+                str(tmp_path / f"{name}.pt"),
+                str(tmp_path / name),
+                "--accelerator",
+                "cuda",
+            ]
+            + extra
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs[name] = (torch.load(tmp_path / f"{name}.pt"), out.stdout)
+    assert "rank 0: shards on cuda" in runs["gpu"][1]
+    assert "rank 0: shards on cpu" in runs["offload"][1] and "rank 1: shards on cpu" in runs["offload"][1]
+    for k, v in runs["gpu"][0].items():
+        torch.testing.assert_close(runs["offload"][0][k].cpu(), v.cpu(), atol=1e-6, rtol=0)

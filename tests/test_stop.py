@@ -113,7 +113,7 @@ def _interrupt(tmp, name: str, wait_for: str, mode: str, *extra: str) -> tuple[i
     return proc.returncode, "".join(seen) + rest, err_path.read_text()
 
 
-def _check(tmp, name: str, code: int, err: str, reference) -> tuple[dict[str, Any], str]:
+def _check(tmp, name: str, code: int, err: str, reference, *extra: str) -> tuple[dict[str, Any], str]:
     """The job exited 143 on every process, saved last.ckpt at the step it stopped at, and resumes exactly.
     Returns the checkpoint and the resumed run's stdout."""
     assert code == 143, err[-3000:]
@@ -129,7 +129,7 @@ def _check(tmp, name: str, code: int, err: str, reference) -> tuple[dict[str, An
     assert path == str(tmp / name / "ckpts" / "last.ckpt")
     ckpt = load(path)  # read before the resumed run overwrites it
     assert ckpt["global_step"] == step
-    resumed = _run(tmp, name)  # the same command without the sleeps: resume="auto" finds last.ckpt
+    resumed = _run(tmp, name, *extra)  # the same command without the sleeps: resume="auto" finds last.ckpt
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     final = torch.load(tmp / f"{name}.pt")
     assert final.keys() == reference.keys()
@@ -148,6 +148,17 @@ def test_sigterm_during_slow_steps_saves_the_reached_step_and_resumes_exactly(tm
         assert "received SIGTERM again" not in err.replace("launcher received SIGTERM again", "")
     assert 3 <= step < 6  # signalled during step 3 (index 2): stops at the next agreed boundary
     assert f"STEP {step}" not in out  # no step ran after the one it saved
+
+
+@pytest.mark.slow
+def test_sigterm_under_fsdp_saves_a_sharded_checkpoint_and_resumes_exactly(tmp_path):
+    """The same stop under strategy='fsdp': each rank writes its shard of last.ckpt (a directory)."""
+    ref = _run(tmp_path, "ref", "--fsdp")
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    code, out, err = _interrupt(tmp_path, "steps", "STEP 2", "launcher", "--step-sleep", "3", "--fsdp")
+    ckpt = _check(tmp_path, "steps", code, err, torch.load(tmp_path / "ref.pt"), "--fsdp")[0]
+    assert os.path.isdir(tmp_path / "steps" / "ckpts" / "last.ckpt")
+    assert 3 <= ckpt["global_step"] < 6 and f"STEP {ckpt['global_step']}" not in out
 
 
 @pytest.mark.slow

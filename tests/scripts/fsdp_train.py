@@ -1,6 +1,6 @@
 """The FSDP tests' model and data, and a user's script for the kill-and-restart test:
 
-python fsdp_train.py OUT ROOT [--kill-rank R --kill-step S]
+python fsdp_train.py OUT ROOT [--kill-rank R --kill-step S] [--accelerator cuda [--cpu-offload]]
 
 plain (Tandem starts 2 workers) or under torchrun. Checkpoints go to ROOT/ckpts every 2 steps; resume="auto".
 Rank 0 saves the final full weights to OUT.
@@ -100,11 +100,13 @@ def main() -> None:
     p.add_argument("root")
     p.add_argument("--kill-rank", type=int, default=-1)
     p.add_argument("--kill-step", type=int, default=-1)
+    p.add_argument("--accelerator", default="cpu")
+    p.add_argument("--cpu-offload", action="store_true")
     args = p.parse_args()
     seed_everything(0)
     trainer = Trainer(
-        strategy=FSDPStrategy(wrap=["Block"]),
-        accelerator="cpu",
+        strategy=FSDPStrategy(wrap=["Block"], cpu_offload=args.cpu_offload),
+        accelerator=args.accelerator,
         devices=2,
         max_epochs=2,
         deterministic=True,
@@ -122,6 +124,8 @@ def main() -> None:
     task = Tower(dropout=0.2, kill=(args.kill_rank, args.kill_step))
     trainer.fit(task, DataLoader(make_data(96), batch_size=6, shuffle=True))
     state = full_state(task)  # a collective: every rank takes part
+    shard = next(iter(task.parameters())).to_local()
+    print(f"rank {trainer.global_rank}: shards on {shard.device.type}", flush=True)
     if trainer.is_global_zero:
         torch.save(state, args.out)
 

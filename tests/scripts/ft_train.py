@@ -2,6 +2,7 @@
 
 python ft_train.py OUT ROOT [--kill-rank R --kill-step S] [--max-restarts N] [--sigterm-wait]
                             [--uneven] [--stall-rank R] [--timeout-s T] [--step-sleep S] [--val-sleep S]
+                          [--single | --fsdp]
 
 --step-sleep makes every training step last S seconds (rank 0 prints "STEP n" as it starts step n);
 --val-sleep adds a validation set at each epoch's end whose batches last S seconds ("VAL i"). Neither
@@ -26,7 +27,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from callbacks import ModelCheckpoint  # noqa: E402
 from strategies.ddp import DDPStrategy  # noqa: E402
+from strategies.fsdp import FSDPStrategy  # noqa: E402
 from trainer import Task, Trainer, seed_everything  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fsdp_train import full_state  # noqa: E402
 
 
 class Net(Task):
@@ -90,6 +95,7 @@ def main() -> None:
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--val-sleep", type=float, default=-1.0, help=">= 0: validate at each epoch's end")
     p.add_argument("--single", action="store_true", help="one process, strategy='single'")
+    p.add_argument("--fsdp", action="store_true", help="FSDPStrategy (sharded directory checkpoints)")
     args = p.parse_args()
     seed_everything(0)
     g = torch.Generator().manual_seed(0)
@@ -111,7 +117,7 @@ def main() -> None:
     trainer = Trainer(
         strategy="single"
         if args.single
-        else DDPStrategy(
+        else (FSDPStrategy if args.fsdp else DDPStrategy)(
             accelerator="cpu", devices=2, max_restarts=args.max_restarts, timeout_s=args.timeout_s
         ),
         accelerator="cpu",
@@ -138,8 +144,9 @@ def main() -> None:
         print(f"{who} exits with {e.code}", file=sys.stderr, flush=True)
         raise
     print(f"rank {trainer.global_rank} finished at step {trainer.global_step}", flush=True)
+    state = full_state(task) if args.fsdp else {k: v.clone() for k, v in task.state_dict().items()}
     if trainer.is_global_zero:
-        torch.save({k: v.clone() for k, v in task.state_dict().items()}, args.out)
+        torch.save(state, args.out)
 
 
 if __name__ == "__main__":
