@@ -81,6 +81,8 @@ def test_a_genuine_directory_reads_back_what_was_saved(saved, tmp_path):
         assert torch.equal(ckpt["state_dict"][k], v), k
     fresh = Net(optimizer="adam")
     optimizer = fresh.configure_optimizers()["optimizer"]
+    for group in optimizer.param_groups:  # so that only reading the saved non-tensor items restores them
+        group.update(lr=0.5, betas=(0.1, 0.2), eps=0.3)
     CheckpointIO().restore(path, fresh, [optimizer])
     want, got = trainer.optimizers[0].state_dict(), optimizer.state_dict()
     assert got["param_groups"] == want["param_groups"]  # lr, betas (a tuple), eps, ...: the non-tensor items
