@@ -194,3 +194,13 @@ def test_a_data_file_outside_the_directory_is_refused(saved):
         pickle.dump(metadata, f)
     with pytest.raises(CheckpointError, match="outside its checkpoint directory"):
         load(path)
+
+
+def test_a_missing_data_file_is_a_checkpoint_error(saved, tmp_path):
+    """DCP reports it in a BaseException (torch's CheckpointException); Tandem says which directory."""
+    path = saved[0]
+    for f in glob.glob(os.path.join(path, "*.distcp")):
+        os.remove(f)
+    for how, loader in LOADERS.items():
+        with pytest.raises(CheckpointError, match="could not be read .*FileNotFoundError"):
+            loader(path, str(tmp_path / how))

@@ -120,11 +120,12 @@ class SafePlanner(DefaultLoadPlanner):
         try:
             obj = torch.load(value, weights_only=True)
         except pickle.UnpicklingError as e:
+            what = f"item {fqn!r} of checkpoint {os.path.join(self.path, self._file(read_item))!r}"
             name = refused_global(e)
             if name is None:
-                raise
+                raise CheckpointError(f"{what} is not plain data torch.load can read ({e}).") from e
             raise unsafe(
-                f"item {fqn!r} of checkpoint {os.path.join(self.path, self._file(read_item))!r}",
+                what,
                 name,
                 "If you trust this checkpoint, allow that global first with "
                 f"torch.serialization.add_safe_globals([{name}]).",
@@ -151,8 +152,11 @@ def load(state: dict[str, Any], path: str, no_dist: bool) -> None:
     try:
         dcp.load(state, checkpoint_id=path, storage_reader=reader, planner=SafePlanner(path), no_dist=no_dist)
     except CheckpointException as e:
-        # DCP wraps what failed on any rank; a refusal from the reader or the planner is shown as it is
-        ours = [exc for exc, _ in e.failures.values() if isinstance(exc, CheckpointError)]
+        # DCP wraps what failed on any rank (in a BaseException); a refusal by the reader or the planner is
+        # shown as it is, anything else as a CheckpointError naming the first failure
+        failed = [exc for exc, _ in e.failures.values()]
+        ours = [exc for exc in failed if isinstance(exc, CheckpointError)]
         if reader.refused is not None or ours:
             raise (reader.refused or ours[0]) from e
-        raise
+        first = f"{type(failed[0]).__name__}: {failed[0]}" if failed else str(e)
+        raise CheckpointError(f"checkpoint directory {path!r} could not be read ({first}).") from e
