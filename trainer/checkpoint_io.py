@@ -6,7 +6,8 @@
   temporary name and renamed into place only after every rank has finished; the previous checkpoint of
   that name stays until then.
 
-Every strategy reads both. Loading a directory reshards: DCP gives each rank the parts of the saved tensors
+Every strategy reads both, as plain data only: files with torch.load(weights_only=True), directories
+through trainer/dcp_read.py. Loading a directory reshards: DCP gives each rank the parts of the saved tensors
 that its own tensors (sharded or whole) cover, so a run saved by N processes resumes on any other number.
 A strategy chooses how it writes through a `checkpoint_io` attribute (FSDPStrategy has one); the others
 use `CheckpointIO()`.
@@ -288,11 +289,11 @@ def _existing(path: str) -> str:
 
 def _read_meta(path: str) -> tuple[dict[str, Any], Any]:
     """The non-tensor part and the DCP metadata of a directory checkpoint."""
-    from torch.distributed.checkpoint import FileSystemReader
+    from trainer import dcp_read
 
     try:
         meta = read(os.path.join(path, META), "cpu")
-        metadata = FileSystemReader(path).read_metadata()
+        metadata = dcp_read.read_metadata(path)
     except CheckpointError:
         raise
     except Exception as e:
@@ -315,12 +316,12 @@ def _saved_weights(metadata: Any) -> dict[str, torch.Tensor]:
 
 def read_dir(path: str) -> dict[str, Any]:
     """A directory checkpoint with its weights gathered whole into this process (no collectives)."""
-    import torch.distributed.checkpoint as dcp
+    from trainer import dcp_read
 
     meta, metadata = _read_meta(path)
     target = {MODEL + k: torch.empty(v.shape, dtype=v.dtype) for k, v in _saved_weights(metadata).items()}
     target.update({k: None for k in metadata.state_dict_metadata if k.startswith(MODEL) and k not in target})
-    dcp.load(target, checkpoint_id=path, no_dist=True)
+    dcp_read.load(target, path, no_dist=True)
     meta["state_dict"] = {k[len(MODEL) :]: v for k, v in target.items()}
     return meta
 
@@ -330,8 +331,9 @@ def restore_dir(
 ) -> dict[str, Any]:
     """Load a directory checkpoint into the task as it is now (sharded or whole, any world size) and,
     for a full checkpoint, into `optimizers`; every rank calls this."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    from trainer import dcp_read
 
     meta, metadata = _read_meta(path)
     check_compatible(task, _saved_weights(metadata), path)
@@ -343,7 +345,7 @@ def restore_dir(
         **_prefixed(MODEL, model),
         **{k: v for i, o in enumerate(optims) for k, v in _prefixed(f"optim{i}/", o).items()},
     }
-    dcp.load(target, checkpoint_id=path, no_dist=not torch.distributed.is_initialized())
+    dcp_read.load(target, path, no_dist=not torch.distributed.is_initialized())
     model = _unprefixed(MODEL, target)
     set_model_state_dict(task, model)
     for i, opt in enumerate(optimizers or []):

@@ -90,13 +90,27 @@ def read(
     try:
         return torch.load(path, map_location=map_location, weights_only=weights_only, mmap=mmap)
     except pickle.UnpicklingError as e:
-        wanted = re.search(r"GLOBAL ([\w.]+)", str(e))
-        if wanted is None:
+        name = refused_global(e)
+        if name is None:
             raise
-        name = wanted.group(1)
-        raise CheckpointError(
-            f"checkpoint {os.fspath(path)!r} needs {name!r} to load, and loading it could run code from the file; "
-            "Tandem reads only plain data. If you trust this file, allow that global first with "
-            f"torch.serialization.add_safe_globals([{name}]), or load it with "
-            "Task.load_from_checkpoint(path, weights_only=False) (never for files you did not write)."
+        raise unsafe(
+            f"checkpoint {os.fspath(path)!r}",
+            name,
+            f"If you trust this file, allow that global first with torch.serialization.add_safe_globals([{name}]), "
+            "or load it with Task.load_from_checkpoint(path, weights_only=False) (never for files you did not "
+            "write).",
         ) from e
+
+
+def refused_global(e: pickle.UnpicklingError) -> str | None:
+    """The global (module.name) that torch.load(weights_only=True) refused, as its error names it."""
+    wanted = re.search(r"GLOBAL ([\w.]+)", str(e))
+    return None if wanted is None else wanted.group(1)
+
+
+def unsafe(what: str, name: str, remedy: str) -> CheckpointError:
+    """The refusal of `what` (a checkpoint, or a file in one) that needs the global `name` to load."""
+    return CheckpointError(
+        f"{what} needs {name!r} to load, and loading it could run code from the file; Tandem reads only plain "
+        f"data from checkpoints. {remedy}"
+    )
