@@ -119,3 +119,20 @@ def test_cut_link_ends_both_nodes_quickly_naming_the_other(lab, tmp_path):
     assert node0.returncode not in (0, None) and took < LOST_WITHIN_S, (took, node0.output[-3000:])
     assert "no heartbeat from rank 1 on" in node0.output and lab.addr(1) in node0.output, node0.output[-3000:]
     assert "no heartbeat from rank 0 on" in node1.output and lab.addr(0) in node1.output, node1.output[-3000:]
+
+
+def test_with_tcp_retries2_bounded_node1s_agent_ends_too(lab, tmp_path):
+    """docs/reliability.md: node1's torchrun agent blocks in a rendezvous-store call that has no timeout
+    of its own (torch 2.13's TCPStore compareSet from its keep-alive thread), until TCP itself gives up on
+    the dead connection: `net.ipv4.tcp_retries2` (15 by default: ~15 min) is the setting that bounds it."""
+    for node in (0, 1):  # the setting is per network namespace: each "machine" sets its own
+        done = lab.run(node, ["sysctl", "-w", "net.ipv4.tcp_retries2=5"], timeout=10)
+        assert done.returncode == 0, done.stderr
+    job, lost_at = _lose_node1(lab, tmp_path, "cut")
+    node0, node1 = job.wait(lost_at + LOST_WITHIN_S)
+    for r in (node0, node1):
+        took = r.seconds - lost_at
+        print(f"\nnode{r.node} exited rc={r.returncode} {took:.1f}s after the cut")
+        assert r.returncode not in (0, None) and took < LOST_WITHIN_S, (took, r.output[-3000:])
+        other = lab.addr(1 - r.node)
+        assert "DistributedError" in r.output and other in r.output, r.output[-3000:]

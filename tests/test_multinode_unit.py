@@ -99,6 +99,17 @@ def test_a_lost_connection_is_a_distributed_error_naming_the_peer(message):
         ProcessGroupComm().run("gradient all-reduce", fails)
 
 
+def test_a_tcp_timeout_names_the_peer_and_is_not_called_timeout_s():
+    def fails() -> None:
+        raise RuntimeError(
+            "[../gloo/transport/tcp/pair.cc:537] Read error [10.1.2.3]:32671: Connection timed out"
+        )
+
+    with pytest.raises(DistributedError, match=r"connection to the peer at 10\.1\.2\.3 timed out in") as e:
+        ProcessGroupComm(timeout_s=1800).run("gradient all-reduce", fails)
+    assert "within timeout_s" not in str(e.value)
+
+
 def test_other_errors_pass_through():
     def fails() -> None:
         raise RuntimeError("shape mismatch")
