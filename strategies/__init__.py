@@ -25,7 +25,8 @@ STRATEGIES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 #: Trainer options a strategy takes when its constructor left them unset
 FILLED = ("accelerator", "precision", "devices", "num_nodes", "sync_batchnorm")
-DEFAULTS = {
+DEFAULTS = {  # TrainerConfig's defaults (kept equal by tests/test_strategy_base.py; importing trainer.options
+    # here would close an import cycle through its checks, which look strategies up)
     "accelerator": "auto",
     "precision": "32-true",
     "devices": "auto",

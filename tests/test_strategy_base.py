@@ -111,3 +111,13 @@ def test_calling_a_per_task_step_method_keeps_no_task_alive():
     del task
     gc.collect()
     assert alive() is None
+
+
+def test_the_filled_defaults_are_the_trainers():
+    """strategies.DEFAULTS repeats TrainerConfig's defaults of the options a strategy takes from the Trainer."""
+    from dataclasses import fields
+
+    from strategies import DEFAULTS, FILLED
+    from trainer.options import TrainerConfig
+
+    assert DEFAULTS == {f.name: f.default for f in fields(TrainerConfig) if f.name in FILLED}
