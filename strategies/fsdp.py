@@ -197,6 +197,10 @@ class _FSDPCheckpointIO(ShardedCheckpointIO):
         super().__init__(full)
         self._strategy = strategy
 
+    @property
+    def saves_window_grads(self) -> bool:  # type: ignore[override]
+        return not self._strategy.sharded
+
     def window_grads(self, task: torch.nn.Module) -> list[torch.Tensor | None]:
         if self._strategy.sharded:
             raise CheckpointError(

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from callbacks import Callback
+from callbacks import Callback, EarlyStopping
 from strategies.ddp import DDPStrategy
 from strategies.fsdp import FSDPStrategy
 from tests.conftest import FAST, run_distributed
@@ -135,6 +135,9 @@ def _in_group(rank: int, world: int) -> dict[str, object]:
     manual = Manual()
     _fit(manual, FSDPStrategy(wrap=[Block]), world)
     out["manual"] = full_state(manual)
+    stopped = Tower(opt="sgd")  # EarlyStopping: the ranks agree to stop after epoch 0's validation
+    trainer = _fit(stopped, FSDPStrategy(wrap=[Block]), world, [_never_better()])
+    out["early_stop"] = (trainer.global_step, full_state(stopped))
     own = ShardsItself(opt="sgd", lr=0.05)
     trainer = _fit(own, FSDPStrategy(wrap=[Block]), world)
     out["own"], out["own_units"] = full_state(own), trainer.strategy.units
@@ -144,6 +147,10 @@ def _in_group(rank: int, world: int) -> dict[str, object]:
         except Exception as e:  # every rank raises at its first step, before any collective of that step
             out[name] = f"{type(e).__name__}: {e}"
     return out
+
+
+def _never_better() -> EarlyStopping:
+    return EarlyStopping(monitor="val/loss", patience=0, min_delta=10.0)
 
 
 @functools.cache
@@ -183,6 +190,10 @@ def test_fsdp_equals_one_process_and_holds_a_1_over_n_share(world):
         torch.testing.assert_close(r["predictions"], expected, atol=1e-6, rtol=0)
         for k, v in _manual_single().items():
             torch.testing.assert_close(r["manual"][k], v, atol=1e-6, rtol=0)
+        steps, stopped = r["early_stop"]
+        assert steps == 4  # one epoch of the two
+        for k, v in _early_stop_single().items():
+            torch.testing.assert_close(stopped[k], v, atol=1e-6, rtol=0)
         assert r["own_units"] == ["", "blocks.0", "blocks.1"]  # configure_model's units, not wrap=[Block]
         for k, v in _single("sgd")[0].items():
             torch.testing.assert_close(r["own"][k], v, atol=1e-6, rtol=0)
@@ -257,3 +268,34 @@ def test_hybrid_sharding_shards_within_a_node_and_replicates_across():
         assert r["mesh"] == ("replicate", "shard") and r["placements"] == ["Replicate()", "Shard(dim=0)"]
         for k, v in _single("sgd")[0].items():
             torch.testing.assert_close(r["weights"][k], v, atol=1e-6, rtol=0)
+
+
+@functools.cache
+def _early_stop_single() -> dict[str, torch.Tensor]:
+    task = Tower(opt="sgd")
+    assert _fit(task, "single", 1, [_never_better()]).global_step == 4
+    return {k: v.detach().clone() for k, v in task.state_dict().items()}
+
+
+def _validates_inside_windows(rank: int, world: int) -> str:
+    trainer = Trainer(
+        strategy=FSDPStrategy(wrap=[Block]),
+        devices=world,
+        max_epochs=1,
+        accumulate_grad_batches=2,
+        val_check_interval=3,
+        **FAST,
+    )
+    data = make_data()
+    try:
+        trainer.fit(Tower(opt="sgd"), DataLoader(data, batch_size=4), DataLoader(data, batch_size=5))
+    except ConfigError as e:
+        return f"{str(e)} (step {trainer.global_step})"
+    return "trained"
+
+
+def test_validation_inside_accumulation_windows_is_refused_before_training():
+    """FSDP keeps a window's gradients where no checkpoint reaches them: a validation there (and its
+    ModelCheckpoint or a stop signal) would fail mid-run, so fit refuses it at the start."""
+    for said in run_distributed(_validates_inside_windows, world_size=2, timeout=120):
+        assert "make val_check_interval a multiple of 2" in said and said.endswith("(step 0)"), said

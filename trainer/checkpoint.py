@@ -11,7 +11,7 @@ import torch
 
 from trainer.checkpoint_io import META, atomic_save, check_compatible, checkpoint_io, load, resumable
 from trainer.ckpt_format import decode, encode, missing
-from trainer.errors import CheckpointError
+from trainer.errors import CheckpointError, ConfigError
 from trainer.optim import step_schedulers
 
 if TYPE_CHECKING:
@@ -273,3 +273,16 @@ def stop_path(t: Trainer) -> str:
 
 
 __all__ = ["atomic_save", "check_compatible", "find_last", "load", "restore", "save"]
+
+
+def check_window_saves(t: Trainer, val_every: int) -> None:
+    """Refuse, before training, a validation inside accumulation windows where the strategy cannot save
+    one (ModelCheckpoint on validation, or a stop signal during it, would fail there mid-run)."""
+    k = t.config.accumulate_grad_batches
+    automatic = t.task is not None and t.task.automatic_optimization
+    if automatic and k > 1 and val_every % k and not checkpoint_io(t.strategy).saves_window_grads:
+        raise ConfigError(
+            f"strategy={t.strategy.name!r} cannot save a checkpoint inside a gradient accumulation window, "
+            f"but validation every {val_every} training batches falls inside windows of "
+            f"accumulate_grad_batches={k}: make val_check_interval a multiple of {k}."
+        )

@@ -49,6 +49,7 @@ class CheckpointIO:
     """One file written by rank 0 with the task's and the optimizers' own ``state_dict()``."""
 
     mmap = False  # read files memory-mapped (each rank then keeps only what it copies out)
+    saves_window_grads = True  # False: no checkpoint can be taken inside an accumulation window
 
     def collect(
         self, task: torch.nn.Module, optimizers: list[torch.optim.Optimizer] | None

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer.checkpoint import check_window_saves
 from trainer.data import SkipBatchSampler, rebuild, rebuildable, set_epoch
 from trainer.errors import TaskError
 from trainer.evaluation import run_eval
@@ -59,6 +60,7 @@ def train_epoch(t: Trainer) -> None:
     k = cfg.accumulate_grad_batches
     optimizer = t.optimizers[0] if task.automatic_optimization else None
     val_every = _val_check_batches(t) if _should_validate(t) else 0  # check_val_every_n_epoch gates it too
+    check_window_saves(t, val_every)
     set_epoch(t.train_dataloader, state.epoch)
     task.train()
     state.phase = "train"
