@@ -125,26 +125,24 @@ class ProcessGroupComm(Comm):
     def translate(self, op: str, e: RuntimeError) -> Exception:
         """The DistributedError for a failed collective (or `e` itself when it is no communication failure)."""
         text, me = str(e), f"rank {self.rank}/{self.world_size}"
-        lower = text.lower()
+        lower, detail = text.lower(), text.strip()[-300:]
+        peer = _PEER.search(text)
+        who = f"the peer at {peer.group(1) or peer.group(2)}" if peer else "a peer"
         if any(s in lower for s in _LOST):
-            peer = _PEER.search(text)
-            who = f"the peer at {peer.group(1) or peer.group(2)}" if peer else "a peer"
             return DistributedError(
-                f"{me}: {op} failed at once: the connection to {who} was lost ({text.strip()[-300:]}). "
+                f"{me}: {op} failed at once: the connection to {who} was lost ({detail}). "
                 "That rank's process or node has probably died or was cut off the network: look at its "
                 "output (its own error comes first)."
             )
         if "connection timed out" in lower:  # the kernel's ETIMEDOUT: the peer stopped acknowledging
-            peer = _PEER.search(text)
-            who = f"the peer at {peer.group(1) or peer.group(2)}" if peer else "a peer"
             return DistributedError(
-                f"{me}: {op} failed: the connection to {who} timed out in the network ({text.strip()[-300:]}): "
+                f"{me}: {op} failed: the connection to {who} timed out in the network ({detail}): "
                 "that node stopped answering (cut off the network or powered off). TCP gave up on it after "
                 "its retransmissions (net.ipv4.tcp_retries2), well before timeout_s."
             )
         if any(s in lower for s in ("timed out", "timeout")):
             return DistributedError(
-                f"{me}: {op} did not complete within timeout_s={self.timeout_s:g}s ({text.strip()[-300:]}). "
+                f"{me}: {op} did not complete within timeout_s={self.timeout_s:g}s ({detail}). "
                 "Another rank has probably failed or is stuck: look at its output; raise "
                 "DDPStrategy(timeout_s=...) if its steps are legitimately this slow."
             )

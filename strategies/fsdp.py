@@ -202,7 +202,7 @@ class _FSDPCheckpointIO(ShardedCheckpointIO):
         return not self._strategy.sharded
 
     def window_grads(self, task: torch.nn.Module) -> list[torch.Tensor | None]:
-        if self._strategy.sharded:
+        if not self.saves_window_grads:
             raise CheckpointError(
                 "strategy='fsdp' cannot checkpoint inside a gradient accumulation window; save at optimizer "
                 "steps (ModelCheckpoint(every_n_train_steps=...) or per epoch) rather than by time."

@@ -136,7 +136,7 @@ def _in_group(rank: int, world: int) -> dict[str, object]:
     _fit(manual, FSDPStrategy(wrap=[Block]), world)
     out["manual"] = full_state(manual)
     stopped = Tower(opt="sgd")  # EarlyStopping: the ranks agree to stop after epoch 0's validation
-    trainer = _fit(stopped, FSDPStrategy(wrap=[Block]), world, [_never_better()])
+    trainer = _fit(stopped, FSDPStrategy(wrap=[Block]), world, [_stop_at_first_validation()])
     out["early_stop"] = (trainer.global_step, full_state(stopped))
     own = ShardsItself(opt="sgd", lr=0.05)
     trainer = _fit(own, FSDPStrategy(wrap=[Block]), world)
@@ -149,7 +149,7 @@ def _in_group(rank: int, world: int) -> dict[str, object]:
     return out
 
 
-def _never_better() -> EarlyStopping:
+def _stop_at_first_validation() -> EarlyStopping:
     return EarlyStopping(monitor="val/loss", stopping_threshold=1e9)  # met at the first validation
 
 
@@ -273,7 +273,7 @@ def test_hybrid_sharding_shards_within_a_node_and_replicates_across():
 @functools.cache
 def _early_stop_single() -> dict[str, torch.Tensor]:
     task = Tower(opt="sgd")
-    assert _fit(task, "single", 1, [_never_better()]).global_step == 4
+    assert _fit(task, "single", 1, [_stop_at_first_validation()]).global_step == 4
     return {k: v.detach().clone() for k, v in task.state_dict().items()}
 
 
