@@ -56,9 +56,19 @@ class FSDPStrategy(ProcessGroupStrategy):
         process_group_backend: str | None = None,
         timeout_s: float = 1800.0,
         max_restarts: int = 0,
+        sync_batchnorm: bool | None = None,
+        peer_timeout_s: float | None = 20.0,
     ) -> None:
         super().__init__(
-            accelerator, devices, precision, num_nodes, process_group_backend, timeout_s, max_restarts
+            accelerator,
+            devices,
+            precision,
+            num_nodes,
+            process_group_backend,
+            timeout_s,
+            max_restarts,
+            sync_batchnorm,
+            peer_timeout_s,
         )
         if min_params < 1:
             raise ConfigError(f"FSDPStrategy(min_params={min_params}) must be at least 1.")

@@ -221,6 +221,19 @@ def test_fsdp_is_a_strategy_name_with_the_trainers_settings():
     assert trainer.strategy.devices == 2 and trainer.strategy.precision == "bf16-mixed"
 
 
+def test_fsdp_takes_the_process_group_settings_ddp_takes():
+    """Every setting of the shared process-group base is a keyword of FSDPStrategy too (multi-node fsdp
+    needs peer_timeout_s, the heartbeat's limit, as ddp does)."""
+    import inspect
+
+    from strategies.process_group import ProcessGroupStrategy
+
+    base = set(inspect.signature(ProcessGroupStrategy).parameters)
+    assert base <= set(inspect.signature(FSDPStrategy).parameters)
+    s = FSDPStrategy(peer_timeout_s=5.0, sync_batchnorm=True, timeout_s=60.0)
+    assert (s.peer_timeout_s, s.sync_batchnorm, s.timeout_s) == (5.0, True, 60.0)
+
+
 @pytest.mark.parametrize(
     ("strategy", "precision", "message"),
     [
