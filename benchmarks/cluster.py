@@ -32,14 +32,15 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from strategies.costmodel import LinkCost, best_buckets, buckets_for_cap, predict, sweep_caps  # noqa: E402
-from strategies.reducer import AUTO_ITERATIONS, Reducer  # noqa: E402
+from strategies.costmodel import LinkCost, best_layout, buckets_for_cap, predict, sweep_caps  # noqa: E402
+from strategies.reducer import AUTO_ITERATIONS, TRIAL_ITERATIONS, Reducer  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "cluster.json")
 PLOT = os.path.join(ROOT, "docs", "img", "cluster_costmodel.png")
 RATES = ("unlimited", "1gbit", "300mbit", "100mbit")
 METHODS = ("tandem_auto", "tandem_cap25", "torch_ddp", "flat", "no_comm")
 PORT = 29517
+WARMUP_STEPS = AUTO_ITERATIONS + TRIAL_ITERATIONS + 2
 
 
 def one_bucket() -> nn.Module:
@@ -76,8 +77,8 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], int, int]] = {  # builder, batc
 # ------------------------------------------------------------------------------------------ worker
 
 
-def _time_method(method: str, name: str, steps: int) -> dict:
-    """ms/step of one method on one model (same weights and batches on every method)."""
+def _method(method: str, name: str) -> tuple[Callable[[], None], dict[str, list[float]], Reducer | None]:
+    """One method's copy of the model (same weights and batches for every method) and its step."""
     build, batch, width = MODELS[name]
     torch.manual_seed(0)
     model = build()
@@ -124,27 +125,41 @@ def _time_method(method: str, name: str, steps: int) -> dict:
             parts[key].append(value)
         parts["step"].append(t4 - t0)
 
-    for _ in range(AUTO_ITERATIONS + 2):  # warm-up; "auto" measures and rebuilds in here
-        one_step()
+    return one_step, parts, reducer
+
+
+def _time_model(name: str, steps: int) -> dict:
+    """ms/step of every method on one model. Each warms up alone ("auto" measures, tries and decides in
+    its warm-up, from steps run back to back as in training); then the methods take turns, one timed
+    step each, so that a change in the machine's load falls on all of them alike."""
+    runs = {m: _method(m, name) for m in METHODS}
+    for step, _, _ in runs.values():
+        for _ in range(WARMUP_STEPS):
+            step()
     dist.barrier()
-    for p in parts.values():
-        p.clear()
+    for _, parts, _ in runs.values():
+        for p in parts.values():
+            p.clear()
     for _ in range(steps):
-        one_step()
-    out = {k: 1e3 * statistics.median(v) for k, v in parts.items()}
-    if reducer is not None:
-        out["bucket_mb"] = [s.nbytes / 2**20 for s in reducer.stats]
-    if reducer is not None and reducer.auto is not None:
-        out["auto"] = dataclasses.asdict(reducer.auto)
-        out["sizes"] = [p.numel() * p.element_size() for p in reducer.params]
-    return out
+        for step, _, _ in runs.values():
+            step()
+    results = {}
+    for method, (_, parts, reducer) in runs.items():
+        out = {k: 1e3 * statistics.median(v) for k, v in parts.items()}
+        if reducer is not None:
+            out["bucket_mb"] = [s.nbytes / 2**20 for s in reducer.stats]
+        if reducer is not None and reducer.auto is not None:
+            out["auto"] = dataclasses.asdict(reducer.auto)
+            out["sizes"] = [p.numel() * p.element_size() for p in reducer.params]
+        results[method] = out
+    return results
 
 
 def worker(models: list[str], steps: int, out_path: str) -> None:
     """One rank: every model, every method; rank 0 writes the results."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    results = {name: {m: _time_method(m, name, steps) for m in METHODS} for name in models}
+    results = {name: _time_model(name, steps) for name in models}
     if dist.get_rank() == 0:
         with open(out_path, "w") as f:
             json.dump(results, f)
@@ -197,6 +212,12 @@ def run_rate(rate: str, models: list[str], steps: int, timeout: float) -> dict:
             return json.load(f)
 
 
+def _cost(a: dict) -> LinkCost:
+    """The cost model auto fitted (older result files have no CPU share: none)."""
+    cpu = (a.get("cpu_alpha_s", 0.0), a.get("cpu_beta_s", 0.0), a.get("compute_rate", 1.0))
+    return LinkCost(a["alpha_s"], a["beta_s"], *cpu)
+
+
 def summarise(results: dict) -> list[dict]:
     """One row per (rate, model): ms/step per method, gains, and the cost model's prediction."""
     rows = []
@@ -215,10 +236,18 @@ def summarise(results: dict) -> list[dict]:
                 auto_buckets_mb=auto.get("bucket_mb"),
             )
             if a is not None:
+                # the layout auto ended with: its choice, or the 25 MB one (kept, or back after the trial)
+                in_use = a[
+                    "predicted_step_s_cap25" if a["kept_cap25"] or a.get("reverted") else "predicted_step_s"
+                ]
                 row.update(
-                    predicted_auto=1e3 * a["predicted_step_s"],
+                    predicted_auto=1e3 * in_use,
                     predicted_cap25=1e3 * a["predicted_step_s_cap25"],
-                    error_auto=1e3 * a["predicted_step_s"] / auto["step"] - 1,
+                    predicted_choice=1e3 * a["predicted_step_s"],
+                    trial="-" if a["kept_cap25"] else ("reverted" if a.get("reverted") else "kept"),
+                    cpu_share_ms=[1e3 * v for v in a.get("probes_cpu_s", {}).values()],
+                    compute_rate=a.get("compute_rate", 1.0),
+                    error_auto=1e3 * in_use / auto["step"] - 1,
                     error_cap25=1e3 * a["predicted_step_s_cap25"] / m["tandem_cap25"]["step"] - 1,
                     alpha_us=1e6 * a["alpha_s"],
                     mb_per_s=1 / a["beta_s"] / 1e6 if a["beta_s"] else float("inf"),
@@ -228,7 +257,7 @@ def summarise(results: dict) -> list[dict]:
 
 
 def print_table(rows: list[dict]) -> None:
-    head = "| rate | model | auto | cap 25 | torch DDP | flat | no comm | gain auto | gain 25 | ideal | pred auto (err) | pred 25 (err) | auto buckets MB |"
+    head = "| rate | model | auto | cap 25 | torch DDP | flat | no comm | auto/25 | gain auto | gain 25 | ideal | pred auto (err) | pred 25 (err) | trial | auto buckets MB |"
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     for r in rows:
@@ -239,8 +268,8 @@ def print_table(rows: list[dict]) -> None:
         buckets = ", ".join(f"{mb:.2f}" for mb in r["auto_buckets_mb"] or [])
         print(
             f"| {r['rate']} | {r['model']} | {r['tandem_auto']:.1f} | {r['tandem_cap25']:.1f} | {r['torch_ddp']:.1f} |"
-            f" {r['flat']:.1f} | {r['no_comm']:.1f} | {r['gain_auto']:.2f} | {r['gain_cap25']:.2f} |"
-            f" {r['gain_ideal']:.2f} | {pred[0]} | {pred[1]} | {buckets} |"
+            f" {r['flat']:.1f} | {r['no_comm']:.1f} | {r['auto_vs_cap25']:.3f} | {r['gain_auto']:.2f} |"
+            f" {r['gain_cap25']:.2f} | {r['gain_ideal']:.2f} | {pred[0]} | {pred[1]} | {r.get('trial', '-')} | {buckets} |"
         )
 
 
@@ -253,7 +282,7 @@ def curves(results: dict) -> dict:
             a = m["tandem_auto"].get("auto")
             if a is None:
                 continue
-            ready, sizes, cost = a["ready_s"], m["tandem_auto"]["sizes"], LinkCost(a["alpha_s"], a["beta_s"])
+            ready, sizes, cost = a["ready_s"], m["tandem_auto"]["sizes"], _cost(a)
             order = [i for b in a["buckets"] for i in b]
             key = f"{rate}/{name}"
             sweep = sweep_caps(ready, sizes, order, cost, 2, caps, forward_s=a["outside_s"])
@@ -261,7 +290,7 @@ def curves(results: dict) -> dict:
             by_world = {"auto": [], "cap25": []}
             for p in worlds:
                 for label, buckets in (
-                    ("auto", best_buckets(ready, sizes, order, cost, p)),
+                    ("auto", best_layout(ready, sizes, order, cost, p, None, a["outside_s"])),
                     ("cap25", buckets_for_cap(sizes, order, 25.0)),
                 ):
                     by_world[label].append(
@@ -305,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=5, help="timed steps per method (after the warm-up)")
     p.add_argument("--timeout", type=float, default=400.0, help="seconds per rate")
     p.add_argument("--replot", action="store_true", help="only redraw the plot from the JSON")
+    p.add_argument("--results", default=RESULTS, help="where to write (or, with --replot, read) the JSON")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -312,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         worker(args.models, args.steps, args.out)
         return 0
     if args.replot:
-        with open(RESULTS) as f:
+        with open(args.results) as f:
             plot(json.load(f)["curves"])
         return 0
     from benchmarks.lab import unavailable
@@ -329,12 +359,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = summarise(results)
     print_table(rows)
     c = curves(results)
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    with open(RESULTS, "w") as f:
+    os.makedirs(os.path.dirname(os.path.abspath(args.results)), exist_ok=True)
+    with open(args.results, "w") as f:
         json.dump(
             {"started": started, "steps": args.steps, "rows": rows, "curves": c, "raw": results}, f, indent=1
         )
-    print(f"wrote {RESULTS}")
+    print(f"wrote {args.results}")
     plot(c)
     return 0
 

@@ -31,7 +31,11 @@ class AutoBuckets:
 
     alpha_s: float  # all-reduce latency per message (alpha-beta model)
     beta_s: float  # all-reduce seconds per byte
+    cpu_alpha_s: float  # ... the part of alpha that needs the rank's CPU (waits while backward runs)
+    cpu_beta_s: float  # ... and of beta
+    compute_rate: float  # backward's speed while an all-reduce is in flight (1: unaffected)
     probes: dict[int, float]  # probe bytes -> seconds of one all-reduce (fastest repetition)
+    probes_cpu_s: dict[int, float]  # probe bytes -> seconds of it that did not progress next to compute
     ready_s: list[float]  # per parameter: when its gradient was ready, seconds after backward started
     backward_s: float  # when the last gradient was ready
     outside_s: float  # between two backwards: optimizer step, zero_grad and forward
@@ -39,7 +43,10 @@ class AutoBuckets:
     bucket_mb: list[float]  # their sizes
     predicted_step_s: float  # cost-model step time with the chosen buckets
     predicted_step_s_cap25: float  # ... and with the fixed default cap of 25 MB
-    kept_cap25: bool  # the predicted gain was under AUTO_MIN_GAIN: the 25 MB buckets were kept
+    kept_cap25: bool  # the predicted gain was under AUTO_MIN_GAIN: the 25 MB buckets were kept, no trial
+    sync_s_cap25: float  # median backward + finalize with the 25 MB buckets (rank 0)
+    sync_s_trial: float | None = None  # ... with the chosen buckets, during the trial (None: no trial)
+    reverted: bool = False  # the trial was not faster: the 25 MB buckets are back
 
 
 @dataclass(slots=True)

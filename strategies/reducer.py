@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import logging
-import statistics
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -15,20 +13,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from strategies.autotune import AUTO_ITERATIONS, AUTO_MIN_GAIN, TRIAL_ITERATIONS, AutoTuner
 from strategies.buckets import AutoBuckets, BucketLayout, BucketStats, assign_buckets
-from strategies.costmodel import LinkCost, choose_buckets, predict
 from trainer.errors import DistributedError
 
-__all__ = ["AutoBuckets", "BucketStats", "Reducer", "assign_buckets"]
+__all__ = ["AUTO_ITERATIONS", "AUTO_MIN_GAIN", "TRIAL_ITERATIONS", "AutoBuckets", "BucketStats", "Reducer"]
+__all__ += ["assign_buckets"]
 
 _MB = 1024 * 1024
-AUTO_ITERATIONS = 3  # bucket_cap_mb="auto": backwards measured (the first is a warm-up) before the rebuild
-PROBE_BYTES = (4096, 4 * _MB)  # all-reduce sizes whose times give alpha and beta
-PROBE_REPEATS = 5
-# "auto" leaves the 25 MB buckets unless the model predicts a step at least this much faster: on a busy
-# CPU its predictions are off by 10-40% (docs/benchmarks.md), and a wrong switch costs as much as it gains
-AUTO_MIN_GAIN = 0.10
-_log = logging.getLogger(__name__)
 _COMPRESS = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -76,11 +68,11 @@ class Reducer:
             raise DistributedError("Reducer needs a process group: call dist.init_process_group first")
         if comm_hook not in (None, *_COMPRESS):
             raise DistributedError(f"unknown comm_hook {comm_hook!r}: use None, 'fp16' or 'bf16'")
-        # "auto": start with 25 MB buckets, measure, then rebuild once with the cost model's choice
-        self._auto = bucket_cap_mb == "auto"
-        if isinstance(bucket_cap_mb, str) and not self._auto:
+        # "auto": start with 25 MB buckets, measure, then try the cost model's choice (strategies/autotune.py)
+        auto = bucket_cap_mb == "auto"
+        if isinstance(bucket_cap_mb, str) and not auto:
             raise DistributedError(f"bucket_cap_mb must be a number of MB or 'auto', not {bucket_cap_mb!r}")
-        bucket_cap_mb = 25.0 if self._auto else bucket_cap_mb
+        bucket_cap_mb = 25.0 if auto else bucket_cap_mb
         if bucket_cap_mb <= 0 or first_bucket_cap_mb <= 0:
             raise DistributedError("bucket_cap_mb and first_bucket_cap_mb must be positive")
         self.module, self.process_group = module, process_group
@@ -104,13 +96,13 @@ class Reducer:
 
         n = len(self.params)
         self._lock = threading.Lock()  # hooks may run on several autograd device threads
-        self._sync, self._armed, self._rebuilt = True, False, not (rebuild_buckets or self._auto)
+        self._sync, self._armed, self._rebuilt = True, False, not (rebuild_buckets or auto)
         # backwards to finalize before the rebuild; "auto" measures a few of them first
-        self._rebuild_after, self._iterations = (AUTO_ITERATIONS if self._auto else 1), 0
-        self._ready_times: list[list[float]] = []  # auto: per measured backward, when each gradient was ready
-        self._outside: list[float] = []  # auto: seconds from one finalize to the next prepare_for_backward
-        self._finalized_at: float | None = None
-        self.auto: AutoBuckets | None = None  # what "auto" measured and chose, once it has
+        self._rebuild_after, self._iterations = (AUTO_ITERATIONS if auto else 1), 0
+        tuned = auto and self.world_size > 1
+        self._tuner = (
+            AutoTuner(process_group, self._src, self.world_size, len(self.params)) if tuned else None
+        )
         self._record: list[int] | None = None  # gradient-ready order, recorded until the rebuild
         self._ready, self._used = [False] * n, [0] * n
         self._used_t: torch.Tensor | None = None
@@ -131,6 +123,11 @@ class Reducer:
             p.register_post_accumulate_grad_hook(functools.partial(self._on_grad_ready, i))
             for i, p in enumerate(self.params)
         ]
+
+    @property
+    def auto(self) -> AutoBuckets | None:
+        """What bucket_cap_mb="auto" measured and chose, once it has (None before, or without "auto")."""
+        return self._tuner.result if self._tuner is not None else None
 
     @property
     def bucket_indices(self) -> list[list[int]]:
@@ -165,8 +162,6 @@ class Reducer:
         self._armed, self._next, self._used_work = True, 0, None
         self._ready = [False] * len(self.params)
         self._record = None if self._rebuilt else []
-        if self._record is not None and self._auto:
-            self._ready_times.append([float("nan")] * len(self.params))
         self.stats, self.last_grad_s = self._layout.new_stats(), 0.0
         for b in self._layout.buckets:
             b.pending, b.work = len(b.params), None
@@ -181,8 +176,8 @@ class Reducer:
         if self.gradient_as_bucket_view:
             self._layout.attach_views()
         self._t0 = time.perf_counter()
-        if self._record is not None and self._auto and self._finalized_at is not None:
-            self._outside.append(self._t0 - self._finalized_at)
+        if self._tuner is not None:
+            self._tuner.begin(self._t0, measuring=self._record is not None)
         for i in unused:
             self._mark_ready(i)
 
@@ -221,8 +216,8 @@ class Reducer:
             self.last_grad_s = time.perf_counter() - self._t0
             if self._record is not None:
                 self._record.append(i)
-                if self._auto:
-                    self._ready_times[-1][i] = self.last_grad_s
+                if self._tuner is not None:
+                    self._tuner.ready(i, self.last_grad_s)
             self._mark_ready(i)
 
     def _mark_ready(self, i: int) -> None:
@@ -282,9 +277,10 @@ class Reducer:
             )
         self._layout.write_grads(used)
         self._iterations += 1
+        if self._tuner is not None:
+            self._tuner.end(self._t0, self._layout)
         if not self._rebuilt and self._iterations >= self._rebuild_after:
             self._rebuild()
-        self._finalized_at = time.perf_counter()
 
     def _rebuild(self) -> None:
         """Rebuild the buckets once, in rank 0's observed gradient-ready order, identically on every rank."""
@@ -293,89 +289,12 @@ class Reducer:
         seen = set(record)
         order = record + [i for i in reversed(range(len(self.params))) if i not in seen]
         device = self._layout.buckets[0].buf.device
-        if self._auto and self.world_size > 1:
-            self._rebuild_auto(order, device)
+        if self._tuner is not None:
+            self._tuner.plan(order, self._layout, device)
             return
         order_t = torch.tensor(order, dtype=torch.int64, device=device)
         dist.broadcast(order_t, src=self._src, group=self.process_group)
         self._layout.build(order_t.tolist())
-
-    def _probe(self, device: torch.device) -> dict[int, float]:
-        """Seconds of one all-reduce of each PROBE_BYTES size (fastest of a few, after a warm-up)."""
-        times = {}
-        for nbytes in PROBE_BYTES:
-            t = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
-            samples = []
-            for _ in range(PROBE_REPEATS + 1):
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                start = time.perf_counter()
-                dist.all_reduce(t, group=self.process_group)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                samples.append(time.perf_counter() - start)
-            times[nbytes] = min(samples[1:])  # the minimum: a late peer only ever adds time
-        return times
-
-    def _rebuild_auto(self, order: list[int], device: torch.device) -> None:
-        """Measure the link, let rank 0 pick buckets with the cost model, and build them on every rank."""
-        n, probes, nan = len(self.params), self._probe(device), float("nan")
-        small, large = PROBE_BYTES
-        cost = LinkCost.fit((small, probes[small]), (large, probes[large]), self.world_size)
-        measured = self._ready_times[1:] or self._ready_times  # the first backward is a warm-up
-        # per parameter the median over the measured backwards; never ready (unused): end of backward
-        ready = [statistics.median([r[i] for r in measured if r[i] == r[i]] or [nan]) for i in range(n)]
-        backward = max((t for t in ready if t == t), default=0.0)
-        ready = [backward if t != t else t for t in ready]
-        sizes, keys, me = self._layout.sizes, self._layout.keys, dist.get_rank(self.process_group)
-        outside = statistics.median(self._outside) if self._outside else 0.0
-        # one broadcast from rank 0 carries everything the ranks must agree on
-        plan = torch.zeros(4 * n + 4, dtype=torch.float64, device=device)
-        if me == 0:
-            fixed = assign_buckets(sizes, keys, order, self._layout.first_cap, self._layout.cap)
-            buckets = choose_buckets(
-                ready, sizes, order, cost, self.world_size, keys, fixed, outside, AUTO_MIN_GAIN
-            )
-            plan[:n] = torch.tensor(order, dtype=torch.float64)
-            plan[n : 2 * n] = torch.tensor([i for b in buckets for i in b], dtype=torch.float64)
-            plan[2 * n : 3 * n] = torch.tensor(
-                [k for k, b in enumerate(buckets) for _ in b], dtype=torch.float64
-            )
-            plan[3 * n : 4 * n] = torch.tensor(ready, dtype=torch.float64)
-            plan[4 * n :] = torch.tensor([cost.alpha, cost.beta, outside, len(buckets)], dtype=torch.float64)
-        dist.broadcast(plan, src=self._src, group=self.process_group)
-        values = plan.tolist()
-        order, flat = [int(v) for v in values[:n]], [int(v) for v in values[n : 2 * n]]
-        owner, ready = [int(v) for v in values[2 * n : 3 * n]], values[3 * n : 4 * n]
-        alpha, beta, outside, count = values[4 * n :]
-        buckets: list[list[int]] = [[] for _ in range(int(count))]
-        for i, k in zip(flat, owner):
-            buckets[k].append(i)
-        self._layout.build_groups(buckets)
-        cost = LinkCost(alpha, beta)
-        fixed = assign_buckets(sizes, keys, order, self._layout.first_cap, self._layout.cap)
-        self.auto = AutoBuckets(
-            alpha_s=alpha,
-            beta_s=beta,
-            probes=probes,
-            ready_s=ready,
-            backward_s=max(ready),
-            outside_s=outside,
-            buckets=buckets,
-            bucket_mb=[sum(sizes[i] for i in b) / _MB for b in buckets],
-            predicted_step_s=predict(ready, sizes, buckets, cost, self.world_size, outside).step_s,
-            predicted_step_s_cap25=predict(ready, sizes, fixed, cost, self.world_size, outside).step_s,
-            kept_cap25=buckets == fixed,
-        )
-        self._ready_times, self._outside = [], []
-        if me == 0:
-            a, kept = self.auto, f" (kept: gain under {AUTO_MIN_GAIN:.0%})" if self.auto.kept_cap25 else ""
-            _log.info(
-                f"bucket_cap_mb='auto': all-reduce alpha {a.alpha_s * 1e6:.1f} us, {1e-6 / max(a.beta_s, 1e-15):.1f}"
-                f" MB/s; backward {a.backward_s * 1e3:.1f} ms; buckets of {', '.join(f'{mb:.2f}' for mb in a.bucket_mb)}"
-                f" MB{kept}; predicted step {a.predicted_step_s * 1e3:.1f} ms, {a.predicted_step_s_cap25 * 1e3:.1f}"
-                " ms with 25 MB buckets"
-            )
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:

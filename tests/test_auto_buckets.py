@@ -1,8 +1,9 @@
-"""bucket_cap_mb="auto": measured, decided on rank 0, identical on every rank, built once, grads as torch DDP."""
+"""bucket_cap_mb="auto": measured, decided on rank 0, identical on every rank, tried then kept or undone, grads as torch DDP."""
 
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 import torch
@@ -13,10 +14,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from strategies.buckets import BucketLayout
 from strategies.costmodel import LinkCost, buckets_for_cap, choose_buckets
 from strategies.ddp import DDPStrategy
-from strategies.reducer import AUTO_ITERATIONS, AUTO_MIN_GAIN, Reducer
+from strategies.reducer import AUTO_ITERATIONS, AUTO_MIN_GAIN, TRIAL_ITERATIONS, Reducer
 from trainer.errors import ConfigError, DistributedError
 
-STEPS = AUTO_ITERATIONS + 2
+STEPS = AUTO_ITERATIONS + TRIAL_ITERATIONS + 1
 
 
 class Deep(nn.Module):
@@ -95,19 +96,30 @@ def test_auto_grads_equal_torch_ddp_before_and_after_the_rebuild(runs: list[dict
             assert_grads_close(ours, theirs, what=f"rank {rank} step {step}")
 
 
-def test_auto_measures_then_rebuilds_once_the_same_on_every_rank(runs: list[dict]) -> None:
+def test_auto_measures_then_rebuilds_the_same_on_every_rank(runs: list[dict]) -> None:
+    a0, a1 = runs[0]["auto"], runs[1]["auto"]
+    trial_end = AUTO_ITERATIONS + TRIAL_ITERATIONS - 1  # the step after which a trial is judged
     for result in runs:
         # not decided while measuring, decided from the step after AUTO_ITERATIONS backwards on
         assert result["auto_before"] == [s >= AUTO_ITERATIONS for s in range(STEPS)]
-        assert len(result["builds"]) == 2  # the initial 25 MB layout, then the one rebuild
+        # the initial 25 MB layout, the chosen one, and the 25 MB one again if its trial was not faster
+        assert len(result["builds"]) == (3 if a0.reverted else 2)
         layouts = result["layouts"]
         for step in range(STEPS):
             assert layouts[step][0] == layouts[step][1], f"ranks disagree at step {step}"
         # layouts[s]: after step s; the rebuild happens at the end of step AUTO_ITERATIONS - 1
         assert all(layouts[s][0] == result["builds"][0] for s in range(AUTO_ITERATIONS - 1))
-        assert all(layouts[s][0] == result["builds"][1] for s in range(AUTO_ITERATIONS - 1, STEPS))
-    a0, a1 = runs[0]["auto"], runs[1]["auto"]
+        assert all(layouts[s][0] == result["builds"][1] for s in range(AUTO_ITERATIONS - 1, trial_end))
+        final = result["builds"][-1]
+        assert all(layouts[s][0] == final for s in range(trial_end, STEPS))
     assert (a0.alpha_s, a0.beta_s, a0.buckets, a0.ready_s) == (a1.alpha_s, a1.beta_s, a1.buckets, a1.ready_s)
+    assert (a0.cpu_alpha_s, a0.cpu_beta_s, a0.compute_rate) == (
+        a1.cpu_alpha_s,
+        a1.cpu_beta_s,
+        a1.compute_rate,
+    )
+    assert (a0.sync_s_trial, a0.reverted) == (a1.sync_s_trial, a1.reverted)
+    assert (a0.sync_s_trial is None) == a0.kept_cap25 and a0.sync_s_cap25 > 0
 
 
 def test_auto_choice_is_the_cost_models_on_rank0_measurements(runs: list[dict]) -> None:
@@ -117,11 +129,15 @@ def test_auto_choice_is_the_cost_models_on_rank0_measurements(runs: list[dict]) 
     assert auto.backward_s == max(auto.ready_s) > 0 and auto.outside_s > 0
     order = [i for b in auto.buckets for i in b]
     assert sorted(order) == list(range(len(sizes)))
-    cost, fixed = LinkCost(auto.alpha_s, auto.beta_s), buckets_for_cap(sizes, order, 25.0)
+    cost = LinkCost(auto.alpha_s, auto.beta_s, auto.cpu_alpha_s, auto.cpu_beta_s, auto.compute_rate)
+    assert 0 < auto.compute_rate <= 1 and auto.cpu_alpha_s >= 0 and auto.cpu_beta_s >= 0
+    assert all(0 <= auto.probes_cpu_s[n] <= auto.probes[n] for n in auto.probes)
+    fixed = buckets_for_cap(sizes, order, 25.0)
     expected = choose_buckets(auto.ready_s, sizes, order, cost, 2, None, fixed, auto.outside_s, AUTO_MIN_GAIN)
     assert auto.buckets == expected and auto.kept_cap25 == (expected == fixed)
     assert auto.bucket_mb == pytest.approx([sum(sizes[i] for i in b) / 2**20 for b in auto.buckets])
-    assert runs[0]["stats_bytes"] == [sum(sizes[i] for i in b) for b in auto.buckets]
+    in_use = fixed if auto.reverted else auto.buckets
+    assert runs[0]["stats_bytes"] == [sum(sizes[i] for i in b) for b in in_use]
     assert auto.predicted_step_s <= auto.predicted_step_s_cap25 + 1e-12
 
 
@@ -139,3 +155,55 @@ def test_bad_bucket_cap_names_auto() -> None:
 
 def test_bad_bucket_cap_in_reducer(runs: list[dict]) -> None:
     assert runs[0]["bad"] is not None and "'auto'" in runs[0]["bad"]
+
+
+def _trial_run(rank: int, world_size: int, slow: str) -> dict:
+    """auto forced to try two buckets (halves of the ready order; 25 MB holds the model in one after a
+    1 MB first bucket); backward made 100 ms slower with the `slow` layout ("new" or "old")."""
+    import strategies.autotune as autotune
+
+    torch.set_num_threads(1)
+
+    def choose(ready: list[float], sizes: list[int], order: list[int], *rest: object) -> list[list[int]]:
+        return [order[: len(order) // 2], order[len(order) // 2 :]]  # called on rank 0 only
+
+    autotune.choose_buckets = choose
+    model = make(Deep)
+    reducer = Reducer(model, bucket_cap_mb="auto")
+    initial = reducer.bucket_indices
+
+    def delay(grad: torch.Tensor) -> torch.Tensor:
+        tried = reducer.auto is not None and reducer.bucket_indices == reducer.auto.buckets
+        if tried == (slow == "new"):
+            time.sleep(0.1)
+        return grad
+
+    model.layers[0].weight.register_hook(delay)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    layouts = []
+    for step in range(STEPS):
+        ours_step(model, reducer, opt, *_batch(step, rank))
+        layouts.append(reducer.bucket_indices)
+    return {"auto": reducer.auto, "layouts": layouts, "initial": initial}
+
+
+@pytest.mark.parametrize("slow", ["new", "old"])
+def test_a_trial_keeps_the_new_buckets_only_if_they_measured_faster(slow: str) -> None:
+    from conftest import run_distributed
+
+    runs = run_distributed(_trial_run, slow, timeout=300.0)
+    for result in runs:
+        auto, layouts = result["auto"], result["layouts"]
+        n = len(auto.ready_s)
+        assert not auto.kept_cap25 and [len(b) for b in auto.buckets] == [n // 2, n - n // 2]
+        assert auto.reverted == (slow == "new")
+        tried = [layout == auto.buckets for layout in layouts]
+        trial_end = AUTO_ITERATIONS + TRIAL_ITERATIONS - 1
+        assert tried[: AUTO_ITERATIONS - 1] == [False] * (AUTO_ITERATIONS - 1)
+        assert all(tried[AUTO_ITERATIONS - 1 : trial_end])  # the trial
+        assert all(s == (slow == "old") for s in tried[trial_end:])  # kept, or back to 25 MB
+        if slow == "new":
+            assert auto.sync_s_trial > auto.sync_s_cap25 + 0.05
+        else:
+            assert auto.sync_s_trial < auto.sync_s_cap25 - 0.05
+    assert runs[0]["auto"].reverted == runs[1]["auto"].reverted

@@ -10,6 +10,7 @@ import pytest
 from strategies.costmodel import (
     LinkCost,
     best_buckets,
+    best_layout,
     buckets_for_cap,
     choose_buckets,
     predict,
@@ -121,3 +122,76 @@ def test_choose_buckets_keeps_the_current_layout_unless_the_gain_is_large_enough
     assert gain > 0.05
     assert choose_buckets(ready, sizes, order, cost, 2, None, current, 0.0, gain - 0.01) == best
     assert choose_buckets(ready, sizes, order, cost, 2, None, current, 0.0, gain + 0.01) == current
+
+
+def _closed_form(
+    ready: list[float], sizes: list[int], buckets: list[list[int]], cost: LinkCost, p: int
+) -> float:
+    """Backward and the all-reduces independent: each bucket starts when ready and after the one before."""
+    end = 0.0
+    for bucket in buckets:
+        end = max(end, max(ready[i] for i in bucket)) + cost.allreduce_s(sum(sizes[i] for i in bucket), p)
+    return max(max(ready), end)
+
+
+def test_without_a_cpu_share_the_simulation_is_the_closed_form() -> None:
+    rnd = random.Random(5)
+    for seed in range(20):
+        ready, sizes, order = _model(n=15, seed=seed)
+        cuts = sorted(rnd.sample(range(1, 15), rnd.randint(0, 6)))
+        buckets = [order[a:b] for a, b in zip([0, *cuts], [*cuts, 15])]
+        cost = LinkCost(rnd.uniform(0, 1e-3), rnd.uniform(0, 1e-8))
+        pred = predict(ready, sizes, buckets, cost, 4, forward_s=0.003)
+        assert pred.step_s == pytest.approx(0.003 + _closed_form(ready, sizes, buckets, cost, 4))
+
+
+def test_an_allreduce_that_is_all_cpu_waits_for_backward() -> None:
+    ready, sizes, order = _model()
+    cost = LinkCost(2e-4, 1e-8, cpu_alpha=2e-4, cpu_beta=1e-8)  # nothing of it progresses next to backward
+    for buckets in ([[i] for i in order], buckets_for_cap(sizes, order, 2.0), [order]):
+        pred = predict(ready, sizes, buckets, cost, 4)
+        total = sum(cost.allreduce_s(sum(sizes[i] for i in b), 4) for b in buckets)
+        assert pred.step_s == pytest.approx(max(ready) + total) and pred.comm_s == pytest.approx(total)
+
+
+def test_backward_slows_down_next_to_an_allreduce() -> None:
+    # bucket 0 ready at once, 4 ms of wire; backward (10 ms alone) at half speed meanwhile:
+    # 2 ms of its work done by 4 ms, 8 ms left alone: ends at 12 ms, then bucket 1 (4 ms) ends at 16 ms
+    cost = LinkCost(alpha=2e-3, beta=0.0, compute_rate=0.5)
+    pred = predict([0.0, 0.01], [4, 4], [[0], [1]], cost, 2)
+    assert pred.backward_s == pytest.approx(0.012) and pred.comm_end_s == pytest.approx(0.016)
+    assert pred.step_s == pytest.approx(0.016) and pred.exposed_s == pytest.approx(0.004)
+    # half of each all-reduce is CPU work: bucket 0 moves at half speed next to backward
+    half = LinkCost(alpha=2e-3, beta=0.0, cpu_alpha=1e-3)
+    pred = predict([0.0, 0.01], [4, 4], [[0], [1]], half, 2)
+    assert pred.backward_s == pytest.approx(0.01) and pred.step_s == pytest.approx(0.014)
+
+
+def test_with_cpu_fits_the_cpu_share_through_two_points() -> None:
+    link = LinkCost(1e-4, 1e-8)
+    cpu = LinkCost(5e-5, 2e-9)
+    points = [(n, cpu.allreduce_s(n, 4)) for n in (4096, 4 * MB)]
+    fitted = link.with_cpu(points[0], points[1], 4, compute_rate=0.8)
+    assert (fitted.alpha, fitted.beta, fitted.compute_rate) == (1e-4, 1e-8, 0.8)
+    assert fitted.cpu_alpha == pytest.approx(5e-5) and fitted.cpu_beta == pytest.approx(2e-9)
+    hidden = link.with_cpu((4096, 1.5e-4), (4 * MB, 0.0), 2, compute_rate=2.0)  # the large one's wire hid it
+    assert (
+        hidden.cpu_beta == 0 and hidden.cpu_s(4096, 2) == pytest.approx(1.5e-4) and hidden.compute_rate == 1.0
+    )
+    assert hidden.cpu_s(10 * MB, 2) == pytest.approx(1.5e-4)
+    assert link.with_cpu((4096, 1.0), (4 * MB, 1.0), 2, 1.0).cpu_s(4096, 2) == link.allreduce_s(
+        4096, 2
+    )  # capped
+
+
+def test_best_layout_merges_buckets_when_the_allreduce_needs_the_cpu() -> None:
+    ready, sizes, order = _model(n=40, seed=2)
+    link = LinkCost(2e-4, 1e-9)
+    split = best_buckets(ready, sizes, order, link, 2)
+    assert len(split) > 3 and best_layout(ready, sizes, order, link, 2) == split
+    cpu_bound = LinkCost(2e-4, 1e-9, cpu_alpha=2e-4, cpu_beta=1e-9)
+    merged = best_layout(ready, sizes, order, cpu_bound, 2)
+    assert len(merged) < len(split)
+    assert (
+        predict(ready, sizes, merged, cpu_bound, 2).step_s < predict(ready, sizes, split, cpu_bound, 2).step_s
+    )

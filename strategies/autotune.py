@@ -1,0 +1,231 @@
+"""bucket_cap_mb="auto": measure backward and the link, pick buckets with the cost model, try them, keep or go back.
+
+The Reducer starts with 25 MB buckets and feeds an AutoTuner what it sees:
+
+1. measuring: for AUTO_ITERATIONS synchronised backwards (the first is a warm-up), when each gradient is
+   ready, the time between two backwards, and how long backward + finalize took;
+2. plan: all-reduce probes of two sizes, alone (alpha, beta) and while a matmul loop runs on the same
+   rank (the CPU share of an all-reduce and backward's speed next to one, on CPU only); rank 0 picks
+   the layout with the cost model (strategies/costmodel.py) and broadcasts it, every rank builds it;
+3. trial: if the layout changed, TRIAL_ITERATIONS backwards with it; rank 0 compares the median backward
+   + finalize time with the 25 MB one and, unless the new layout measured faster, every rank goes back
+   to the 25 MB buckets. At most two rebuilds, both within the first AUTO_ITERATIONS + TRIAL_ITERATIONS
+   steps; nothing changes afterwards.
+
+What it measured and decided is `reducer.auto` (AutoBuckets), logged once on rank 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from strategies.buckets import AutoBuckets, BucketLayout, assign_buckets
+from strategies.costmodel import LinkCost, choose_buckets, predict
+
+_MB = 1024 * 1024
+AUTO_ITERATIONS = 4  # backwards measured with 25 MB buckets (the first is a warm-up) before the plan
+TRIAL_ITERATIONS = 3  # backwards timed with the chosen buckets before keeping them
+PROBE_BYTES = (4096, 4 * _MB)  # all-reduce sizes whose times give alpha and beta
+PROBE_REPEATS = 5
+OVERLAP_REPEATS = 3
+# the model must predict a step at least this much faster than with 25 MB buckets before a trial: smaller
+# predicted gains are within its error (docs/benchmarks.md), and a trial of a slower layout costs steps
+AUTO_MIN_GAIN = 0.03
+_log = logging.getLogger("strategies.reducer")
+
+
+class AutoTuner:
+    """The measurements and decisions of bucket_cap_mb="auto" for one Reducer."""
+
+    def __init__(self, process_group: dist.ProcessGroup | None, src: int, world_size: int, n: int) -> None:
+        self.group, self.src, self.world_size, self.n = process_group, src, world_size, n
+        self.ready_times: list[list[float]] = []  # per measured backward, when each gradient was ready
+        self.outside: list[float] = []  # seconds from one finalize to the next prepare_for_backward
+        self.sync_s: list[float] = []  # per backward: prepare_for_backward to the end of finalize
+        self.finalized_at: float | None = None
+        self.result: AutoBuckets | None = None
+        self.fixed: list[list[int]] = []  # the 25 MB layout in rank 0's order: where a failed trial goes back
+        self.trial_from = 0  # index into sync_s of the first trial backward (0: no trial running)
+
+    def begin(self, t0: float, measuring: bool) -> None:
+        """A synchronised backward starts at t0."""
+        if measuring:
+            self.ready_times.append([float("nan")] * self.n)
+            if self.finalized_at is not None:
+                self.outside.append(t0 - self.finalized_at)
+
+    def ready(self, i: int, seconds: float) -> None:
+        """Parameter i's gradient became ready `seconds` after the backward started (while measuring)."""
+        self.ready_times[-1][i] = seconds
+
+    def end(self, t0: float, layout: BucketLayout) -> None:
+        """Finalize ended; after the last trial backward, keep the new buckets or go back."""
+        self.finalized_at = time.perf_counter()
+        if self.result is None or self.trial_from:
+            self.sync_s.append(self.finalized_at - t0)
+        if self.trial_from and len(self.sync_s) - self.trial_from >= TRIAL_ITERATIONS:
+            self._verdict(layout)
+            self.finalized_at = time.perf_counter()
+
+    def plan(self, order: list[int], layout: BucketLayout, device: torch.device) -> None:
+        """Probe the link, let rank 0 choose the buckets, build them on every rank (a trial, if they changed)."""
+        n, nan = self.n, float("nan")
+        probes, cpu, rate = self._probe(device)
+        small, large = PROBE_BYTES
+        cost = LinkCost.fit((small, probes[small]), (large, probes[large]), self.world_size)
+        cost = cost.with_cpu((small, cpu[small]), (large, cpu[large]), self.world_size, rate)
+        measured = self.ready_times[1:] or self.ready_times  # the first backward is a warm-up
+        # per parameter the median over the measured backwards; never ready (unused): end of backward
+        ready = [statistics.median([r[i] for r in measured if r[i] == r[i]] or [nan]) for i in range(n)]
+        backward = max((t for t in ready if t == t), default=0.0)
+        ready = [backward if t != t else t for t in ready]
+        sizes, keys = layout.sizes, layout.keys
+        outside = statistics.median(self.outside) if self.outside else 0.0
+        sync = statistics.median(self.sync_s[1:] or self.sync_s)
+        # one broadcast from rank 0 carries everything the ranks must agree on
+        plan = torch.zeros(4 * n + 8, dtype=torch.float64, device=device)
+        if dist.get_rank(self.group) == 0:
+            fixed = assign_buckets(sizes, keys, order, layout.first_cap, layout.cap)
+            buckets = choose_buckets(
+                ready, sizes, order, cost, self.world_size, keys, fixed, outside, AUTO_MIN_GAIN
+            )
+            plan[:n] = torch.tensor(order, dtype=torch.float64)
+            plan[n : 2 * n] = torch.tensor([i for b in buckets for i in b], dtype=torch.float64)
+            plan[2 * n : 3 * n] = torch.tensor(
+                [k for k, b in enumerate(buckets) for _ in b], dtype=torch.float64
+            )
+            plan[3 * n : 4 * n] = torch.tensor(ready, dtype=torch.float64)
+            numbers = [cost.alpha, cost.beta, cost.cpu_alpha, cost.cpu_beta, cost.compute_rate]
+            plan[4 * n :] = torch.tensor([*numbers, outside, sync, len(buckets)], dtype=torch.float64)
+        dist.broadcast(plan, src=self.src, group=self.group)
+        values = plan.tolist()
+        order, flat = [int(v) for v in values[:n]], [int(v) for v in values[n : 2 * n]]
+        owner, ready = [int(v) for v in values[2 * n : 3 * n]], values[3 * n : 4 * n]
+        *numbers, outside, sync, count = values[4 * n :]
+        buckets: list[list[int]] = [[] for _ in range(int(count))]
+        for i, k in zip(flat, owner):
+            buckets[k].append(i)
+        cost = LinkCost(*numbers)
+        self.fixed = assign_buckets(sizes, keys, order, layout.first_cap, layout.cap)
+        layout.build_groups(buckets)
+        self.result = AutoBuckets(
+            alpha_s=cost.alpha,
+            beta_s=cost.beta,
+            cpu_alpha_s=cost.cpu_alpha,
+            cpu_beta_s=cost.cpu_beta,
+            compute_rate=cost.compute_rate,
+            probes=probes,
+            probes_cpu_s=cpu,
+            ready_s=ready,
+            backward_s=max(ready),
+            outside_s=outside,
+            buckets=buckets,
+            bucket_mb=[sum(sizes[i] for i in b) / _MB for b in buckets],
+            predicted_step_s=predict(ready, sizes, buckets, cost, self.world_size, outside).step_s,
+            predicted_step_s_cap25=predict(ready, sizes, self.fixed, cost, self.world_size, outside).step_s,
+            kept_cap25=buckets == self.fixed,
+            sync_s_cap25=sync,
+        )
+        self.ready_times, self.outside = [], []
+        if self.result.kept_cap25:
+            self._report()
+        else:
+            self.trial_from = len(self.sync_s)
+
+    def _verdict(self, layout: BucketLayout) -> None:
+        """Rank 0 compares the trial with the 25 MB backwards; every rank keeps the new buckets or goes back."""
+        assert self.result is not None
+        trial = statistics.median(self.sync_s[self.trial_from :])
+        decision = torch.tensor([trial, float(trial < self.result.sync_s_cap25)], dtype=torch.float64)
+        dist.broadcast(decision, src=self.src, group=self.group)
+        trial, keep = decision.tolist()
+        self.trial_from = 0
+        self.result.sync_s_trial, self.result.reverted = trial, not keep
+        if not keep:
+            layout.build_groups(self.fixed)
+        self._report()
+
+    def _report(self) -> None:
+        if dist.get_rank(self.group) == 0 and self.result is not None:
+            _log.info(report(self.result))
+
+    def _probe(self, device: torch.device) -> tuple[dict[int, float], dict[int, float], float]:
+        """Per PROBE_BYTES size: seconds of one all-reduce alone (fastest of a few, after a warm-up) and the
+        seconds of it that did not progress while this rank computed; and the compute's speed meanwhile."""
+        times, cpu = {}, {}
+        for nbytes in PROBE_BYTES:
+            t = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
+            samples = []
+            for _ in range(PROBE_REPEATS + 1):
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                start = time.perf_counter()
+                dist.all_reduce(t, group=self.group)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                samples.append(time.perf_counter() - start)
+            times[nbytes] = min(samples[1:])  # the minimum: a late peer only ever adds time
+        if device.type != "cpu":  # an accelerator computes and communicates on its own engines
+            return times, {nbytes: 0.0 for nbytes in PROBE_BYTES}, 1.0
+        rate = 1.0
+        for nbytes in PROBE_BYTES:
+            cpu[nbytes], rate = _overlap_probe(times[nbytes], nbytes, self.group)
+        return times, cpu, rate
+
+
+def _overlap_probe(alone_s: float, nbytes: int, group: dist.ProcessGroup | None) -> tuple[float, float]:
+    """Run a matmul loop alone and next to an all-reduce of `nbytes` (which takes `alone_s` alone).
+    Returns the seconds of the all-reduce that waited for the CPU and the loop's speed next to it (0-1]."""
+    w, x = torch.randn(256, 256) * 0.05, torch.randn(64, 256)
+    start = time.perf_counter()
+    for _ in range(20):
+        x = torch.tanh(x @ w)
+    one = (time.perf_counter() - start) / 20
+    ops = int(min(max(2 * alone_s, 20 * one), 0.05) / one) + 1  # about twice the all-reduce, at most 50 ms
+    t = torch.zeros(nbytes // 4)
+    alone, together, finished = [], [], []
+    for _ in range(OVERLAP_REPEATS):
+        dist.barrier(group=group)
+        start = time.perf_counter()
+        for _ in range(ops):
+            x = torch.tanh(x @ w)
+        alone.append(time.perf_counter() - start)
+        dist.barrier(group=group)
+        start, done = time.perf_counter(), None
+        work = dist.all_reduce(t, group=group, async_op=True)
+        for _ in range(ops):
+            x = torch.tanh(x @ w)
+            if done is None and work.is_completed():
+                done = time.perf_counter() - start
+        together.append(time.perf_counter() - start)
+        work.wait()
+        finished.append(done if done is not None else time.perf_counter() - start)
+    d, d2, c = statistics.median(alone), statistics.median(together), statistics.median(finished)
+    if c >= d2:  # the all-reduce outlived the loop: it progressed (alone_s - (c - d2)) during d2
+        progressed, rate = max(0.0, alone_s - (c - d2)) / d2, d / d2
+    else:  # it ended first: the loop ran c seconds next to it and d2 - c alone
+        progressed, rate = alone_s / c, (d - (d2 - c)) / c
+    return (1.0 - min(progressed, 1.0)) * alone_s, min(max(rate, 0.05), 1.0)
+
+
+def report(result: AutoBuckets) -> str:
+    """One line: what auto measured, chose, and whether the trial kept it."""
+    a = result
+    if a.kept_cap25:
+        outcome = f"kept 25 MB buckets (predicted gain under {AUTO_MIN_GAIN:.0%})"
+    elif a.reverted:
+        outcome = f"trial {a.sync_s_trial * 1e3:.1f} ms not faster than {a.sync_s_cap25 * 1e3:.1f} ms: back to 25 MB buckets"
+    else:
+        outcome = f"trial {a.sync_s_trial * 1e3:.1f} ms against {a.sync_s_cap25 * 1e3:.1f} ms: kept"
+    return (
+        f"bucket_cap_mb='auto': all-reduce alpha {a.alpha_s * 1e6:.1f} us, {1e-6 / max(a.beta_s, 1e-15):.1f} MB/s, "
+        f"CPU share {a.probes_cpu_s[PROBE_BYTES[0]] * 1e3:.2f}/{a.probes_cpu_s[PROBE_BYTES[1]] * 1e3:.2f} ms, "
+        f"backward speed next to it {a.compute_rate:.2f}; backward {a.backward_s * 1e3:.1f} ms; buckets of "
+        f"{', '.join(f'{mb:.2f}' for mb in a.bucket_mb)} MB; predicted step {a.predicted_step_s * 1e3:.1f} ms, "
+        f"{a.predicted_step_s_cap25 * 1e3:.1f} ms with 25 MB buckets; {outcome}"
+    )
