@@ -41,6 +41,7 @@ RATES = ("unlimited", "1gbit", "300mbit", "100mbit")
 METHODS = ("tandem_auto", "tandem_cap25", "torch_ddp", "flat", "no_comm")
 PORT = 29517
 WARMUP_STEPS = AUTO_ITERATIONS + TRIAL_ITERATIONS + 2
+BLOCK = 4  # timed steps run in blocks of this many per method, the first untimed
 
 
 def one_bucket() -> nn.Module:
@@ -130,8 +131,9 @@ def _method(method: str, name: str) -> tuple[Callable[[], None], dict[str, list[
 
 def _time_model(name: str, steps: int) -> dict:
     """ms/step of every method on one model. Each warms up alone ("auto" measures, tries and decides in
-    its warm-up, from steps run back to back as in training); then the methods take turns, one timed
-    step each, so that a change in the machine's load falls on all of them alike."""
+    its warm-up, from steps run back to back as in training). Then the methods take turns in blocks of
+    BLOCK steps, the first of each block untimed (caches refill) and the order rotated every round, so
+    that a change in the machine's load falls on all of them alike."""
     runs = {m: _method(m, name) for m in METHODS}
     for step, _, _ in runs.values():
         for _ in range(WARMUP_STEPS):
@@ -140,9 +142,16 @@ def _time_model(name: str, steps: int) -> dict:
     for _, parts, _ in runs.values():
         for p in parts.values():
             p.clear()
-    for _ in range(steps):
-        for step, _, _ in runs.values():
+    timed = {m: 0 for m in METHODS}
+    for r in range(-(-steps // (BLOCK - 1))):
+        for method in METHODS[r % len(METHODS) :] + METHODS[: r % len(METHODS)]:
+            step, parts, _ = runs[method]
             step()
+            for p in parts.values():
+                p.pop()  # the block's first step is not timed
+            for _ in range(min(BLOCK - 1, steps - timed[method])):
+                step()
+            timed[method] = len(parts["step"])
     results = {}
     for method, (_, parts, reducer) in runs.items():
         out = {k: 1e3 * statistics.median(v) for k, v in parts.items()}

@@ -7,10 +7,11 @@ The Reducer starts with 25 MB buckets and feeds an AutoTuner what it sees:
 2. plan: all-reduce probes of two sizes, alone (alpha, beta) and while a matmul loop runs on the same
    rank (the CPU share of an all-reduce and backward's speed next to one, on CPU only); rank 0 picks
    the layout with the cost model (strategies/costmodel.py) and broadcasts it, every rank builds it;
-3. trial: if the layout changed, TRIAL_ITERATIONS backwards with it; rank 0 compares the median backward
-   + finalize time with the 25 MB one and, unless the new layout measured faster, every rank goes back
-   to the 25 MB buckets. At most two rebuilds, both within the first AUTO_ITERATIONS + TRIAL_ITERATIONS
-   steps; nothing changes afterwards.
+3. trial: if the layout changed, TRIAL_ITERATIONS backwards alternate between the new buckets and the
+   25 MB ones (both kept allocated meanwhile: one more copy of the gradients for those steps, and no
+   allocation or warm-up trend favours either); rank 0 compares their median backward + finalize times
+   and every rank keeps the new buckets only if they measured faster. Nothing changes after the first
+   AUTO_ITERATIONS + TRIAL_ITERATIONS synchronised backwards.
 
 What it measured and decided is `reducer.auto` (AutoBuckets), logged once on rank 0.
 """
@@ -29,7 +30,7 @@ from strategies.costmodel import LinkCost, choose_buckets, predict
 
 _MB = 1024 * 1024
 AUTO_ITERATIONS = 4  # backwards measured with 25 MB buckets (the first is a warm-up) before the plan
-TRIAL_ITERATIONS = 3  # backwards timed with the chosen buckets before keeping them
+TRIAL_ITERATIONS = 6  # backwards alternating between the chosen buckets and the 25 MB ones
 PROBE_BYTES = (4096, 4 * _MB)  # all-reduce sizes whose times give alpha and beta
 PROBE_REPEATS = 5
 OVERLAP_REPEATS = 3
@@ -49,8 +50,8 @@ class AutoTuner:
         self.sync_s: list[float] = []  # per backward: prepare_for_backward to the end of finalize
         self.finalized_at: float | None = None
         self.result: AutoBuckets | None = None
-        self.fixed: list[list[int]] = []  # the 25 MB layout in rank 0's order: where a failed trial goes back
-        self.trial_from = 0  # index into sync_s of the first trial backward (0: no trial running)
+        self.trial: list[BucketLayout] = []  # during the trial: the chosen layout, the 25 MB one
+        self.trial_s: tuple[list[float], list[float]] = ([], [])  # their backward + finalize times
 
     def begin(self, t0: float, measuring: bool) -> None:
         """A synchronised backward starts at t0."""
@@ -63,17 +64,23 @@ class AutoTuner:
         """Parameter i's gradient became ready `seconds` after the backward started (while measuring)."""
         self.ready_times[-1][i] = seconds
 
-    def end(self, t0: float, layout: BucketLayout) -> None:
-        """Finalize ended; after the last trial backward, keep the new buckets or go back."""
+    def end(self, t0: float, layout: BucketLayout) -> BucketLayout:
+        """Finalize ended; returns the layout for the next backward (during the trial: the other one)."""
         self.finalized_at = time.perf_counter()
-        if self.result is None or self.trial_from:
+        if self.result is None:
             self.sync_s.append(self.finalized_at - t0)
-        if self.trial_from and len(self.sync_s) - self.trial_from >= TRIAL_ITERATIONS:
-            self._verdict(layout)
-            self.finalized_at = time.perf_counter()
+            return layout
+        if not self.trial:
+            return layout
+        self.trial_s[self.trial.index(layout)].append(self.finalized_at - t0)
+        done = len(self.trial_s[0]) + len(self.trial_s[1])
+        if done < TRIAL_ITERATIONS:
+            return self.trial[done % 2]
+        return self._verdict()
 
-    def plan(self, order: list[int], layout: BucketLayout, device: torch.device) -> None:
-        """Probe the link, let rank 0 choose the buckets, build them on every rank (a trial, if they changed)."""
+    def plan(self, order: list[int], layout: BucketLayout, device: torch.device) -> BucketLayout:
+        """Probe the link, let rank 0 choose the buckets, build them on every rank; returns the layout for
+        the next backward: the chosen one, on trial, or the 25 MB one in rank 0's gradient order."""
         n, nan = self.n, float("nan")
         probes, cpu, rate = self._probe(device)
         small, large = PROBE_BYTES
@@ -111,8 +118,8 @@ class AutoTuner:
         for i, k in zip(flat, owner):
             buckets[k].append(i)
         cost = LinkCost(*numbers)
-        self.fixed = assign_buckets(sizes, keys, order, layout.first_cap, layout.cap)
-        layout.build_groups(buckets)
+        fixed = assign_buckets(sizes, keys, order, layout.first_cap, layout.cap)
+        layout.build_groups(fixed)  # the 25 MB buckets in rank 0's order, as the reducer's one rebuild
         self.result = AutoBuckets(
             alpha_s=cost.alpha,
             beta_s=cost.beta,
@@ -127,28 +134,29 @@ class AutoTuner:
             buckets=buckets,
             bucket_mb=[sum(sizes[i] for i in b) / _MB for b in buckets],
             predicted_step_s=predict(ready, sizes, buckets, cost, self.world_size, outside).step_s,
-            predicted_step_s_cap25=predict(ready, sizes, self.fixed, cost, self.world_size, outside).step_s,
-            kept_cap25=buckets == self.fixed,
+            predicted_step_s_cap25=predict(ready, sizes, fixed, cost, self.world_size, outside).step_s,
+            kept_cap25=buckets == fixed,
             sync_s_cap25=sync,
         )
         self.ready_times, self.outside = [], []
         if self.result.kept_cap25:
             self._report()
-        else:
-            self.trial_from = len(self.sync_s)
+            return layout
+        self.trial = [layout.sibling(buckets), layout]
+        return self.trial[0]
 
-    def _verdict(self, layout: BucketLayout) -> None:
-        """Rank 0 compares the trial with the 25 MB backwards; every rank keeps the new buckets or goes back."""
+    def _verdict(self) -> BucketLayout:
+        """Rank 0 compares the two layouts' medians; every rank keeps the winner and drops the other."""
         assert self.result is not None
-        trial = statistics.median(self.sync_s[self.trial_from :])
-        decision = torch.tensor([trial, float(trial < self.result.sync_s_cap25)], dtype=torch.float64)
+        new, old = (statistics.median(times) for times in self.trial_s)
+        decision = torch.tensor([new, old, float(new < old)], dtype=torch.float64)
         dist.broadcast(decision, src=self.src, group=self.group)
-        trial, keep = decision.tolist()
-        self.trial_from = 0
-        self.result.sync_s_trial, self.result.reverted = trial, not keep
-        if not keep:
-            layout.build_groups(self.fixed)
+        new, old, keep = decision.tolist()
+        self.result.sync_s_trial, self.result.sync_s_cap25, self.result.reverted = new, old, not keep
+        chosen = self.trial[0 if keep else 1]
+        self.trial, self.trial_s = [], ([], [])
         self._report()
+        return chosen
 
     def _report(self) -> None:
         if dist.get_rank(self.group) == 0 and self.result is not None:
@@ -218,10 +226,11 @@ def report(result: AutoBuckets) -> str:
     a = result
     if a.kept_cap25:
         outcome = f"kept 25 MB buckets (predicted gain under {AUTO_MIN_GAIN:.0%})"
-    elif a.reverted:
-        outcome = f"trial {a.sync_s_trial * 1e3:.1f} ms not faster than {a.sync_s_cap25 * 1e3:.1f} ms: back to 25 MB buckets"
     else:
-        outcome = f"trial {a.sync_s_trial * 1e3:.1f} ms against {a.sync_s_cap25 * 1e3:.1f} ms: kept"
+        verdict = "back to the 25 MB buckets" if a.reverted else "kept"
+        outcome = (
+            f"trial {a.sync_s_trial * 1e3:.1f} ms against {a.sync_s_cap25 * 1e3:.1f} ms with 25 MB: {verdict}"
+        )
     return (
         f"bucket_cap_mb='auto': all-reduce alpha {a.alpha_s * 1e6:.1f} us, {1e-6 / max(a.beta_s, 1e-15):.1f} MB/s, "
         f"CPU share {a.probes_cpu_s[PROBE_BYTES[0]] * 1e3:.2f}/{a.probes_cpu_s[PROBE_BYTES[1]] * 1e3:.2f} ms, "

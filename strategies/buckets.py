@@ -44,9 +44,9 @@ class AutoBuckets:
     predicted_step_s: float  # cost-model step time with the chosen buckets
     predicted_step_s_cap25: float  # ... and with the fixed default cap of 25 MB
     kept_cap25: bool  # the predicted gain was under AUTO_MIN_GAIN: the 25 MB buckets were kept, no trial
-    sync_s_cap25: float  # median backward + finalize with the 25 MB buckets (rank 0)
-    sync_s_trial: float | None = None  # ... with the chosen buckets, during the trial (None: no trial)
-    reverted: bool = False  # the trial was not faster: the 25 MB buckets are back
+    sync_s_cap25: float  # median backward + finalize with the 25 MB buckets on rank 0 (in the trial, if any)
+    sync_s_trial: float | None = None  # ... with the chosen buckets, in the trial (None: no trial)
+    reverted: bool = False  # the trial's 25 MB backwards were as fast or faster: those buckets were kept
 
 
 @dataclass(slots=True)
@@ -119,6 +119,12 @@ class BucketLayout:
     def keys(self) -> list[object]:
         """(device, dtype) of each parameter: only parameters of one key share a bucket."""
         return [(p.device, p.dtype) for p in self.params]
+
+    def sibling(self, assignment: list[list[int]]) -> BucketLayout:
+        """Another layout of the same parameters (new buffers) in the given buckets; .grad moves to it."""
+        other = BucketLayout(self.params, self.names, self.first_cap, self.cap, self.comp_dtype, self.as_view)
+        other.build_groups(assignment)
+        return other
 
     def build(self, order: list[int]) -> None:
         """Lay parameters out in flat buffers following `order`, keeping any existing .grad values."""

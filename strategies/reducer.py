@@ -278,7 +278,7 @@ class Reducer:
         self._layout.write_grads(used)
         self._iterations += 1
         if self._tuner is not None:
-            self._tuner.end(self._t0, self._layout)
+            self._layout = self._tuner.end(self._t0, self._layout)
         if not self._rebuilt and self._iterations >= self._rebuild_after:
             self._rebuild()
 
@@ -290,7 +290,7 @@ class Reducer:
         order = record + [i for i in reversed(range(len(self.params))) if i not in seen]
         device = self._layout.buckets[0].buf.device
         if self._tuner is not None:
-            self._tuner.plan(order, self._layout, device)
+            self._layout = self._tuner.plan(order, self._layout, device)
             return
         order_t = torch.tensor(order, dtype=torch.int64, device=device)
         dist.broadcast(order_t, src=self._src, group=self.process_group)
