@@ -39,6 +39,7 @@ RESULTS = os.path.join(ROOT, "benchmarks", "results", "cluster.json")
 PLOT = os.path.join(ROOT, "docs", "img", "cluster_costmodel.png")
 RATES = ("unlimited", "1gbit", "300mbit", "100mbit")
 METHODS = ("tandem_auto", "tandem_cap25", "torch_ddp", "flat", "no_comm")
+AGAIN = "tandem_cap25_again"  # --aa: a second copy of cap 25, whose ratio to the first is the noise floor
 PORT = 29517
 WARMUP_STEPS = AUTO_ITERATIONS + TRIAL_ITERATIONS + 2
 BLOCK = 4  # timed steps run in blocks of this many per method, the first untimed
@@ -88,7 +89,7 @@ def _method(method: str, name: str) -> tuple[Callable[[], None], dict[str, list[
     x = torch.randn(batch, width, generator=g)
     y = torch.randn(batch, width) if name == "many_small" else torch.randint(0, 10, (batch,), generator=g)
     reducer = net = None
-    if method in ("tandem_auto", "tandem_cap25"):
+    if method in ("tandem_auto", "tandem_cap25", AGAIN):
         reducer = Reducer(model, bucket_cap_mb="auto" if method == "tandem_auto" else 25.0)
     elif method == "torch_ddp":
         net = nn.parallel.DistributedDataParallel(model)
@@ -129,12 +130,12 @@ def _method(method: str, name: str) -> tuple[Callable[[], None], dict[str, list[
     return one_step, parts, reducer
 
 
-def _time_model(name: str, steps: int) -> dict:
+def _time_model(name: str, steps: int, methods: tuple[str, ...]) -> dict:
     """ms/step of every method on one model. Each warms up alone ("auto" measures, tries and decides in
     its warm-up, from steps run back to back as in training). Then the methods take turns in blocks of
     BLOCK steps, the first of each block untimed (caches refill) and the order rotated every round, so
     that a change in the machine's load falls on all of them alike."""
-    runs = {m: _method(m, name) for m in METHODS}
+    runs = {m: _method(m, name) for m in methods}
     for step, _, _ in runs.values():
         for _ in range(WARMUP_STEPS):
             step()
@@ -142,9 +143,9 @@ def _time_model(name: str, steps: int) -> dict:
     for _, parts, _ in runs.values():
         for p in parts.values():
             p.clear()
-    timed = {m: 0 for m in METHODS}
+    timed = {m: 0 for m in methods}
     for r in range(-(-steps // (BLOCK - 1))):
-        for method in METHODS[r % len(METHODS) :] + METHODS[: r % len(METHODS)]:
+        for method in methods[r % len(methods) :] + methods[: r % len(methods)]:
             step, parts, _ = runs[method]
             step()
             for p in parts.values():
@@ -164,11 +165,12 @@ def _time_model(name: str, steps: int) -> dict:
     return results
 
 
-def worker(models: list[str], steps: int, out_path: str) -> None:
+def worker(models: list[str], steps: int, out_path: str, aa: bool) -> None:
     """One rank: every model, every method; rank 0 writes the results."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    results = {name: _time_model(name, steps) for name in models}
+    methods = (*METHODS, AGAIN) if aa else METHODS
+    results = {name: _time_model(name, steps, methods) for name in models}
     if dist.get_rank() == 0:
         with open(out_path, "w") as f:
             json.dump(results, f)
@@ -179,7 +181,7 @@ def worker(models: list[str], steps: int, out_path: str) -> None:
 # ------------------------------------------------------------------------------------------ driver
 
 
-def run_rate(rate: str, models: list[str], steps: int, timeout: float) -> dict:
+def run_rate(rate: str, models: list[str], steps: int, timeout: float, aa: bool = False) -> dict:
     """Bring a lab up at `rate`, run both workers in it, return rank 0's results."""
     from benchmarks.lab import Lab, guarded
 
@@ -201,6 +203,7 @@ def run_rate(rate: str, models: list[str], steps: int, timeout: float) -> dict:
                 sys.executable,
                 __file__,
                 "--worker",
+                *(["--aa"] if aa else []),
                 "--models",
                 *models,
                 "--steps",
@@ -242,6 +245,7 @@ def summarise(results: dict) -> list[dict]:
                 gain_cap25=flat["step"] / m["tandem_cap25"]["step"],
                 gain_ideal=flat["step"] / ideal,
                 auto_vs_cap25=auto["step"] / m["tandem_cap25"]["step"],
+                again_vs_cap25=m[AGAIN]["step"] / m["tandem_cap25"]["step"] if AGAIN in m else None,
                 auto_buckets_mb=auto.get("bucket_mb"),
             )
             if a is not None:
@@ -267,6 +271,8 @@ def summarise(results: dict) -> list[dict]:
 
 def print_table(rows: list[dict]) -> None:
     head = "| rate | model | auto | cap 25 | torch DDP | flat | no comm | auto/25 | gain auto | gain 25 | ideal | pred auto (err) | pred 25 (err) | trial | auto buckets MB |"
+    if rows and rows[0].get("again_vs_cap25") is not None:
+        head += " A/A |"
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     for r in rows:
@@ -279,6 +285,7 @@ def print_table(rows: list[dict]) -> None:
             f"| {r['rate']} | {r['model']} | {r['tandem_auto']:.1f} | {r['tandem_cap25']:.1f} | {r['torch_ddp']:.1f} |"
             f" {r['flat']:.1f} | {r['no_comm']:.1f} | {r['auto_vs_cap25']:.3f} | {r['gain_auto']:.2f} |"
             f" {r['gain_cap25']:.2f} | {r['gain_ideal']:.2f} | {pred[0]} | {pred[1]} | {r.get('trial', '-')} | {buckets} |"
+            + (f" {r['again_vs_cap25']:.3f} |" if r.get("again_vs_cap25") is not None else "")
         )
 
 
@@ -340,15 +347,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rates", nargs="+", default=list(RATES))
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    p.add_argument("--steps", type=int, default=5, help="timed steps per method (after the warm-up)")
-    p.add_argument("--timeout", type=float, default=400.0, help="seconds per rate")
+    p.add_argument("--steps", type=int, default=21, help="timed steps per method (after the warm-up)")
+    p.add_argument("--timeout", type=float, default=1200.0, help="seconds per rate")
     p.add_argument("--replot", action="store_true", help="only redraw the plot from the JSON")
     p.add_argument("--results", default=RESULTS, help="where to write (or, with --replot, read) the JSON")
+    p.add_argument("--aa", action="store_true", help="also time a second copy of cap 25 (the noise floor)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
-        worker(args.models, args.steps, args.out)
+        worker(args.models, args.steps, args.out, args.aa)
         return 0
     if args.replot:
         with open(args.results) as f:
@@ -363,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     results, started = {}, time.time()
     for rate in args.rates:
         t = time.monotonic()
-        results[rate] = run_rate(rate, args.models, args.steps, args.timeout)
+        results[rate] = run_rate(rate, args.models, args.steps, args.timeout, args.aa)
         print(f"{rate}: {time.monotonic() - t:.0f} s", flush=True)
     rows = summarise(results)
     print_table(rows)

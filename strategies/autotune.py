@@ -4,7 +4,7 @@ The Reducer starts with 25 MB buckets and feeds an AutoTuner what it sees:
 
 1. measuring: for AUTO_ITERATIONS synchronised backwards (the first is a warm-up), when each gradient is
    ready, the time between two backwards, and how long backward + finalize took;
-2. plan: all-reduce probes of two sizes, alone (alpha, beta) and while a matmul loop runs on the same
+2. plan: all-reduce probes of two sizes (three on a fast link), alone (alpha, beta) and while a matmul loop runs on the same
    rank (the CPU share of an all-reduce and backward's speed next to one, on CPU only); rank 0 picks
    the layout with the cost model (strategies/costmodel.py) and broadcasts it, every rank builds it;
 3. trial: if the layout changed, TRIAL_ITERATIONS backwards alternate between the new buckets and the
@@ -33,6 +33,7 @@ AUTO_ITERATIONS = 4  # backwards measured with 25 MB buckets (the first is a war
 TRIAL_ITERATIONS = 6  # backwards alternating between the chosen buckets and the 25 MB ones
 PROBE_BYTES = (4096, 4 * _MB)  # all-reduce sizes whose times give alpha and beta
 PROBE_REPEATS = 5
+FAST_S = 0.02  # a 4 MB all-reduce faster than this: probe the gradients' whole size too
 OVERLAP_REPEATS = 3
 # the model must predict a step at least this much faster than with 25 MB buckets before a trial: smaller
 # predicted gains are within its error (docs/benchmarks.md), and a trial of a slower layout costs steps
@@ -82,9 +83,10 @@ class AutoTuner:
         """Probe the link, let rank 0 choose the buckets, build them on every rank; returns the layout for
         the next backward: the chosen one, on trial, or the 25 MB one in rank 0's gradient order."""
         n, nan = self.n, float("nan")
-        probes, cpu, rate = self._probe(device)
-        small, large = PROBE_BYTES
+        probes, cpu, rate = self._probe(device, sum(layout.sizes))
+        small, large = min(probes), max(probes)
         cost = LinkCost.fit((small, probes[small]), (large, probes[large]), self.world_size)
+        small, large = PROBE_BYTES
         cost = cost.with_cpu((small, cpu[small]), (large, cpu[large]), self.world_size, rate)
         measured = self.ready_times[1:] or self.ready_times  # the first backward is a warm-up
         # per parameter the median over the measured backwards; never ready (unused): end of backward
@@ -162,28 +164,36 @@ class AutoTuner:
         if dist.get_rank(self.group) == 0 and self.result is not None:
             _log.info(report(self.result))
 
-    def _probe(self, device: torch.device) -> tuple[dict[int, float], dict[int, float], float]:
+    def _probe(self, device: torch.device, total: int) -> tuple[dict[int, float], dict[int, float], float]:
         """Per PROBE_BYTES size: seconds of one all-reduce alone (fastest of a few, after a warm-up) and the
-        seconds of it that did not progress while this rank computed; and the compute's speed meanwhile."""
+        seconds of it that did not progress while this rank computed; and the compute's speed meanwhile.
+        On a fast link (4 MB in under FAST_S) also the gradients' whole size, up to 64 MB: there a 4 MB
+        buffer still sits in the CPU's caches, and larger ones went 30% slower in the lab."""
         times, cpu = {}, {}
         for nbytes in PROBE_BYTES:
-            t = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
-            samples = []
-            for _ in range(PROBE_REPEATS + 1):
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                start = time.perf_counter()
-                dist.all_reduce(t, group=self.group)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                samples.append(time.perf_counter() - start)
-            times[nbytes] = min(samples[1:])  # the minimum: a late peer only ever adds time
+            times[nbytes] = self._time_allreduce(nbytes, device)
+        whole = min(total, 64 * _MB) // 4 * 4
+        if times[PROBE_BYTES[1]] < FAST_S and whole > 2 * PROBE_BYTES[1]:
+            times[whole] = self._time_allreduce(whole, device)
         if device.type != "cpu":  # an accelerator computes and communicates on its own engines
             return times, {nbytes: 0.0 for nbytes in PROBE_BYTES}, 1.0
         rate = 1.0
         for nbytes in PROBE_BYTES:
             cpu[nbytes], rate = _overlap_probe(times[nbytes], nbytes, self.group)
         return times, cpu, rate
+
+    def _time_allreduce(self, nbytes: int, device: torch.device) -> float:
+        t = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
+        samples = []
+        for _ in range(PROBE_REPEATS + 1):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            dist.all_reduce(t, group=self.group)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            samples.append(time.perf_counter() - start)
+        return min(samples[1:])  # the minimum: a late peer only ever adds time
 
 
 def _overlap_probe(alone_s: float, nbytes: int, group: dist.ProcessGroup | None) -> tuple[float, float]:

@@ -75,6 +75,10 @@ def _auto_run(rank: int, world_size: int) -> dict:
     out["sizes"] = [p.numel() * p.element_size() for p in reducer.params]
     out["messages"] = messages
     out["stats_bytes"] = [s.nbytes for s in reducer.stats]
+    from strategies.autotune import AutoTuner
+
+    tuner = AutoTuner(None, 0, world_size, 1)  # loopback is fast: a third probe at the gradients' size
+    out["probe_sizes"] = [sorted(tuner._probe(torch.device("cpu"), total)[0]) for total in (2**20, 2**24 + 6)]
     try:
         Reducer(make(Deep), bucket_cap_mb="big")  # type: ignore[arg-type]
         out["bad"] = None
@@ -136,7 +140,7 @@ def test_auto_measures_tries_and_decides_the_same_on_every_rank(runs: list[dict]
 
 def test_auto_choice_is_the_cost_models_on_rank0_measurements(runs: list[dict]) -> None:
     auto, sizes = runs[0]["auto"], runs[0]["sizes"]
-    assert auto.alpha_s >= 0 and auto.beta_s > 0 and set(auto.probes) == {4096, 4 * 1024 * 1024}
+    assert auto.alpha_s >= 0 and auto.beta_s > 0 and {4096, 4 * 1024 * 1024} <= set(auto.probes)
     assert auto.probes[4 * 1024 * 1024] > auto.probes[4096] > 0
     assert auto.backward_s == max(auto.ready_s) > 0 and auto.outside_s > 0
     order = [i for b in auto.buckets for i in b]
@@ -151,6 +155,10 @@ def test_auto_choice_is_the_cost_models_on_rank0_measurements(runs: list[dict]) 
     in_use = fixed if auto.reverted else auto.buckets
     assert runs[0]["stats_bytes"] == [sum(sizes[i] for i in b) for b in in_use]
     assert auto.predicted_step_s <= auto.predicted_step_s_cap25 + 1e-12
+
+
+def test_a_fast_link_is_probed_at_the_gradients_size_too(runs: list[dict]) -> None:
+    assert runs[0]["probe_sizes"] == [[4096, 4 * 2**20], [4096, 4 * 2**20, 2**24 + 4]]
 
 
 def test_auto_logged_once_on_rank0_only(runs: list[dict]) -> None:
