@@ -326,15 +326,35 @@ def plot(c: dict) -> None:
         print("matplotlib is not installed: no plot (pip install matplotlib, or `make bench`)")
         return
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    colors = {name: f"C{k}" for k, name in enumerate(MODELS)}
+    styles = dict(zip(RATES, ("-", "--", "-.", ":")))
+    at25 = c["caps_mb"].index(25)
     for key, ys in c["by_cap"].items():
-        left.plot(c["caps_mb"], ys, marker="o", label=key)
+        rate, name = key.split("/")
+        rel = [y / ys[at25] for y in ys]  # relative to 25 MB buckets: the shape, whatever the step's length
+        left.plot(c["caps_mb"], rel, marker="o", ms=3, ls=styles[rate], color=colors[name], label=key)
     left.set(
-        xscale="log", xlabel="bucket cap (MB)", ylabel="predicted ms/step (2 ranks)", title="vs bucket size"
+        xscale="log",
+        xlabel="bucket cap (MB)",
+        ylabel="predicted step / step with 25 MB buckets",
+        title="vs bucket size (2 ranks; tiny caps reach 4.5x, off the scale)",
+        ylim=(0.85, 1.5),
     )
     for key, ys in c["by_world"].items():
-        (line,) = right.plot(c["world_sizes"], ys["auto"], marker="o", label=f"{key} auto")
-        right.plot(c["world_sizes"], ys["cap25"], ls="--", color=line.get_color())
-    right.set(xscale="log", yscale="log", xlabel="ranks", title="vs world size (solid: auto, dashed: cap 25)")
+        rate, name = key.split("/")
+        right.plot(
+            c["world_sizes"], ys["auto"], marker="o", ms=3, ls=styles[rate], color=colors[name], label=key
+        )
+        right.plot(
+            c["world_sizes"], ys["cap25"], marker="x", ms=4, ls=styles[rate], color=colors[name], alpha=0.4
+        )
+    right.set(
+        xscale="log",
+        yscale="log",
+        xlabel="ranks",
+        ylabel="predicted ms/step",
+        title="vs world size (o: best layout, x faint: 25 MB buckets)",
+    )
     left.legend(fontsize=6)
     right.legend(fontsize=6)
     fig.tight_layout()
