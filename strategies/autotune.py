@@ -8,9 +8,10 @@ The Reducer starts with 25 MB buckets and feeds an AutoTuner what it sees:
    rank (the CPU share of an all-reduce and backward's speed next to one, on CPU only); rank 0 picks
    the layout with the cost model (strategies/costmodel.py) and broadcasts it, every rank builds it;
 3. trial: if the layout changed, TRIAL_ITERATIONS backwards alternate between the new buckets and the
-   25 MB ones (both kept allocated meanwhile: one more copy of the gradients for those steps, and no
-   allocation or warm-up trend favours either); rank 0 compares their median backward + finalize times
-   and every rank keeps the new buckets only if they measured faster. Nothing changes after the first
+   25 MB ones (both kept allocated meanwhile: one more copy of the gradients for those steps). Each new
+   backward is compared with the 25 MB one right after it, under the same load; rank 0 keeps the new
+   buckets only if they were faster (backward + finalize) in at least TRIAL_WINS of the 5 pairs and in
+   median, and every rank follows. On a noisy machine a tie goes to the 25 MB buckets. Nothing changes after the first
    AUTO_ITERATIONS + TRIAL_ITERATIONS synchronised backwards.
 
 What it measured and decided is `reducer.auto` (AutoBuckets), logged once on rank 0.
@@ -30,7 +31,8 @@ from strategies.costmodel import LinkCost, choose_buckets, predict
 
 _MB = 1024 * 1024
 AUTO_ITERATIONS = 4  # backwards measured with 25 MB buckets (the first is a warm-up) before the plan
-TRIAL_ITERATIONS = 6  # backwards alternating between the chosen buckets and the 25 MB ones
+TRIAL_ITERATIONS = 10  # backwards alternating between the chosen buckets and the 25 MB ones: 5 pairs
+TRIAL_WINS = 4  # pairs in which the chosen buckets must be the faster (and faster in median) to be kept
 PROBE_BYTES = (4096, 4 * _MB)  # all-reduce sizes whose times give alpha and beta
 PROBE_REPEATS = 5
 FAST_S = 0.02  # a 4 MB all-reduce faster than this: probe the gradients' whole size too
@@ -148,13 +150,16 @@ class AutoTuner:
         return self.trial[0]
 
     def _verdict(self) -> BucketLayout:
-        """Rank 0 compares the two layouts' medians; every rank keeps the winner and drops the other."""
+        """Rank 0 compares the two layouts pair by pair; every rank keeps the winner and drops the other."""
         assert self.result is not None
+        wins = sum(n < o for n, o in zip(*self.trial_s))  # each pair ran back to back, under the same load
         new, old = (statistics.median(times) for times in self.trial_s)
-        decision = torch.tensor([new, old, float(new < old)], dtype=torch.float64)
+        keep = wins >= TRIAL_WINS and new < old
+        decision = torch.tensor([new, old, float(wins), float(keep)], dtype=torch.float64)
         dist.broadcast(decision, src=self.src, group=self.group)
-        new, old, keep = decision.tolist()
+        new, old, wins, keep = decision.tolist()
         self.result.sync_s_trial, self.result.sync_s_cap25, self.result.reverted = new, old, not keep
+        self.result.trial_wins = int(wins)
         chosen = self.trial[0 if keep else 1]
         self.trial, self.trial_s = [], ([], [])
         self._report()
@@ -239,7 +244,8 @@ def report(result: AutoBuckets) -> str:
     else:
         verdict = "back to the 25 MB buckets" if a.reverted else "kept"
         outcome = (
-            f"trial {a.sync_s_trial * 1e3:.1f} ms against {a.sync_s_cap25 * 1e3:.1f} ms with 25 MB: {verdict}"
+            f"trial {a.sync_s_trial * 1e3:.1f} ms against {a.sync_s_cap25 * 1e3:.1f} ms with 25 MB, faster in "
+            f"{a.trial_wins} of {TRIAL_ITERATIONS // 2} pairs: {verdict}"
         )
     return (
         f"bucket_cap_mb='auto': all-reduce alpha {a.alpha_s * 1e6:.1f} us, {1e-6 / max(a.beta_s, 1e-15):.1f} MB/s, "

@@ -46,7 +46,8 @@ class AutoBuckets:
     kept_cap25: bool  # the predicted gain was under AUTO_MIN_GAIN: the 25 MB buckets were kept, no trial
     sync_s_cap25: float  # median backward + finalize with the 25 MB buckets on rank 0 (in the trial, if any)
     sync_s_trial: float | None = None  # ... with the chosen buckets, in the trial (None: no trial)
-    reverted: bool = False  # the trial's 25 MB backwards were as fast or faster: those buckets were kept
+    trial_wins: int | None = None  # trial pairs in which the chosen buckets were the faster
+    reverted: bool = False  # the chosen buckets did not win the trial: the 25 MB ones were kept
 
 
 @dataclass(slots=True)

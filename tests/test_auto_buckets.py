@@ -135,7 +135,8 @@ def test_auto_measures_tries_and_decides_the_same_on_every_rank(runs: list[dict]
         a1.compute_rate,
     )
     assert (a0.sync_s_trial, a0.sync_s_cap25, a0.reverted) == (a1.sync_s_trial, a1.sync_s_cap25, a1.reverted)
-    assert (a0.sync_s_trial is None) == a0.kept_cap25 and a0.sync_s_cap25 > 0
+    assert (a0.sync_s_trial is None) == (a0.trial_wins is None) == a0.kept_cap25 and a0.sync_s_cap25 > 0
+    assert a0.trial_wins == a1.trial_wins
 
 
 def test_auto_choice_is_the_cost_models_on_rank0_measurements(runs: list[dict]) -> None:
@@ -221,7 +222,7 @@ def test_a_trial_keeps_the_new_buckets_only_if_they_measured_faster(slow: str) -
         assert fixed != auto.buckets and len(fixed) <= 2
         assert layouts == _expected_layouts(auto, result["initial"], fixed)
         if slow == "new":
-            assert auto.sync_s_trial > auto.sync_s_cap25 + 0.05
+            assert auto.sync_s_trial > auto.sync_s_cap25 + 0.05 and auto.trial_wins == 0
         else:
-            assert auto.sync_s_trial < auto.sync_s_cap25 - 0.05
+            assert auto.sync_s_trial < auto.sync_s_cap25 - 0.05 and auto.trial_wins == TRIAL_ITERATIONS // 2
     assert runs[0]["auto"].reverted == runs[1]["auto"].reverted
