@@ -17,8 +17,15 @@ from strategies.autotune import AUTO_ITERATIONS, AUTO_MIN_GAIN, TRIAL_ITERATIONS
 from strategies.buckets import AutoBuckets, BucketLayout, BucketStats, assign_buckets
 from trainer.errors import DistributedError
 
-__all__ = ["AUTO_ITERATIONS", "AUTO_MIN_GAIN", "TRIAL_ITERATIONS", "AutoBuckets", "BucketStats", "Reducer"]
-__all__ += ["assign_buckets"]
+__all__ = [
+    "AUTO_ITERATIONS",
+    "AUTO_MIN_GAIN",
+    "TRIAL_ITERATIONS",
+    "AutoBuckets",
+    "BucketStats",
+    "Reducer",
+    "assign_buckets",
+]
 
 _MB = 1024 * 1024
 _COMPRESS = {"fp16": torch.float16, "bf16": torch.bfloat16}
