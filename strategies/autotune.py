@@ -4,14 +4,15 @@ The Reducer starts with 25 MB buckets and feeds an AutoTuner what it sees:
 
 1. measuring: for AUTO_ITERATIONS synchronised backwards (the first is a warm-up), when each gradient is
    ready, the time between two backwards, and how long backward + finalize took;
-2. plan: all-reduce probes of two sizes (three on a fast link), alone (alpha, beta) and while a matmul loop runs on the same
-   rank (the CPU share of an all-reduce and backward's speed next to one, on CPU only); rank 0 picks
-   the layout with the cost model (strategies/costmodel.py) and broadcasts it, every rank builds it;
+2. plan: all-reduce probes of two sizes (three on a fast link), alone (alpha, beta) and while a matmul
+   loop runs on the same rank (the CPU share of an all-reduce and backward's speed next to one, on CPU
+   only); rank 0 picks the layout with the cost model (strategies/costmodel.py) and broadcasts it, every
+   rank builds it;
 3. trial: if the layout changed, TRIAL_ITERATIONS backwards alternate between the new buckets and the
    25 MB ones (both kept allocated meanwhile: one more copy of the gradients for those steps). Each new
    backward is compared with the 25 MB one right after it, under the same load; rank 0 keeps the new
    buckets only if they were faster (backward + finalize) in at least TRIAL_WINS of the 5 pairs and in
-   median, and every rank follows. On a noisy machine a tie goes to the 25 MB buckets. Nothing changes after the first
+   median, and every rank follows; a tie goes to the 25 MB buckets. Nothing changes after the first
    AUTO_ITERATIONS + TRIAL_ITERATIONS synchronised backwards.
 
 What it measured and decided is `reducer.auto` (AutoBuckets), logged once on rank 0.
