@@ -123,8 +123,8 @@ class AutoTuner:
         for i, k in zip(flat, owner):
             buckets[k].append(i)
         cost = LinkCost(*numbers)
-        fixed = assign_buckets(sizes, keys, order, layout.first_cap, layout.cap)
-        layout.build_groups(fixed)  # the 25 MB buckets in rank 0's order, as the reducer's one rebuild
+        layout.build(order)  # the 25 MB buckets in rank 0's order, as the reducer's one rebuild
+        fixed = layout.indices
         self.result = AutoBuckets(
             alpha_s=cost.alpha,
             beta_s=cost.beta,
