@@ -175,12 +175,10 @@ class AutoTuner:
         seconds of it that did not progress while this rank computed; and the compute's speed meanwhile.
         On a fast link (4 MB in under FAST_S) also the gradients' whole size, up to 64 MB: there a 4 MB
         buffer still sits in the CPU's caches, and larger ones went 30% slower in the lab."""
-        times, cpu = {}, {}
-        for nbytes in PROBE_BYTES:
-            times[nbytes] = self._time_allreduce(nbytes, device)
+        times, cpu = self._time_allreduces(PROBE_BYTES, device), {}
         whole = min(total, 64 * _MB) // 4 * 4
         if times[PROBE_BYTES[1]] < FAST_S and whole > 2 * PROBE_BYTES[1]:
-            times[whole] = self._time_allreduce(whole, device)
+            times.update(self._time_allreduces((whole,), device))
         if device.type != "cpu":  # an accelerator computes and communicates on its own engines
             return times, {nbytes: 0.0 for nbytes in PROBE_BYTES}, 1.0
         rate = 1.0
@@ -188,18 +186,21 @@ class AutoTuner:
             cpu[nbytes], rate = _overlap_probe(times[nbytes], nbytes, self.group)
         return times, cpu, rate
 
-    def _time_allreduce(self, nbytes: int, device: torch.device) -> float:
-        t = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
-        samples = []
+    def _time_allreduces(self, sizes: tuple[int, ...], device: torch.device) -> dict[int, float]:
+        """Seconds of one all-reduce of each size: the fastest of PROBE_REPEATS rounds after a warm-up one.
+        Each round times every size once, so a busy moment on the machine falls on all sizes alike."""
+        tensors = {n: torch.zeros(n // 4, dtype=torch.float32, device=device) for n in sizes}
+        samples: dict[int, list[float]] = {n: [] for n in sizes}
         for _ in range(PROBE_REPEATS + 1):
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            start = time.perf_counter()
-            dist.all_reduce(t, group=self.group)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            samples.append(time.perf_counter() - start)
-        return min(samples[1:])  # the minimum: a late peer only ever adds time
+            for n, t in tensors.items():
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                start = time.perf_counter()
+                dist.all_reduce(t, group=self.group)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                samples[n].append(time.perf_counter() - start)
+        return {n: min(s[1:]) for n, s in samples.items()}  # the minimum: a late peer only ever adds time
 
 
 def _overlap_probe(alone_s: float, nbytes: int, group: dist.ProcessGroup | None) -> tuple[float, float]:
