@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.hooks import CALLBACK, add_hook_stubs
+from trainer.loop.hooks import CALLBACK, add_hook_stubs
 
 
 class Callback:

@@ -22,7 +22,7 @@ from callbacks.monitor import Monitor, at_train_epoch_end, fitting, rank_zero_de
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
-    from trainer.task import Task
+    from trainer.task.base import Task
     from trainer.trainer import Trainer
 
 

@@ -10,7 +10,7 @@ from callbacks.monitor import Monitor, any_rank_wants, at_train_epoch_end, fitti
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
-    from trainer.task import Task
+    from trainer.task.base import Task
     from trainer.trainer import Trainer
 
 

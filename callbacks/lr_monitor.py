@@ -10,7 +10,7 @@ from callbacks.base import Callback
 from trainer.errors import ConfigError, check_choice
 
 if TYPE_CHECKING:
-    from trainer.task import Task
+    from trainer.task.base import Task
     from trainer.trainer import Trainer
 
 

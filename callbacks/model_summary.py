@@ -9,7 +9,7 @@ import torch
 from callbacks.base import Callback
 
 if TYPE_CHECKING:
-    from trainer.task import Task
+    from trainer.task.base import Task
     from trainer.trainer import Trainer
 
 

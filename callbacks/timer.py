@@ -11,7 +11,7 @@ from callbacks.monitor import rank_zero_decides
 from trainer.errors import ConfigError, check_choice
 
 if TYPE_CHECKING:
-    from trainer.task import Task
+    from trainer.task.base import Task
     from trainer.trainer import Trainer
 
 

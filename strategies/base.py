@@ -23,7 +23,7 @@ from strategies.precision import Precision
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
-    from trainer.task import Task
+    from trainer.task.base import Task
 
 
 class Strategy:

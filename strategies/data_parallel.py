@@ -23,7 +23,7 @@ from strategies.single import pick_device
 from trainer.errors import ConfigError, TaskError
 
 if TYPE_CHECKING:
-    from trainer.task import Task
+    from trainer.task.base import Task
 
 
 class ReplicaError(RuntimeError):

@@ -15,7 +15,7 @@ from trainer.errors import check_choice
 
 if TYPE_CHECKING:
     from strategies.reducer import Reducer
-    from trainer.task import Task
+    from trainer.task.base import Task
 
 __all__ = ["DDPStrategy", "ShardSampler"]
 

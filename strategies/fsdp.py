@@ -13,13 +13,13 @@ import torch
 from strategies.fsdp_wrap import check_supported, resolve_classes, shard_task
 from strategies.precision import Precision
 from strategies.process_group import ProcessGroupStrategy
-from trainer.checkpoint_io import ShardedCheckpointIO
+from trainer.checkpoint.io import ShardedCheckpointIO
 from trainer.errors import CheckpointError, ConfigError, TaskError
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-    from trainer.task import Task
+    from trainer.task.base import Task
 
 
 class FSDPStrategy(ProcessGroupStrategy):

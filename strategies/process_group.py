@@ -24,8 +24,8 @@ from strategies.multinode import bind_gloo_interface, check_attempt_store, is_mu
 from strategies.parallel import ParallelStrategy
 from strategies.precision import Precision
 from strategies.syncbn import convert_sync_batchnorm
-from trainer.data import rebuild, rebuildable
 from trainer.errors import ConfigError
+from trainer.loop.data import rebuild, rebuildable
 
 LINGER_S = 0.5  # see _destroy_group
 

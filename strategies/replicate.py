@@ -12,10 +12,10 @@ import torch
 
 from strategies.batch import apply_to_tensors
 from trainer.errors import TaskError
-from trainer.metrics import is_metric
+from trainer.loggers.metrics import is_metric
 
 if TYPE_CHECKING:
-    from trainer.task import Task
+    from trainer.task.base import Task
 
 
 class Broadcast(torch.autograd.Function):

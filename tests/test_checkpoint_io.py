@@ -11,7 +11,7 @@ from helpers.checkpointing import Net, run_fit
 from torch import nn
 
 from trainer import Trainer
-from trainer import checkpoint as ckpt_io
+from trainer.checkpoint import io as ckpt_io
 from trainer.errors import CheckpointError, TandemError
 
 # ----- user mistakes -----------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""trainer/config.py: loading, merging, overrides, interpolation, the schema's errors, docs/configuration.md.
+"""trainer/config/__init__.py: loading, merging, overrides, interpolation, the schema's errors, docs/configuration.md.
 
 Building (Trainer, task, data, the written config) is in test_config_build.py; the options themselves
 (trainer/options.py) in test_config_options.py.

@@ -159,14 +159,19 @@ def _imports(path: str) -> set[str]:
 
 
 def test_trainer_loop_strategies_and_callbacks_do_not_import_the_config_layer():
-    files = [os.path.join(ROOT, "trainer", name) for name in ("trainer.py", "loop.py", "options.py")]
-    for package in ("strategies", "callbacks"):
+    files = [os.path.join(ROOT, "trainer", name) for name in ("trainer.py", "options.py")]
+    for package in (
+        "strategies",
+        "callbacks",
+        os.path.join("trainer", "loop"),
+        os.path.join("trainer", "task"),
+    ):
         files += glob.glob(os.path.join(ROOT, package, "**", "*.py"), recursive=True)
-    names = [n[:-3] for n in os.listdir(os.path.join(ROOT, "trainer")) if n.startswith("config")]
-    config_modules = {f"trainer.{n}" for n in names}
-    assert {"trainer.config", "trainer.config_build", "trainer.config_save"} <= config_modules
+    names = [n[:-3] for n in os.listdir(os.path.join(ROOT, "trainer", "config")) if n.endswith(".py")]
+    config_modules = {"trainer.config"} | {f"trainer.config.{n}" for n in names if n != "__init__"}
+    assert {"trainer.config", "trainer.config.build", "trainer.config.save"} <= config_modules
     for path in files:
-        bad = sorted(m for m in _imports(path) if ".".join(m.split(".")[:2]) in config_modules)
+        bad = sorted(m for m in _imports(path) if m == "trainer.config" or m.startswith("trainer.config."))
         assert not bad, f"{os.path.relpath(path, ROOT)} imports the config layer: {bad}"
 
 

@@ -18,7 +18,7 @@ from config_fixtures import BUILT, HERE, base
 
 from trainer import config as C
 from trainer.cli import main
-from trainer.config_types import slot_types
+from trainer.config.types import slot_types
 from trainer.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -17,8 +17,8 @@ from torch.utils.data import (
 )
 
 from trainer import DataModule, Task, Trainer
-from trainer.data import SkipBatchSampler, num_batches, rebuild, rebuildable, set_epoch
 from trainer.errors import ConfigError
+from trainer.loop.data import SkipBatchSampler, num_batches, rebuild, rebuildable, set_epoch
 
 
 def tensors(n: int = 20) -> TensorDataset:

@@ -20,8 +20,9 @@ from conftest import FAST
 from helpers.checkpointing import CountingData, Net
 from torch.utils.data import DataLoader
 
-from trainer import Trainer, dcp_read
-from trainer.checkpoint_io import CheckpointIO, ShardedCheckpointIO, dir_payload, load
+from trainer import Trainer
+from trainer.checkpoint import dcp_read
+from trainer.checkpoint.io import CheckpointIO, ShardedCheckpointIO, dir_payload, load
 from trainer.errors import CheckpointError
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

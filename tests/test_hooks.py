@@ -1,4 +1,4 @@
-"""trainer/hooks.py: hooks declared once, stubs generated for Task and Callback, the dispatcher."""
+"""trainer/loop/hooks.py: hooks declared once, stubs generated for Task and Callback, the dispatcher."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from callbacks import Callback
 from tests.conftest import FAST
 from trainer import Task, Trainer
-from trainer.hooks import CALLBACK, HOOKS, TASK, Hooks, overrides
+from trainer.loop.hooks import CALLBACK, HOOKS, TASK, Hooks, overrides
 
 
 class Tiny(Task):

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from trainer import Task, Trainer
 from trainer.errors import ConfigError, TaskError
-from trainer.metrics import MetricStore, to_floats
+from trainer.loggers.metrics import MetricStore, to_floats
 
 
 def data(n: int = 10, seed: int = 0) -> TensorDataset:

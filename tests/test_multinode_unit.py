@@ -180,7 +180,8 @@ def _check_resume_file(rank: int, world: int, root: str) -> str:
     """Rank r resumes from root/node{r}/last.ckpt: one file per node, as on nodes without shared storage."""
     from types import SimpleNamespace
 
-    from trainer.checkpoint import atomic_save, check_same_file_everywhere
+    from trainer.checkpoint.io import atomic_save
+    from trainer.checkpoint.run import check_same_file_everywhere
     from trainer.errors import CheckpointError
 
     t = SimpleNamespace(strategy=SimpleNamespace(comm=ProcessGroupComm()))

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from trainer import Task, Trainer
 from trainer.errors import ConfigError, TaskError
-from trainer.optim import SchedulerConfig, parse_optimizers
+from trainer.loop.optim import SchedulerConfig, parse_optimizers
 
 
 def params() -> list[nn.Parameter]:

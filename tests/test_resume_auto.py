@@ -1,6 +1,6 @@
 """resume="auto" and ckpt_path="last" resume only this run's own checkpoints: never another experiment's,
 a stray file under default_root_dir, or a file of another task; they survive symlink loops and files that
-vanish mid-search, and every resume says from where (trainer/checkpoint.py, callbacks/checkpoint_names.py)."""
+vanish mid-search, and every resume says from where (trainer/checkpoint/run.py, callbacks/checkpoint_names.py)."""
 
 from __future__ import annotations
 

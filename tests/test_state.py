@@ -1,11 +1,11 @@
-"""trainer/state.py: the loop's state, its checkpoint keys, and each rank's own part."""
+"""trainer/loop/state.py: the loop's state, its checkpoint keys, and each rank's own part."""
 
 from __future__ import annotations
 
 import torch
 
+from trainer.loop.state import LoopState
 from trainer.seed import get_rng_state, set_rng_state
-from trainer.state import LoopState
 
 
 def test_state_dict_round_trip_with_per_rank_parts():

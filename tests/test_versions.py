@@ -15,7 +15,7 @@ from conftest import FAST
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainer import Task, Trainer
-from trainer.config_save import SaveRunConfig
+from trainer.config.save import SaveRunConfig
 from trainer.loggers import CSVLogger, Logger, agree_versions, claim_version
 
 

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "DataModule": "trainer.datamodule",
+    "DataModule": "trainer.task.datamodule",
     "TandemError": "trainer.errors",
-    "Task": "trainer.task",
+    "Task": "trainer.task.base",
     "Trainer": "trainer.trainer",
     "seed_everything": "trainer.seed",
     "rank_zero_only": "trainer.rank_zero",
@@ -22,11 +22,11 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:
-    from trainer.datamodule import DataModule  # noqa: F401
     from trainer.errors import TandemError  # noqa: F401
     from trainer.rank_zero import rank_zero_only  # noqa: F401
     from trainer.seed import seed_everything  # noqa: F401
-    from trainer.task import Task  # noqa: F401
+    from trainer.task.base import Task  # noqa: F401
+    from trainer.task.datamodule import DataModule  # noqa: F401
     from trainer.trainer import Trainer  # noqa: F401
 
 

@@ -1,7 +1,7 @@
 """TrainerConfig: the one definition of every Trainer option: its name, type, default, doc and check.
 
 `Trainer(**options)` takes its signature, its docstring and its validation from here, and the config
-layer (trainer/config_schema.py) its schema of the ``trainer:`` section. Example::
+layer (trainer/config/schema.py) its schema of the ``trainer:`` section. Example::
 
     cfg = TrainerConfig.from_kwargs(max_epochs=3, precision="bf16-mixed")  # ConfigError if wrong
     cfg.effective().max_epochs  # the values a run uses (fast_dev_run applied, max_epochs filled in)

@@ -1,4 +1,4 @@
-"""Trainer: configures a run and hands each stage to the loops (trainer/loop.py, trainer/evaluation.py)."""
+"""Trainer: configures a run and hands each stage to the loops (trainer/loop/fit.py, trainer/loop/evaluation.py)."""
 
 from __future__ import annotations
 
@@ -11,19 +11,21 @@ import torch
 from callbacks.base import Callback
 from strategies import resolve_strategy
 from strategies.base import Strategy
-from trainer import checkpoint, evaluation, loop
-from trainer.datamodule import DataModule
+from trainer import checkpoint
 from trainer.errors import ConfigError
-from trainer.hooks import Hooks
 from trainer.loggers import Logger, TensorBoardLogger, align_versions
-from trainer.metrics import MetricStore
-from trainer.optim import SchedulerConfig
+from trainer.loggers.metrics import MetricStore
+from trainer.loggers.reporting import print_results
+from trainer.loop import evaluation
+from trainer.loop import fit as loop
+from trainer.loop.hooks import Hooks
+from trainer.loop.optim import SchedulerConfig
+from trainer.loop.session import Session, set_torch_flags
+from trainer.loop.state import LoopState
 from trainer.options import TrainerConfig
 from trainer.profiler import make_profiler
-from trainer.reporting import print_results
-from trainer.session import Session, set_torch_flags
-from trainer.state import LoopState
-from trainer.task import Task
+from trainer.task.base import Task
+from trainer.task.datamodule import DataModule
 from trainer.views import view
 
 _NO_PROFILE = contextlib.nullcontext()
@@ -35,7 +37,7 @@ class Trainer:
     Keyword names and meanings follow PyTorch Lightning 2.x; trainer/options.py defines them all.
     """
 
-    #: the whole resolved run config (every section) when built from a config (trainer/config.py), else None
+    #: the whole resolved run config (every section) when built from a config (trainer/config/__init__.py), else None
     resolved_config: dict[str, Any] | None = None
 
     def __init__(self, **options: Any) -> None:
@@ -56,7 +58,7 @@ class Trainer:
         self.loaders: dict[str, list[Any]] = {}  # phase ("train", "val", "test", "predict") -> loaders
         self.loader_sizes: dict[str, list[int | float]] = {}  # phase -> batches per loader (after limits)
         self.profiler = make_profiler(cfg.profiler)
-        self.session: Session | None = None  # the running stage's set-up (trainer/session.py)
+        self.session: Session | None = None  # the running stage's set-up (trainer/loop/session.py)
 
     __init__.__signature__ = TrainerConfig.signature("self")  # type: ignore[attr-defined]
     __init__.__doc__ = TrainerConfig.docstring()

@@ -12,7 +12,7 @@ import inspect
 import pkgutil
 from typing import Any
 
-from trainer.config_types import annotations, check, narrow
+from trainer.config.types import annotations, check, narrow
 from trainer.errors import ConfigError, TandemError, did_you_mean
 
 TARGET, PARTIAL = "_target_", "_partial_"
@@ -77,7 +77,7 @@ def instantiate(
     """Build ``_target_`` entries (depth first); other mappings and lists are rebuilt, values kept.
 
     `expected` is the type `node` must build (a slot's class, or a parameter's annotation): a target is
-    checked against it (trainer/config_types.py) before it is called. `inject` fills arguments the entry
+    checked against it (trainer/config/types.py) before it is called. `inject` fills arguments the entry
     does not set and its target accepts.
     """
     if isinstance(node, list):

@@ -1,5 +1,5 @@
 """Loading a run config: YAML files (or dicts) merged in order, ``key=value`` overrides on top, then
-omegaconf's interpolation, then the schema (trainer/config_schema.py). Example::
+omegaconf's interpolation, then the schema (trainer/config/schema.py). Example::
 
     cfg = resolve(["base.yaml", "ddp.yaml"], ["trainer.max_epochs=3"])  # a plain, validated dict
 """
@@ -13,7 +13,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from trainer.config_schema import SECTIONS, validate
+from trainer.config.schema import SECTIONS, validate
 from trainer.errors import ConfigError, TandemError
 
 Source = str | os.PathLike | Mapping[str, Any] | DictConfig

@@ -29,9 +29,9 @@ def slot_types() -> dict[str, type]:
     """The type each top-level slot builds (imported here, on first use: the config layer loads no Trainer)."""
     from callbacks.base import Callback
     from strategies.base import Strategy
-    from trainer.datamodule import DataModule
     from trainer.loggers import Logger
-    from trainer.task import Task
+    from trainer.task.base import Task
+    from trainer.task.datamodule import DataModule
 
     return {"task": Task, "data": DataModule, "callbacks": Callback, "logger": Logger, "strategy": Strategy}
 

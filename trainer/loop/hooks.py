@@ -88,7 +88,7 @@ HOOKS: tuple[Hook, ...] = (
 )
 HOOK_NAMES = frozenset(h.name for h in HOOKS)
 
-#: Task methods with a default behaviour (trainer/task_defaults.py) that the loop calls only when overridden
+#: Task methods with a default behaviour (trainer/task/defaults.py) that the loop calls only when overridden
 DEFAULTS = (
     "prepare_data", "configure_model", "configure_callbacks", "on_before_batch_transfer", "transfer_batch_to_device",
     "on_after_batch_transfer", "backward", "optimizer_step", "optimizer_zero_grad", "configure_gradient_clipping",

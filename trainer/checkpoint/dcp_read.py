@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
-from trainer.ckpt_format import refused_global, unsafe
+from trainer.checkpoint.format import refused_global, unsafe
 from trainer.errors import CheckpointError
 
 _MD = "torch.distributed.checkpoint.metadata"

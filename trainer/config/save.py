@@ -16,7 +16,7 @@ from callbacks.base import Callback
 from trainer.fileio import atomic_write
 
 if TYPE_CHECKING:
-    from trainer.task import Task
+    from trainer.task.base import Task
     from trainer.trainer import Trainer
 
 

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer.errors import TaskError
-from trainer.hooks import TASK, add_hook_stubs, default
-from trainer.hparams import HyperparametersMixin
-from trainer.task_defaults import TaskDefaults
+from trainer.loop.hooks import TASK, add_hook_stubs, default
+from trainer.task.defaults import TaskDefaults
+from trainer.task.hparams import HyperparametersMixin
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -158,7 +158,7 @@ class Task(TaskDefaults, torch.nn.Module, HyperparametersMixin):
     ) -> Task:
         """A new task of this class built from the checkpoint's hyperparameters (updated by `kwargs`),
         with its weights loaded (`strict` as in torch's load_state_dict); `map_location` as torch.load's."""
-        from trainer.checkpoint import rebuild_task
+        from trainer.checkpoint.run import rebuild_task
 
         if hparams_file is not None:
             raise TaskError(
@@ -172,4 +172,6 @@ class Task(TaskDefaults, torch.nn.Module, HyperparametersMixin):
             print(*args, **kwargs)
 
 
-add_hook_stubs(Task, TASK)  # on_fit_start, on_train_batch_end, ... as documented no-ops (trainer/hooks.py)
+add_hook_stubs(
+    Task, TASK
+)  # on_fit_start, on_train_batch_end, ... as documented no-ops (trainer/loop/hooks.py)

@@ -13,17 +13,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainer.config_load import Source, resolve
-from trainer.config_save import SaveRunConfig
-from trainer.config_schema import FROM_TRAINER
-from trainer.config_targets import TARGET, built, instantiate, locate, params
-from trainer.config_types import describe, slot_types
+from trainer.config.load import Source, resolve
+from trainer.config.save import SaveRunConfig
+from trainer.config.schema import FROM_TRAINER
+from trainer.config.targets import TARGET, built, instantiate, locate, params
+from trainer.config.types import describe, slot_types
 from trainer.errors import ConfigError, TandemError
 from trainer.options import TrainerConfig
 
 if TYPE_CHECKING:
-    from trainer.datamodule import DataModule
-    from trainer.task import Task
+    from trainer.task.base import Task
+    from trainer.task.datamodule import DataModule
     from trainer.trainer import Trainer
 
 

@@ -9,15 +9,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.checkpoint import check_window_saves
-from trainer.data import SkipBatchSampler, rebuild, rebuildable, set_epoch
+from trainer.checkpoint.run import check_window_saves
 from trainer.errors import TaskError
-from trainer.evaluation import run_eval
-from trainer.optim import optimizer_step, step_schedulers
-from trainer.reporting import finalize_loggers, log_metrics
+from trainer.loggers.reporting import finalize_loggers, log_metrics
+from trainer.loop.data import SkipBatchSampler, rebuild, rebuildable, set_epoch
+from trainer.loop.evaluation import run_eval
+from trainer.loop.optim import optimizer_step, step_schedulers
+from trainer.loop.signals import check_stop
+from trainer.loop.transfer import to_device
 from trainer.seed import get_rng_state, set_rng_state
-from trainer.signals import check_stop
-from trainer.transfer import to_device
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer

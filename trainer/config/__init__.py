@@ -12,19 +12,19 @@ Sections (docs/configuration.md): ``seed_everything``, ``trainer`` (the options 
 omegaconf's. Every mistake is a ConfigError that names the key and says what to change.
 
 This module gathers the layer's public names; the work is done in
-trainer/config_load.py (files, overrides, interpolation), trainer/config_schema.py (validation),
-trainer/config_targets.py (``_target_`` import and call), trainer/config_types.py (what each slot or
-parameter may build, checked before anything is called), trainer/config_build.py (Trainer, task, data)
-and trainer/config_save.py (YAML out, the SaveRunConfig callback).
+trainer/config/load.py (files, overrides, interpolation), trainer/config/schema.py (validation),
+trainer/config/targets.py (``_target_`` import and call), trainer/config/types.py (what each slot or
+parameter may build, checked before anything is called), trainer/config/build.py (Trainer, task, data)
+and trainer/config/save.py (YAML out, the SaveRunConfig callback).
 """
 
 from __future__ import annotations
 
-from trainer.config_build import Run, build, build_task, build_trainer
-from trainer.config_load import Source, load, resolve
-from trainer.config_save import SaveRunConfig, save, to_yaml
-from trainer.config_schema import FROM_TRAINER, SECTIONS, validate
-from trainer.config_targets import PARTIAL, TARGET, instantiate, locate
+from trainer.config.build import Run, build, build_task, build_trainer
+from trainer.config.load import Source, load, resolve
+from trainer.config.save import SaveRunConfig, save, to_yaml
+from trainer.config.schema import FROM_TRAINER, SECTIONS, validate
+from trainer.config.targets import PARTIAL, TARGET, instantiate, locate
 
 __all__ = [
     "FROM_TRAINER",

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from strategies.batch import move_to_device
-from trainer.hooks import default
-from trainer.optim import clip_gradients
+from trainer.loop.hooks import default
+from trainer.loop.optim import clip_gradients
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer

@@ -9,17 +9,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer import checkpoint
-from trainer.data import num_batches, with_worker_seeding
 from trainer.errors import TaskError
-from trainer.hooks import Hooks, overrides
 from trainer.loggers import agree_versions
-from trainer.optim import TaskOptimizer, check_optimizers, parse_optimizers
-from trainer.reporting import finalize_loggers
-from trainer.signals import StopSignals
-from trainer.task import Task
+from trainer.loggers.reporting import finalize_loggers
+from trainer.loop.data import num_batches, with_worker_seeding
+from trainer.loop.hooks import Hooks, overrides
+from trainer.loop.optim import TaskOptimizer, check_optimizers, parse_optimizers
+from trainer.loop.signals import StopSignals
+from trainer.task.base import Task
 
 if TYPE_CHECKING:
-    from trainer.datamodule import DataModule
+    from trainer.task.datamodule import DataModule
     from trainer.trainer import Trainer
 
 PHASE = {"fit": "val", "validate": "val", "test": "test", "predict": "predict"}  # a stage's evaluation phase
@@ -190,7 +190,7 @@ def _unshuffled(loader: Any) -> Any:
     """The loader with its samples in order (overfit_batches), when it can be rebuilt."""
     from torch.utils.data import RandomSampler, SequentialSampler
 
-    from trainer.data import rebuild, rebuildable
+    from trainer.loop.data import rebuild, rebuildable
 
     if rebuildable(loader) and isinstance(loader.sampler, RandomSampler):
         return rebuild(loader, sampler=SequentialSampler(loader.dataset))

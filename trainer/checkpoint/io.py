@@ -7,7 +7,7 @@
   that name stays until then.
 
 Every strategy reads both, as plain data only: files with torch.load(weights_only=True), directories
-through trainer/dcp_read.py. Loading a directory reshards: DCP gives each rank the parts of the saved tensors
+through trainer/checkpoint/dcp_read.py. Loading a directory reshards: DCP gives each rank the parts of the saved tensors
 that its own tensors (sharded or whole) cover, so a run saved by N processes resumes on any other number.
 A strategy chooses how it writes through a `checkpoint_io` attribute (FSDPStrategy has one); the others
 use `CheckpointIO()`.
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.ckpt_format import read
+from trainer.checkpoint.format import read
 from trainer.errors import CheckpointError
 from trainer.fileio import atomic_write
 
@@ -290,7 +290,7 @@ def _existing(path: str) -> str:
 
 def _read_meta(path: str) -> tuple[dict[str, Any], Any]:
     """The non-tensor part and the DCP metadata of a directory checkpoint."""
-    from trainer import dcp_read
+    from trainer.checkpoint import dcp_read
 
     try:
         meta = read(os.path.join(path, META), "cpu")
@@ -317,7 +317,7 @@ def _saved_weights(metadata: Any) -> dict[str, torch.Tensor]:
 
 def read_dir(path: str) -> dict[str, Any]:
     """A directory checkpoint with its weights gathered whole into this process (no collectives)."""
-    from trainer import dcp_read
+    from trainer.checkpoint import dcp_read
 
     meta, metadata = _read_meta(path)
     target = {MODEL + k: torch.empty(v.shape, dtype=v.dtype) for k, v in _saved_weights(metadata).items()}
@@ -334,7 +334,7 @@ def restore_dir(
     for a full checkpoint, into `optimizers`; every rank calls this."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
-    from trainer import dcp_read
+    from trainer.checkpoint import dcp_read
 
     meta, metadata = _read_meta(path)
     check_compatible(task, _saved_weights(metadata), path)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from trainer.hooks import default
-from trainer.hparams import HyperparametersMixin
+from trainer.loop.hooks import default
+from trainer.task.hparams import HyperparametersMixin
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer

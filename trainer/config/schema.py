@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from trainer.config_targets import PARTIAL, TARGET, locate, params
-from trainer.config_types import annotations, check, narrow, slot_types
+from trainer.config.targets import PARTIAL, TARGET, locate, params
+from trainer.config.types import annotations, check, narrow, slot_types
 from trainer.errors import ConfigError, did_you_mean
 from trainer.options import OptionError, TrainerConfig
 

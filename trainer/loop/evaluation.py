@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.reporting import finalize_loggers, log_metrics
+from trainer.loggers.reporting import finalize_loggers, log_metrics
+from trainer.loop.signals import check_stop
+from trainer.loop.transfer import to_device
 from trainer.seed import get_rng_state
-from trainer.signals import check_stop
-from trainer.transfer import to_device
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer

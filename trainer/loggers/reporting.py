@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from trainer.metrics import to_floats
+from trainer.loggers.metrics import to_floats
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
