@@ -23,6 +23,14 @@ STRATEGIES: dict[str, tuple[str, dict[str, Any]]] = {
     "ddp_find_unused_parameters_true": ("strategies.ddp:DDPStrategy", {"find_unused_parameters": True}),
     "fsdp": ("strategies.fsdp:FSDPStrategy", {}),
 }
+# Lightning's DDP start methods: fork (notebooks) is Tandem's too; DDPStrategy refuses spawn, naming these
+for _name, _method in (("fork", "fork"), ("notebook", "fork"), ("spawn", "spawn")):
+    STRATEGIES[f"ddp_{_name}"] = ("strategies.ddp:DDPStrategy", {"start_method": _method})
+    for _unused in (True, False):
+        STRATEGIES[f"ddp_{_name}_find_unused_parameters_{str(_unused).lower()}"] = (
+            "strategies.ddp:DDPStrategy",
+            {"start_method": _method, "find_unused_parameters": _unused},
+        )
 #: Trainer options a strategy takes when its constructor left them unset
 FILLED = ("accelerator", "precision", "devices", "num_nodes", "sync_batchnorm")
 DEFAULTS = {  # TrainerConfig's defaults (kept equal by tests/test_strategy_base.py; importing trainer.options

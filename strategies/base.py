@@ -23,6 +23,7 @@ from strategies.precision import Precision
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
+    from strategies.fork import ForkStart
     from trainer.task.base import Task
 
 
@@ -62,9 +63,10 @@ class Strategy:
         return self._precision
 
     # ----- life cycle ---------------------------------------------------------------------------
-    def launch(self) -> None:
+    def launch(self) -> ForkStart | None:
         """Bring this process into the job: join its process group, or start the workers (then the parent
-        exits with their status and never returns). One process: pick the device."""
+        exits with their status and never returns), or return a ForkStart that runs the stage in forked
+        workers (a notebook). One process: pick the device."""
 
     def setup(self, task: Task) -> None:
         """Move the task to the root device in the parameter dtype of the precision."""

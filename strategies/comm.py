@@ -80,10 +80,11 @@ class Comm:
         """The number of batches every rank runs this epoch (the shortest rank's)."""
         return n
 
-    def agree_stop(self, flag: bool) -> bool:
-        """Called by every rank at the same points (step boundaries, validation batches): True once a stop
-        was requested on any rank. Under several processes the answer may come one call later."""
-        return flag
+    def agree_stop(self, flag: int) -> int:
+        """Called by every rank at the same points (step boundaries, validation batches) with this rank's
+        stop request (0: none; a larger number wins): the largest over the ranks, non-zero once a stop was
+        requested on any rank. Under several processes the answer may come one call later."""
+        return int(flag)
 
     def settle(self) -> None:
         """Finish any agreement still in flight (before the group is used for anything else or closed)."""
@@ -195,27 +196,27 @@ class ProcessGroupComm(Comm):
         self.run(op, dist.all_reduce, flag_t, dist.ReduceOp.MAX)
         return bool(flag_t.item())
 
-    def agree_stop(self, flag: bool) -> bool:
+    def agree_stop(self, flag: int) -> int:
         """A pipelined agreement: each call starts a 1-element MAX all-reduce of this rank's flag without
         waiting, and returns the result of the previous call's (long finished by now). Every rank gets the
         same answer at the same call, one call late, at no cost to the step."""
         import torch.distributed as dist
 
         agreed = self._collect_stop()
-        flag_t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self.device)
+        flag_t = torch.tensor([int(flag)], dtype=torch.int32, device=self.device)
         self._stop = (
             flag_t,
             self.run("stop-request all-reduce", dist.all_reduce, flag_t, dist.ReduceOp.MAX, None, True),
         )
         return agreed
 
-    def _collect_stop(self) -> bool:
+    def _collect_stop(self) -> int:
         if self._stop is None:
-            return False
+            return 0
         flag_t, work = self._stop
         self._stop = None
         self.run("stop-request all-reduce", work.wait)
-        return bool(flag_t.item())
+        return int(flag_t.item())
 
     def settle(self) -> None:
         self._collect_stop()

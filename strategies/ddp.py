@@ -28,7 +28,8 @@ class DDPStrategy(ProcessGroupStrategy):
         Trainer(strategy=DDPStrategy(bucket_cap_mb=25, comm_hook="fp16"), devices=2).fit(task)
 
     A plain ``python train.py`` starts `devices` workers through torch's elastic launcher; under torchrun
-    or SLURM the process joins the existing group.
+    or SLURM the process joins the existing group. In a notebook, or with ``start_method="fork"``
+    (strategy="ddp_notebook"/"ddp_fork"), the workers are forked from this process (strategies/fork.py).
     """
 
     name = "ddp"
@@ -50,6 +51,7 @@ class DDPStrategy(ProcessGroupStrategy):
         max_restarts: int = 0,
         sync_batchnorm: bool | None = None,
         peer_timeout_s: float | None = 20.0,
+        start_method: str = "popen",
     ) -> None:
         super().__init__(
             accelerator,
@@ -61,6 +63,7 @@ class DDPStrategy(ProcessGroupStrategy):
             max_restarts,
             sync_batchnorm,
             peer_timeout_s,
+            start_method,
         )
         check_choice("comm_hook", str(comm_hook), ("None", "fp16", "bf16"))
         if isinstance(bucket_cap_mb, str):  # "auto": the Reducer measures and picks (strategies/costmodel.py)

@@ -40,6 +40,7 @@ class FSDPStrategy(ProcessGroupStrategy):
     """
 
     name = "fsdp"
+    fork_start = False  # rank 0's sharded state cannot be handed back to a notebook: scripts only
 
     def __init__(
         self,
@@ -90,7 +91,7 @@ class FSDPStrategy(ProcessGroupStrategy):
         return self._task is not None and self.comm.world_size > 1
 
     # ----- life cycle ---------------------------------------------------------------------------
-    def launch(self) -> None:
+    def launch(self) -> None:  # (no fork start: never returns a ForkStart)
         if self.hybrid and self._world[1] == 1:
             raise ConfigError(
                 "FSDPStrategy(hybrid=True) shards within a node and replicates across nodes, but num_nodes=1; "

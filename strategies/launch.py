@@ -3,6 +3,7 @@ elastic launcher (torch.distributed.launcher.api) and exit with the workers' sta
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -11,33 +12,15 @@ import sys
 import uuid
 from typing import Any, NoReturn
 
+from strategies import slurm
 from trainer.errors import ConfigError
 
 _RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
-def _first_slurm_host(nodelist: str) -> str:
-    """'node[01-04,07],gpu2' -> 'node01' (the first host, without calling scontrol)."""
-    head = nodelist.split(",")[0]
-    if "[" in head:
-        prefix, rest = head.split("[", 1)
-        return prefix + rest.split("-")[0].split(",")[0].rstrip("]")
-    return head
-
-
 def adopt_slurm_env() -> bool:
-    """Under `srun`, translate SLURM_* into torch's RANK/WORLD_SIZE/... variables. True if it did."""
-    if "SLURM_PROCID" not in os.environ or "SLURM_NTASKS" not in os.environ or "RANK" in os.environ:
-        return False
-    if os.environ.get("SLURM_JOB_NAME") in ("bash", "interactive"):
-        return False  # an interactive allocation: the user runs the script by hand, not one task per rank
-    env = os.environ
-    env["RANK"] = env["SLURM_PROCID"]
-    env["WORLD_SIZE"] = env["SLURM_NTASKS"]
-    env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
-    env.setdefault("MASTER_ADDR", _first_slurm_host(env.get("SLURM_NODELIST", "127.0.0.1")))
-    env.setdefault("MASTER_PORT", str(15000 + int(env.get("SLURM_JOB_ID", "0")) % 20000))
-    return True
+    """In a task that srun started, translate SLURM_* into torch's RANK/WORLD_SIZE/... True if it did."""
+    return slurm.adopt()
 
 
 def launched_externally() -> bool:
@@ -88,6 +71,59 @@ def _ignore_repeated_sigterm() -> None:
     api._terminate_process_handler = handler  # looked up when the agent installs its handlers
 
 
+def _worker_pids() -> list[int]:
+    """This process's children: the workers the elastic agent started (it runs in this process)."""
+    me, pids = os.getpid(), []
+    for stat in os.listdir("/proc"):
+        if stat.isdigit():
+            try:
+                with open(f"/proc/{stat}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == me:
+                        pids.append(int(stat))
+            except (OSError, ValueError, IndexError):
+                continue  # gone meanwhile
+    return pids
+
+
+def _forward_user_signals() -> list[int]:
+    """SIGUSR1/SIGUSR2 (SLURM's time-limit warning, --signal=B:USR1@90) reach the launcher only when it is
+    the batch script's process; torch's agent would die of them and leave the workers behind. Pass them on
+    once each: the workers checkpoint and, under SLURM, requeue the job. The signals received, in order."""
+    received: list[int] = []
+
+    def forward(signum: int, frame: Any) -> None:
+        first = signum not in received
+        received.append(signum)
+        if first:
+            name = signal.Signals(signum).name
+            os.write(2, f"[tandem] launcher received {name}; passing it to the workers\n".encode())
+            for pid in _worker_pids():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signum)
+
+    for signum in (signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(signum, forward)
+    return received
+
+
+def _batch_shell_note(nprocs: int) -> None:
+    """Started by a SLURM batch script's shell (no exec, no srun): signals for the job reach only that shell."""
+    try:
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+            parent = f.read()
+    except OSError:
+        return
+    if b"slurm_script" in parent:
+        print(
+            f"[tandem] a SLURM batch script runs python without srun: this process starts the {nprocs} workers "
+            "itself. A signal for the job (--signal=B:USR1@90, scancel -b) reaches the batch shell, which dies "
+            "of it and ends the job before anything is saved: start python with `exec python ...` in the batch "
+            f"script, or use srun (#SBATCH --ntasks-per-node={nprocs} --signal=USR1@90; srun python ...).",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def relaunch(nprocs: int, max_restarts: int = 0) -> NoReturn:
     """Run this command as `nprocs` workers on this machine; exit with their status."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -112,6 +148,9 @@ def relaunch(nprocs: int, max_restarts: int = 0) -> NoReturn:
         shutdown_timeout=50,
     )
     _ignore_repeated_sigterm()
+    forwarded = _forward_user_signals()
+    if slurm.in_batch_script():
+        _batch_shell_note(nprocs)
     try:
         elastic_launch(config, sys.executable)(*_command())
     except SignalException as e:  # this launcher was signalled; the workers got it too and checkpointed
@@ -119,6 +158,10 @@ def relaunch(nprocs: int, max_restarts: int = 0) -> NoReturn:
         sys.exit(128 + int(e.sigval))
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
+        stopped = [s for s in forwarded if failure.exitcode == 128 + s]
+        if stopped:  # the workers acted on the signal passed on (and said so): no failure
+            print(f"[tandem] workers stopped after {signal.Signals(stopped[0]).name}.", file=sys.stderr)
+            sys.exit(failure.exitcode)
         print(
             f"[tandem] worker rank {rank} failed with exit code {failure.exitcode}; its traceback is printed "
             "above. The other workers were stopped.",

@@ -16,9 +16,10 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler, RandomSampler, Sampler
 
-from strategies import launch
+from strategies import fork, launch, slurm
 from strategies.base import pick_device
 from strategies.comm import ProcessGroupComm
+from strategies.fork import ForkStart
 from strategies.heartbeat import Heartbeat
 from strategies.multinode import bind_gloo_interface, check_attempt_store, is_multinode
 from strategies.parallel import ParallelStrategy
@@ -95,12 +96,28 @@ class ShardSampler(Sampler[int]):
         return len(self.indices)
 
 
+def check_start_method(method: str) -> None:
+    """'popen' (re-run the script per device, as torchrun does) and 'fork' are Tandem's; Lightning's others are not."""
+    if method in ("popen", "fork"):
+        return
+    if method in ("spawn", "forkserver"):
+        raise ConfigError(
+            f"start_method={method!r} (strategy='ddp_{method}') is not supported: Tandem starts DDP workers by "
+            "re-running your script once per device (strategy='ddp', as torchrun does; nothing needs to pickle), "
+            "or by fork in a notebook (strategy='ddp_notebook' or 'ddp_fork'). Use one of those."
+        )
+    raise ConfigError(f"start_method must be 'popen' or 'fork', got {method!r}")
+
+
 class ProcessGroupStrategy(ParallelStrategy):
     """One process per device in a torch.distributed process group; each rank trains on its own shard.
 
     A plain ``python train.py`` starts `devices` workers through torch's elastic launcher; under torchrun
-    or SLURM the process joins the existing group. Subclasses decide how gradients are combined.
+    or SLURM the process joins the existing group; in a notebook the workers are forked (strategies/fork.py).
+    Subclasses decide how gradients are combined.
     """
+
+    fork_start = True  # can run a stage in forked workers (a notebook's start)
 
     def __init__(
         self,
@@ -113,8 +130,11 @@ class ProcessGroupStrategy(ParallelStrategy):
         max_restarts: int = 0,
         sync_batchnorm: bool | None = None,
         peer_timeout_s: float | None = 20.0,
+        start_method: str = "popen",
     ) -> None:
         super().__init__(accelerator, precision)
+        check_start_method(start_method)
+        self.start_method = start_method
         self.devices, self.num_nodes, self.sync_batchnorm = (
             devices,
             num_nodes,
@@ -130,32 +150,70 @@ class ProcessGroupStrategy(ParallelStrategy):
         return (self.devices or 1), (self.num_nodes or 1)
 
     # ----- life cycle ---------------------------------------------------------------------------
-    def launch(self) -> None:
+    def launch(self) -> ForkStart | None:
+        """Join the job's group; or start the workers: re-run this script through torch's elastic launcher
+        (the parent exits with their status), or, in a notebook or with start_method='fork', return a
+        ForkStart with which the Trainer runs the stage in forked workers."""
         devices, nodes = self._world
         if launch.launched_externally():
-            local = int(os.environ.get("LOCAL_WORLD_SIZE", devices))
-            if local != devices:
-                raise ConfigError(
-                    f"this job was launched with {local} processes per node but Trainer has devices={devices};"
-                    f" make them agree (e.g. torchrun --nproc_per_node={devices}, or devices={local})."
-                )
-        elif nodes > 1:
-            raise ConfigError(
-                f"num_nodes={nodes} needs a multi-node launcher: start the script with "
-                "torchrun (--nnodes, --rdzv-endpoint) or srun on every node."
-            )
-        elif devices == 1:  # a group of one, in this process
-            os.environ.update(
-                RANK="0",
-                WORLD_SIZE="1",
-                LOCAL_RANK="0",
-                LOCAL_WORLD_SIZE="1",
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(launch._free_port()),
-            )
+            self._check_launched(devices, nodes)
         else:
-            launch.relaunch(devices, self.max_restarts)  # the parent exits with the workers' status
+            if slurm.in_batch_script():  # the batch script's one process: as a plain `python train.py` here
+                slurm.check_batch_script(devices, nodes)
+            if nodes > 1:
+                raise ConfigError(
+                    f"num_nodes={nodes} needs a multi-node launcher: start the script with "
+                    "torchrun (--nnodes, --rdzv-endpoint) or srun on every node."
+                )
+            if devices == 1:
+                self._group_of_one()
+            elif self.start_method == "fork" or fork.interactive():
+                return self._fork_start(devices)
+            else:
+                launch.relaunch(devices, self.max_restarts)  # the parent exits with the workers' status
         self._join_group()
+        return None
+
+    @staticmethod
+    def _check_launched(devices: int, nodes: int) -> None:
+        """The launcher's processes per node (and, under srun, nodes) must be the Trainer's."""
+        if slurm.adopted():
+            slurm.check_step(devices, nodes)
+            return
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", devices))
+        if local != devices:
+            raise ConfigError(
+                f"this job was launched with {local} processes per node but Trainer has devices={devices};"
+                f" make them agree (e.g. torchrun --nproc_per_node={devices}, or devices={local})."
+            )
+
+    def _group_of_one(self) -> None:
+        """A group of one, in this process."""
+        os.environ.update(
+            RANK="0",
+            WORLD_SIZE="1",
+            LOCAL_RANK="0",
+            LOCAL_WORLD_SIZE="1",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(launch._free_port()),
+        )
+
+    def _fork_start(self, devices: int) -> ForkStart:
+        name = self.name if self.start_method != "fork" else f"{self.name}_fork"
+        if not self.fork_start:
+            raise ConfigError(
+                f"strategy={self.name!r} with devices={devices} cannot start its workers from a notebook or an "
+                "interactive session (no fork start): put the code in a script and run `python train.py`, or "
+                "use strategy='ddp' (forks its workers here) or 'dp'."
+            )
+        fork.check_forkable(name)
+        if self.start_method != "fork":
+            print(
+                f"[tandem] strategy={self.name!r} in an interactive session: forking the {devices} workers "
+                "(as strategy='ddp_notebook' does)",
+                file=sys.stderr,
+            )
+        return fork.ForkStart(self, devices)
 
     def _join_group(self) -> None:
         device = pick_device(self.accelerator or "auto", self.comm.local_rank)

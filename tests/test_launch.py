@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from strategies import launch
+from strategies import launch, slurm
 from strategies.ddp import DDPStrategy
 from trainer.errors import ConfigError
 
@@ -29,6 +29,9 @@ SLURM = {
     "SLURM_NODELIST": "gpu[07-08]",
     "SLURM_JOB_ID": "12345",
     "SLURM_JOB_NAME": "train.sbatch",
+    "SLURM_STEP_ID": "0",  # a task of an srun step (the batch script itself has no step id)
+    "SLURM_STEP_TASKS_PER_NODE": "4(x2)",
+    "SLURM_NNODES": "2",
 }
 TORCH_VARS = (*TORCHRUN, "LOCAL_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT")
 
@@ -37,8 +40,9 @@ TORCH_VARS = (*TORCHRUN, "LOCAL_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT")
 def env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
     """A process started by hand (no launcher variables); whatever a test or launch.py sets is undone."""
     saved = dict(os.environ)  # launch.py writes os.environ itself, behind monkeypatch's back
-    for var in (*TORCH_VARS, *SLURM):
+    for var in (*TORCH_VARS, *[v for v in os.environ if v.startswith("SLURM_")]):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(slurm, "_adopted", False)
     yield monkeypatch
     monkeypatch.undo()  # first, or it would put back values launch.py had set
     os.environ.clear()
@@ -87,7 +91,8 @@ def test_every_task_of_a_job_agrees_on_the_rendezvous_and_jobs_differ(env):
 
 
 def test_srun_defaults_and_explicit_master(env):
-    set_vars(env, {"SLURM_PROCID": "0", "SLURM_NTASKS": "2"})  # no SLURM_LOCALID, SLURM_NODELIST, job id
+    set_vars(env, {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"})
+    # (no SLURM_LOCALID, SLURM_NODELIST)
     assert launch.adopt_slurm_env()
     assert os.environ["LOCAL_RANK"] == "0" and os.environ["MASTER_ADDR"] == "127.0.0.1"
     for var in TORCH_VARS:
@@ -104,8 +109,9 @@ def test_an_interactive_allocation_is_not_a_launch(env, job_name):
     assert "RANK" not in os.environ
 
 
-def test_slurm_without_a_task_count_is_not_a_launch(env):
-    set_vars(env, {k: v for k, v in SLURM.items() if k != "SLURM_NTASKS"})
+def test_the_batch_script_itself_is_not_a_launch(env):
+    """`python train.py` in a batch script without srun: one process (no step id), whatever --ntasks says."""
+    set_vars(env, {k: v for k, v in SLURM.items() if k != "SLURM_STEP_ID"})
     assert not launch.launched_externally()
     assert "RANK" not in os.environ
 
@@ -174,11 +180,11 @@ def _no_relaunch(env: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     return calls
 
 
-@pytest.mark.parametrize("variables", [TORCHRUN, SLURM])
-def test_under_a_launcher_the_work_runs_in_this_process(env, variables):
+@pytest.mark.parametrize("variables,devices,nodes", [(TORCHRUN, 2, 1), (SLURM, 4, 2)])
+def test_under_a_launcher_the_work_runs_in_this_process(env, variables, devices, nodes):
     calls = _no_relaunch(env)
     set_vars(env, variables)
-    DDPStrategy(accelerator="cpu", devices=2).launch()
+    DDPStrategy(accelerator="cpu", devices=devices, num_nodes=nodes).launch()
     assert calls == ["joined"]  # this process is a worker already: it joins, nothing is started
 
 

@@ -135,9 +135,18 @@ FLAG = must(lambda v: isinstance(v, bool), "true or false")
 
 
 def check_plugins(name: str, value: Any) -> None:
-    if value is not None and value != []:
-        raise OptionError(
-            name,
-            f"{name} must be None: Tandem has no plugins (got {value!r}); set precision=..., strategy=... or "
-            "num_nodes=... instead (cluster environments are detected from torchrun's and SLURM's variables)",
-        )
+    """None, or SLURMEnvironment (trainer.plugins.environments); every other plugin is refused by name."""
+    from trainer.plugins.environments import SLURMEnvironment
+
+    items = [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
+    for item in items:
+        if not isinstance(item, SLURMEnvironment):
+            kind = type(item).__name__ if not isinstance(item, str) else repr(item)
+            raise OptionError(
+                name,
+                f"{name} must be None or [SLURMEnvironment(...)] (trainer.plugins.environments); {kind} is not "
+                "supported: set precision=..., strategy=... or num_nodes=... instead (torchrun's and SLURM's "
+                "variables are read without a plugin)",
+            )
+    if len(items) > 1:
+        raise OptionError(name, f"{name} must hold one SLURMEnvironment, got {len(items)}")

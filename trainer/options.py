@@ -202,7 +202,9 @@ class TrainerConfig:
         False, "no logger, checkpointing, progress bar, summary or sanity check; self.log is an error", FLAG
     )
     plugins: Any = option(
-        None, "not supported: precision and environments are Trainer options here", check_plugins
+        None,
+        "[SLURMEnvironment(auto_requeue=..., requeue_signal=...)] or None; other plugins are refused",
+        check_plugins,
     )
 
     def __post_init__(self) -> None:

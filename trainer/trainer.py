@@ -98,11 +98,13 @@ class Trainer:
         """Train `task` (Lightning's `model=` too); data from the arguments, a DataModule, or the task."""
         if isinstance(train_dataloaders, DataModule):
             datamodule, train_dataloaders = train_dataloaders, None
-        self.strategy.launch()  # self-launching strategies start the workers here: the parent exits
-        with Session(
-            self, "fit", _one(task, model), datamodule, ckpt_path, train_dataloaders, val_dataloaders
-        ):
-            loop.fit(self)
+        task = _one(task, model)
+
+        def stage() -> None:
+            with Session(self, "fit", task, datamodule, ckpt_path, train_dataloaders, val_dataloaders):
+                loop.fit(self)
+
+        self._launched(task, stage)
 
     def validate(self, task: Task | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
                  verbose: bool = True, datamodule: DataModule | None = None, *, model: Task | None = None) -> list[dict[str, float]]:  # fmt: skip
@@ -124,12 +126,21 @@ class Trainer:
                   dm: DataModule | None, verbose: bool) -> Any:  # fmt: skip
         if isinstance(loaders, DataModule):
             dm, loaders = loaders, None
-        self.strategy.launch()
-        with Session(self, stage, task, dm, ckpt_path, None, loaders):
-            results = evaluation.evaluate(self, stage)
+
+        def run() -> Any:
+            with Session(self, stage, task, dm, ckpt_path, None, loaders):
+                return evaluation.evaluate(self, stage)
+
+        results = self._launched(task, run)
         if verbose and self.is_global_zero:
             print_results(stage, results)
         return results
+
+    def _launched(self, task: Task | None, stage: Any) -> Any:
+        """Run `stage` once the strategy brought this process into the job (a self-launching strategy's
+        parent exits inside launch); in a notebook the workers are forked and rank 0's results come back."""
+        workers = self.strategy.launch()
+        return stage() if workers is None else workers.run(self, task, stage)
 
     def save_checkpoint(self, path: str, weights_only: bool = False) -> None:
         """Write a checkpoint atomically (rank 0 writes, every rank waits)."""

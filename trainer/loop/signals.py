@@ -1,4 +1,6 @@
-"""SIGINT/SIGTERM during fit: ask the loop to stop at the next agreed step boundary (it checkpoints first)."""
+"""SIGINT/SIGTERM during fit: ask the loop to stop at the next agreed step boundary (it checkpoints first).
+Under SLURM (or with a SLURMEnvironment plugin) the requeue signal, SIGUSR1 by default, does the same and
+then requeues the job (trainer/plugins/environments.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,9 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 GRACE_PER_GAP = 4  # ... plus this many times the longest gap measured between two stop agreements
+# what a rank contributes to the stop agreement (a MAX over ranks): a requeue only when no rank got another
+# stop signal (SIGTERM from scancel or preemption must not requeue a job SLURM is ending)
+NO_STOP, REQUEUE, STOP = 0, 1, 2
 
 
 def check_stop(t: Trainer, val_start_rng: dict[str, Any] | None = None) -> None:
@@ -29,7 +34,12 @@ def check_stop(t: Trainer, val_start_rng: dict[str, Any] | None = None) -> None:
     if state.last_agreement is not None:
         state.agreement_gap = max(state.agreement_gap, now - state.last_agreement)
     state.last_agreement = now
-    if t.strategy.comm.agree_stop(state.stop_signal is not None):
+    signals = t.session.signals if t.session is not None else None
+    mine = NO_STOP if state.stop_signal is None else signals.code(state.stop_signal) if signals else STOP
+    agreed = t.strategy.comm.agree_stop(mine)
+    if agreed:
+        if agreed == REQUEUE and signals is not None:
+            signals.requeue_pending = True
         stop_on_signal(t, val_start_rng)
 
 
@@ -37,20 +47,49 @@ class StopSignals:
     """Installs the handlers for one fit; a second signal stops at once (KeyboardInterrupt)."""
 
     def __init__(self, trainer: Trainer) -> None:
+        from trainer.plugins.environments import environment_of
+
         self.trainer = trainer
         self.previous: dict[int, Any] = {}
+        self.environment = environment_of(trainer.config.plugins)  # SLURM's, or None
+        self.requeue_signal = self.environment.requeue_signal if self.environment is not None else None
+        self.requeue_pending = False  # the ranks agreed on a requeue stop: rank 0 requeues on the way out
+
+    def code(self, signum: int) -> int:
+        """This rank's part of the stop agreement for a received signal."""
+        return REQUEUE if signum == self.requeue_signal else STOP
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            self.previous[signum] = signal.getsignal(signum)
-            signal.signal(signum, self._handle)
+        for signum in (signal.SIGINT, signal.SIGTERM, self.requeue_signal):
+            if signum is not None:
+                self.previous[signum] = signal.getsignal(signum)
+                signal.signal(signum, self._handle)
 
     def restore(self) -> None:
+        """Put the previous handlers back; after an agreed requeue stop, requeue the job first (rank 0) and
+        keep ignoring SIGTERM, which SLURM sends to every task of the job it requeues, while this exits."""
+        if self.requeue_pending:
+            self.requeue_pending = False
+            self.previous.pop(signal.SIGTERM, None)
+            self._requeue()
         for signum, previous in self.previous.items():
             signal.signal(signum, previous)
         self.previous = {}
+
+    def _requeue(self) -> None:
+        t = self.trainer
+        if not t.is_global_zero or self.environment is None:
+            return
+        if not t.config.enable_checkpointing:
+            print("[tandem] not requeued: enable_checkpointing=False, so nothing was saved to resume from",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            return
+        done, said = self.environment.requeue()
+        if done and t.config.resume != "auto":
+            said += "; it resumes only with Trainer(resume='auto') (or a ckpt_path)"
+        print(f"[tandem] {said}", file=sys.stderr, flush=True)
 
     def _handle(self, signum: int, frame: Any) -> None:
         state, rank = self.trainer.state, self.trainer.global_rank
@@ -64,9 +103,10 @@ class StopSignals:
             return
         state.stop_signal = signum
         grace = self.trainer.config.stop_grace_s + GRACE_PER_GAP * state.agreement_gap
+        then = ", then requeueing the job" if signum == self.requeue_signal else ""
         _say(
-            f"[tandem] rank {rank} received {signal.Signals(signum).name}: checkpointing at the next step boundary "
-            f"(within {grace:.0f} s; press Ctrl-C twice to stop at once)"
+            f"[tandem] rank {rank} received {signal.Signals(signum).name}: checkpointing at the next step boundary"
+            f"{then} (within {grace:.0f} s; press Ctrl-C twice to stop at once)"
         )
         watchdog = threading.Timer(grace, _stuck_exit, args=(rank, signum, grace))
         watchdog.daemon = True
@@ -109,8 +149,11 @@ def _stuck_exit(rank: int, signum: int, grace: float) -> None:
 
 
 def stop_on_signal(t: Trainer, val_start_rng: dict[str, Any] | None = None) -> None:
-    """SIGINT/SIGTERM reached a rank: every rank saves one checkpoint together, then exits 128+signal."""
-    signum = t.state.stop_signal or signal.SIGTERM
+    """SIGINT/SIGTERM (or the requeue signal) reached a rank: every rank saves one checkpoint together, then
+    exits 128+signal."""
+    signals = t.session.signals if t.session is not None else None
+    requeue = signals is not None and signals.requeue_pending
+    signum = signals.requeue_signal if requeue else t.state.stop_signal or signal.SIGTERM
     where = ""
     if t.config.enable_checkpointing:
         if val_start_rng is not None:
