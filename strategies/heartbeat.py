@@ -29,8 +29,11 @@ class Heartbeat:
     timeout), the other only reads the times of the last news and ends the process when they grow too old.
     """
 
-    def __init__(self, rank: int, world_size: int, silence_s: float, interval_s: float = 2.0) -> None:
+    def __init__(
+        self, rank: int, world_size: int, silence_s: float, interval_s: float = 2.0, prefix: str | None = None
+    ) -> None:
         self.rank, self.world_size = rank, world_size
+        self.prefix = prefix or PREFIX  # this start's own keys on a store that outlives restarts
         self.silence_s, self.interval_s = silence_s, interval_s
         self._stop = threading.Event()
         self._threads = [
@@ -71,13 +74,13 @@ class Heartbeat:
                 if store is None:
                     store = self._connect()
                 if not announced:
-                    store.set(f"{PREFIX}/host/{self.rank}", self._me)
+                    store.set(f"{self.prefix}/host/{self.rank}", self._me)
                     announced = True
                 if len(self._hosts) < len(self._peers):  # every rank announces itself right after joining
-                    keys = [f"{PREFIX}/host/{r}" for r in self._peers]
+                    keys = [f"{self.prefix}/host/{r}" for r in self._peers]
                     store.wait(keys)
                     self._hosts = {r: store.get(k).decode() for r, k in zip(self._peers, keys)}
-                store.add(f"{PREFIX}/{self.rank}", 1)
+                store.add(f"{self.prefix}/{self.rank}", 1)
                 self._read_peers(store)
                 self._store_ok, self._store_error = time.monotonic(), None
             except Exception as e:  # noqa: BLE001 (any store failure counts as silence: _watch reports it)
@@ -85,7 +88,7 @@ class Heartbeat:
                 self._stop.wait(self.interval_s)
         if store is not None:
             try:
-                store.set(f"{PREFIX}/done/{self.rank}", "1")
+                store.set(f"{self.prefix}/done/{self.rank}", "1")
             except Exception:  # noqa: BLE001 (best effort: the peers may be gone already)
                 pass
 
@@ -94,10 +97,10 @@ class Heartbeat:
         for r in self._peers:
             if self._seen.get(r, (b"", 0.0))[0] == b"done":
                 continue
-            if store.check([f"{PREFIX}/done/{r}"]):
+            if store.check([f"{self.prefix}/done/{r}"]):
                 self._seen[r] = (b"done", float("inf"))
                 continue
-            key = f"{PREFIX}/{r}"
+            key = f"{self.prefix}/{r}"
             if store.check([key]):
                 value = store.get(key)
                 if r not in self._seen or self._seen[r][0] != value:

@@ -8,7 +8,7 @@ import os
 import socket
 import struct
 
-from trainer.errors import ConfigError, DistributedError
+from trainer.errors import DistributedError
 
 _SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
 
@@ -46,23 +46,6 @@ def interface_of(ip: str) -> str | None:
             if socket.inet_ntoa(raw[20:24]) == ip:
                 return name
     return None
-
-
-def check_attempt_store() -> None:
-    """Refuse restarts on a store shared across restarts when nodes cannot agree on an attempt key.
-
-    torchrun's agents count restarts per node (the node whose worker failed counts one more than the
-    others), so a key derived from TORCHELASTIC_RESTART_COUNT differs between nodes, and the agent's shared
-    store keeps the previous attempt's process-group addresses.
-    """
-    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and restarts > 0 and is_multinode():
-        raise ConfigError(
-            f"a multi-node torchrun with --max-restarts={restarts} needs a fresh store per restart: set "
-            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in the environment of torchrun on every node (or run "
-            "with --max-restarts=0). With torchrun's shared store, the nodes' restart counts differ and a "
-            "restarted worker could connect to the previous attempt's dead peers."
-        )
 
 
 def bind_gloo_interface() -> str | None:

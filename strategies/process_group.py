@@ -16,12 +16,12 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler, RandomSampler, Sampler
 
-from strategies import fork, launch, slurm
+from strategies import attempt, fork, launch, slurm
 from strategies.base import pick_device
 from strategies.comm import ProcessGroupComm
 from strategies.fork import ForkStart
 from strategies.heartbeat import Heartbeat
-from strategies.multinode import bind_gloo_interface, check_attempt_store, is_multinode
+from strategies.multinode import bind_gloo_interface, is_multinode
 from strategies.parallel import ParallelStrategy
 from strategies.precision import Precision
 from strategies.syncbn import convert_sync_batchnorm
@@ -58,20 +58,12 @@ def _unpin_default_group() -> None:
     import torch.distributed.nn.functional  # noqa: F401
 
 
-def _attempt_store(timeout: datetime.timedelta) -> dist.Store | None:
-    """Under torch's elastic agent with its shared store, a store whose keys are private to this restart attempt.
-
-    The agent's shared store outlives a restart, and a restarted rank could otherwise read the previous
-    attempt's process-group addresses and try to connect to a dead peer (seen here as "Connection refused"
-    in Gloo connectFullMesh after a SIGKILL). The attempt key must be the same on every node, and
-    TORCHELASTIC_RESTART_COUNT is counted per node, so it is used only on one node (multi-node restarts
-    need TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: see multinode.check_attempt_store). None without the
-    shared store: rank 0 then hosts a fresh store each attempt and init_process_group's env:// is right.
-    """
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if attempt is None or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+def _attempt_store(timeout: datetime.timedelta) -> tuple[dist.Store, str] | None:
+    """Under torch's elastic agent with its shared store, (a store whose keys are private to this start of
+    the workers, that prefix); None without the shared store: rank 0 then hosts a fresh store each start
+    and init_process_group's env:// is right. See strategies/attempt.py for why and how."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
-    check_attempt_store()
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"],
         int(os.environ["MASTER_PORT"]),
@@ -79,7 +71,9 @@ def _attempt_store(timeout: datetime.timedelta) -> dist.Store | None:
         is_master=False,
         timeout=timeout,
     )
-    return dist.PrefixStore(f"tandem/attempt_{attempt}", store)
+    token = attempt.agree(store, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), timeout)
+    prefix = f"{attempt.KEY}/{token}"
+    return dist.PrefixStore(prefix, store), prefix
 
 
 class ShardSampler(Sampler[int]):
@@ -228,16 +222,21 @@ class ProcessGroupStrategy(ParallelStrategy):
         if backend == "gloo":
             bind_gloo_interface()
         _unpin_default_group()
-        store = _attempt_store(timeout)
-        if store is None:
+        private = _attempt_store(timeout)
+        if private is None:
             dist.init_process_group(backend, timeout=timeout)
         else:
             dist.init_process_group(
-                backend, store=store, rank=self.comm.rank, world_size=self.comm.world_size, timeout=timeout
+                backend,
+                store=private[0],
+                rank=self.comm.rank,
+                world_size=self.comm.world_size,
+                timeout=timeout,
             )
         atexit.register(_destroy_group)  # before interpreter shutdown: see _destroy_group
         if self.peer_timeout_s and is_multinode():  # one node's agent already sees its own dead workers
-            beat = Heartbeat(self.comm.rank, self.comm.world_size, self.peer_timeout_s)
+            prefix = f"{private[1]}/heartbeat" if private else None
+            beat = Heartbeat(self.comm.rank, self.comm.world_size, self.peer_timeout_s, prefix=prefix)
             beat.start()
             atexit.register(beat.stop)  # runs before _destroy_group (atexit is last-in, first-out)
 

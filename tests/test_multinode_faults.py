@@ -17,7 +17,6 @@ from benchmarks.lab import Lab
 
 pytestmark = pytest.mark.slow
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "multinode_train.py")
-FRESH_STORE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # what docs/strategies.md asks for with restarts
 LOST_WITHIN_S = 60.0
 
 
@@ -40,26 +39,20 @@ def test_sigkilled_worker_on_node1_restarts_bit_identically(lab, tmp_path):
         [SCRIPT, str(ref), str(tmp_path / "ref"), "--devices", "2", "--num-nodes", "1", *common], 180
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    for attempt in range(3):  # it was a race between the nodes' restart counts: repeat it
+    # torchrun's defaults: its agents' shared store outlives the restart (strategies/attempt.py); repeated,
+    # since the stale keys of the killed start made it fail only some of the time
+    for attempt in range(3):
         where = tmp_path / f"kill{attempt}"
         where.mkdir()
         out = where / "w.pt"
         argv = [SCRIPT, str(out), str(where / "root"), "--kill-rank", "1", "--kill-step", "5", *common]
-        results = TwoNodeJob(lab, where, argv, max_restarts=1, env=FRESH_STORE).wait(150)
+        results = TwoNodeJob(lab, where, argv, max_restarts=1).wait(150)
         for r in results:
             assert r.returncode == 0, f"try {attempt}, node{r.node} ({r.seconds:.0f}s):\n{r.output[-3000:]}"
         assert "SIGKILLs itself" in results[1].output
         assert "TORCHELASTIC_RESTART_COUNT=1" in results[1].output  # it really restarted
         _weights_equal(out, ref)
         print(f"\ntry {attempt}: restarted and bit-identical, job {max(r.seconds for r in results):.1f}s")
-
-
-def test_restarts_on_the_shared_store_are_refused_with_the_setting_to_change(lab, tmp_path):
-    argv = [SCRIPT, str(tmp_path / "w.pt"), str(tmp_path / "root"), "--timeout-s", "20"]
-    results = TwoNodeJob(lab, tmp_path, argv, max_restarts=1).wait(150)
-    for r in results:
-        assert r.returncode != 0 and not r.timed_out, r.output[-3000:]
-        assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in r.output, r.output[-3000:]
 
 
 def _lose_node1(lab: Lab, tmp_path, how: str) -> tuple[TwoNodeJob, float]:

@@ -1,5 +1,6 @@
-"""Multi-node pieces without the lab: the restart-store rule, gloo's interface choice, the error translation
-of a lost connection, and the heartbeat that ends a rank whose peer went silent."""
+"""Multi-node pieces without the lab: the key of each start of the workers on torchrun's shared store,
+gloo's interface choice, the error translation of a lost connection, and the heartbeat that ends a rank
+whose peer went silent."""
 
 from __future__ import annotations
 
@@ -8,15 +9,16 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 import torch.distributed as dist
 
-from strategies import multinode
+from strategies import attempt, multinode
 from strategies.comm import ProcessGroupComm
 from strategies.process_group import _attempt_store
-from trainer.errors import ConfigError, DistributedError
+from trainer.errors import DistributedError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TWO_NODES = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1", "RANK": "0", "MASTER_PORT": "29999"}
@@ -31,24 +33,44 @@ def env(monkeypatch):
     return monkeypatch
 
 
-def test_multinode_restarts_on_the_shared_store_are_refused(env):
-    env.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
-    env.setenv("TORCHELASTIC_MAX_RESTARTS", "1")
-    env.setenv("TORCHELASTIC_RESTART_COUNT", "0")
-    with pytest.raises(ConfigError, match="TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"):
-        _attempt_store(datetime.timedelta(seconds=1))
-    env.setenv("TORCHELASTIC_MAX_RESTARTS", "0")
-    multinode.check_attempt_store()  # no restarts: one attempt, any key agrees
-    env.setenv("TORCHELASTIC_MAX_RESTARTS", "1")
-    env.setenv("LOCAL_WORLD_SIZE", "2")
-    multinode.check_attempt_store()  # one node: one agent counts the restarts for every rank
+def _agree_all(port: int, world: int, ranks_first: bool) -> list[str]:
+    """Every rank of one start agrees on its key, in threads, each with its own store client; the other
+    ranks start before rank 0 when `ranks_first` (they then read a previous start's key first)."""
+    tokens: dict[int, str] = {}
+
+    def rank(r: int) -> None:
+        client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=10))
+        tokens[r] = attempt.agree(client, r, world, datetime.timedelta(seconds=10))
+
+    threads = {r: threading.Thread(target=rank, args=(r,)) for r in range(world)}
+    order = [*range(1, world), 0] if ranks_first else list(range(world))
+    for r in order:
+        threads[r].start()
+        time.sleep(0.3 if r != 0 and ranks_first else 0)
+    for t in threads.values():
+        t.join(20)
+    return [tokens.get(r, "missing") for r in range(world)]
 
 
-def test_a_fresh_store_per_restart_needs_no_prefix(env):
+def test_every_rank_agrees_on_a_fresh_key_each_start_whatever_the_store_holds(store):
+    """The store outlives restarts (torchrun's shared store): a previous start's key and answers are there."""
+    first = _agree_all(store.port, 3, ranks_first=False)
+    assert len(set(first)) == 1 and "missing" not in first
+    for _ in range(3):  # restarts: ranks 1 and 2 read the stale key before rank 0 publishes the new one
+        again = _agree_all(store.port, 3, ranks_first=True)
+        assert len(set(again)) == 1 and "missing" not in again, again
+        assert again[0] != first[0]  # never a previous start's key
+        first = again
+
+
+def test_the_key_prefixes_the_group_store_only_under_the_shared_store(env):
     env.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")  # torchrun under TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
-    env.setenv("TORCHELASTIC_MAX_RESTARTS", "1")
-    env.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    assert _attempt_store(datetime.timedelta(seconds=1)) is None
+    assert _attempt_store(datetime.timedelta(seconds=1)) is None  # rank 0 hosts a fresh store each start
+
+
+def test_a_missing_rank_is_a_distributed_error_after_the_timeout(store):
+    with pytest.raises(DistributedError, match=r"rank\(s\) \[1\] to join"):
+        attempt.agree(store, 0, 2, datetime.timedelta(seconds=0.5))
 
 
 def test_a_loopback_master_addr_across_nodes_names_local_addr(env):

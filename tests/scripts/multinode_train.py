@@ -73,13 +73,14 @@ def main() -> None:
     p.add_argument(
         "--no-attempt-prefix",
         action="store_true",
-        help="experiment: hide TORCHELASTIC_RESTART_COUNT from Tandem so it joins through env:// unprefixed",
+        help="experiment: hide torchrun's shared store from Tandem, so it joins through env:// without "
+        "this start's own key (strategies/attempt.py), as torch itself does",
     )
     args = p.parse_args()
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
     os.environ["TANDEM_TEST_RESTART"] = restart or "0"  # read by the kill switch, whatever Tandem sees
     if args.no_attempt_prefix:
-        os.environ.pop("TORCHELASTIC_RESTART_COUNT", None)
+        os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
     print(f"worker rank {os.environ.get('RANK')} starts, TORCHELASTIC_RESTART_COUNT={restart}", flush=True)
     seed_everything(0)
     g = torch.Generator().manual_seed(0)
