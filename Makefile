@@ -23,6 +23,7 @@ test: $(STAMP)
 
 # multi-process Lightning ports and the two-node network lab (root + iproute2; skipped with a reason otherwise)
 test-slow: $(STAMP)
+	$(PY) -m pip install -q -e ".[notebook]"
 	$(PY) -m pytest -m slow
 
 bench: $(STAMP)
