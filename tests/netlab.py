@@ -3,6 +3,8 @@ runner that starts one torchrun agent per node and waits for both with a deadlin
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import subprocess
@@ -21,6 +23,7 @@ if ROOT not in sys.path:
 
 from benchmarks.lab import Lab, LabError, guarded, unavailable  # noqa: E402
 
+LAB_LOCK = "/tmp/tandem-lab.lock"  # the lab is shared by every test run on this machine (GUIDE.md)
 RDZV_PORT = 29500  # inside node0's namespace: no other run can hold it
 # What a two-node run on this machine needs (issue 14): the host name resolves to 127.0.0.1, so torch
 # cannot tell node0 is the rendezvous host (is_host), gives 127.0.0.1 as each node's address (local_addr,
@@ -30,16 +33,63 @@ _RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_AD
 
 
 def lab_fixture(rate: str | None = None) -> Iterator[Lab]:
-    """Body of a pytest fixture: yield a fresh lab, skip if this machine cannot host one, always remove it."""
+    """Body of a pytest fixture: yield a fresh lab, skip if this machine cannot host one, always remove it.
+    The lab lock is held from before it is built until it is removed."""
     reason = unavailable()
     if reason:
         pytest.skip(reason)
+    with lab_lock():
+        try:
+            lab = Lab.up(rate)
+        except LabError as e:
+            pytest.skip(f"cannot build the network lab on this machine: {e}")
+        with guarded(lab):
+            yield lab
+
+
+@contextlib.contextmanager
+def lab_lock(timeout: float = 1800) -> Iterator[None]:
+    """Hold /tmp/tandem-lab.lock (what `flock /tmp/tandem-lab.lock CMD` takes), unless this process or an
+    ancestor already holds it (a test run started under flock, or a fixture that holds it around another):
+    then waiting would be waiting on ourselves."""
+    fd = os.open(LAB_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        lab = Lab.up(rate)
-    except LabError as e:
-        pytest.skip(f"cannot build the network lab on this machine: {e}")
-    with guarded(lab):
-        yield lab
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if _held_by_us(LAB_LOCK):
+                    break
+                if time.monotonic() > deadline:
+                    raise LabError(
+                        f"{LAB_LOCK} stayed locked for {timeout:.0f} s by another lab user"
+                    ) from None
+                time.sleep(1.0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock if we took it
+
+
+def _held_by_us(path: str) -> bool:
+    inode = os.stat(path).st_ino
+    try:
+        locks = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return False
+    holders = {
+        int(f[4]) for f in (line.split() for line in locks) if len(f) > 5 and f[5].endswith(f":{inode}")
+    }
+    pid = os.getpid()
+    while pid > 1:
+        if pid in holders:
+            return True
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -2,8 +2,6 @@
 slurm.conf under a temporary directory, on one node (this machine, 127.0.0.1) or on the two nodes of the
 network lab (benchmarks/lab.py: one slurmd per namespace, each in a UTS namespace of its own for its node
 name). `Slurm.down()` stops every daemon and removes the /etc/hosts lines it added, also after a failure.
-
-    python tests/slurmlab.py up      # a one-node cluster for trying things by hand; `down` removes it
 """
 
 from __future__ import annotations
@@ -16,19 +14,15 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LAB_LOCK = "/tmp/tandem-lab.lock"  # the two-node lab is shared with other test runs (GUIDE.md)
 HOSTS = "/etc/hosts"
 HOSTS_TAG = "# tandem-slurm-lab"
 DAEMONS = ("munged", "slurmctld", "slurmd")
-STATE = "/tmp/tandem-slurm.json"
 
 
 class SlurmError(RuntimeError):
@@ -56,50 +50,6 @@ def install() -> None:
         done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1200)
         if done.returncode != 0:
             raise SlurmError(f"`{' '.join(argv)}` failed ({done.returncode}): {done.stderr.strip()[-800:]}")
-
-
-@contextlib.contextmanager
-def lab_lock(timeout: float = 1800) -> Iterator[None]:
-    """Hold /tmp/tandem-lab.lock (what `flock /tmp/tandem-lab.lock CMD` takes), unless an ancestor of this
-    process already holds it (a test run started under flock): then waiting would be waiting on ourselves."""
-    fd = os.open(LAB_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if _held_by_ancestor(LAB_LOCK):
-                    break
-                if time.monotonic() > deadline:
-                    raise SlurmError(
-                        f"{LAB_LOCK} stayed locked for {timeout:.0f} s by another lab user"
-                    ) from None
-                time.sleep(1.0)
-        yield
-    finally:
-        os.close(fd)  # releases the lock if we took it
-
-
-def _held_by_ancestor(path: str) -> bool:
-    inode = os.stat(path).st_ino
-    try:
-        locks = Path("/proc/locks").read_text().splitlines()
-    except OSError:
-        return False
-    holders = {
-        int(f[4]) for f in (line.split() for line in locks) if len(f) > 5 and f[5].endswith(f":{inode}")
-    }
-    pid = os.getppid()
-    while pid > 1:
-        if pid in holders:
-            return True
-        try:
-            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            return False
-    return False
 
 
 class Slurm:
@@ -364,20 +314,3 @@ def _remove_hosts_lines() -> None:
         f.seek(0)
         f.truncate()
         f.writelines(kept)
-
-
-def main(argv: list[str]) -> int:
-    if argv[:1] == ["up"]:
-        cluster = Slurm.start([("localhost", "127.0.0.1", None)], port=6817 + 100)
-        print(
-            f"export SLURM_CONF={cluster.conf}   # daemons stay up until: kill -- -<pid> of each, or reboot"
-        )
-        for p in cluster.procs:
-            print(p.pid, " ".join(map(str, p.args))[:100])
-        return 0
-    print(__doc__, file=sys.stderr)
-    return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
