@@ -182,6 +182,32 @@ def test_sigusr1_mid_run_requeues_and_resumes_bit_identically(cluster, reference
     _equal(tmp_path / "w.pt", reference)
 
 
+@pytest.mark.parametrize("start", ["srun", "batch script"])
+def test_the_time_limit_warning_requeues_and_resumes_bit_identically(cluster, reference, tmp_path, start):
+    """SLURM itself sends the warning: `--time=1 --signal=USR1@50` (to the steps; `B:` to the batch shell,
+    which `exec python` makes Python). The first attempt's 2 s steps cannot end within the minute."""
+    run = f"{PY} {SCRIPT} {tmp_path / 'w.pt'} {tmp_path / 'root'} --step-sleep 2 --first-attempt-slow"
+    if start == "srun":
+        body, options = f"srun {run}", ["--ntasks-per-node=2", "--signal=USR1@50"]
+    else:
+        body, options = f"exec {run}", ["-n", "1", "--signal=B:USR1@50"]
+    job, log = _submit(cluster, tmp_path, body, "--requeue", "--time=1", *options)
+    _wait_for(log, r"STEP 0 ", 120, cluster, job)
+    started = time.monotonic()
+    saved = int(_wait_for(log, r"stopping at global step (\d+) after SIGUSR1", 90, cluster, job).group(1))
+    TIMES.setdefault(f"time-limit warning ({start}): first step to saved", []).append(
+        time.monotonic() - started
+    )
+    cluster.wait_job(job, ("PENDING",), 60, restarts=1)
+    cluster.start_now(job)
+    info = cluster.wait_job(job, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 180)
+    out = _tail(log)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, out)
+    assert "[tandem] requeued job" in out and 0 < saved < 24, out
+    assert re.search(rf"Restored from \S+last\.ckpt \(epoch \d+, step {saved}\)", out), out
+    _equal(tmp_path / "w.pt", reference)
+
+
 def test_sigusr1_without_requeue_saves_exits_and_says_why(cluster, tmp_path):
     body = f"srun {PY} {SCRIPT} {tmp_path / 'w.pt'} {tmp_path / 'root'} {' '.join(SLOW)}"
     job, log = _submit(cluster, tmp_path, body, "--ntasks-per-node=2", "--no-requeue")

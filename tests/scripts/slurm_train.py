@@ -1,7 +1,7 @@
 """A user's DDP script for the SLURM lab (tests/test_slurm_lab.py), run by srun, by a batch script without
 srun (it then starts its workers itself), or by hand as the reference:
 
-python slurm_train.py OUT ROOT [--devices D] [--num-nodes N] [--epochs E] [--step-sleep S]
+python slurm_train.py OUT ROOT [--devices D] [--num-nodes N] [--epochs E] [--step-sleep S] [--first-attempt-slow]
 
 Checkpoints: only the one a stop signal writes (ROOT/ckpts/last.ckpt; no periodic ones), and the run resumes
 from it (resume="auto"), so a resumed run that ends equal to an uninterrupted one shows the signal's
@@ -63,7 +63,14 @@ def main() -> None:
     p.add_argument("--num-nodes", type=int, default=1)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument(
+        "--first-attempt-slow",
+        action="store_true",
+        help="sleep only before the job is requeued (a time-limit test: the requeued job then ends in time)",
+    )
     args = p.parse_args()
+    if args.first_attempt_slow and os.environ.get("SLURM_RESTART_COUNT", "0") != "0":
+        args.step_sleep = 0.0
     seed_everything(0)
     g = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(128, 6, generator=g), torch.randint(0, 3, (128,), generator=g))
