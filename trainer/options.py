@@ -176,6 +176,14 @@ class TrainerConfig:
         "after SIGINT/SIGTERM, the least time a rank has to reach the agreed stop (grows with measured step time)",
         must(lambda v: finite_at_least_0(v) and v > 0, "a number > 0"),
     )
+    compile: bool | dict[str, Any] = option(
+        False,
+        "torch.compile the task once the strategy has set it up: True, or a dict of torch.compile's keywords",
+        must(
+            lambda v: isinstance(v, bool) or (isinstance(v, dict) and all(isinstance(k, str) for k in v)),
+            "true, false or a dict of torch.compile keywords",
+        ),
+    )
     # ----- Lightning keywords beyond the loop's basics -----
     benchmark: bool | None = option(
         None,

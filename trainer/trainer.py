@@ -12,6 +12,7 @@ from callbacks.base import Callback
 from strategies import resolve_strategy
 from strategies.base import Strategy
 from trainer import checkpoint
+from trainer.compiler import from_option as compile_option
 from trainer.errors import ConfigError
 from trainer.loggers import Logger, TensorBoardLogger, align_versions
 from trainer.loggers.metrics import MetricStore
@@ -58,6 +59,7 @@ class Trainer:
         self.loaders: dict[str, list[Any]] = {}  # phase ("train", "val", "test", "predict") -> loaders
         self.loader_sizes: dict[str, list[int | float]] = {}  # phase -> batches per loader (after limits)
         self.profiler = make_profiler(cfg.profiler)
+        self.compiler = compile_option(cfg.compile)  # trainer/compiler.py; None: eager
         self.session: Session | None = None  # the running stage's set-up (trainer/loop/session.py)
 
     __init__.__signature__ = TrainerConfig.signature("self")  # type: ignore[attr-defined]

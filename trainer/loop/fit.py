@@ -132,6 +132,8 @@ def train_epoch(t: Trainer) -> None:
     t.metric_store.in_epoch_hook = False
     if task.automatic_optimization:  # under manual optimization the task steps its schedulers itself
         step_schedulers(t, "epoch")
+    if t.session.recompiles is not None:  # type: ignore[union-attr]  # torch.compile: say why it recompiles
+        t.session.recompiles.check(f"by the end of epoch {state.epoch}")  # type: ignore[union-attr]
     state.next_epoch()
 
 

@@ -3,12 +3,16 @@ restore a checkpoint, handle stop signals; afterwards tear everything down (also
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from trainer import checkpoint
+from trainer.compiler import RecompileWatch, unwrap_compiled
+from trainer.compiler import apply as apply_compiler
 from trainer.errors import TaskError
 from trainer.loggers import agree_versions
 from trainer.loggers.reporting import finalize_loggers
@@ -36,11 +40,14 @@ class Session:
     ) -> None:  # fmt: skip
         self.t, self.stage, self.ckpt_path, self.train, self.evals = trainer, stage, ckpt_path, train, evals
         task = task if task is not None else trainer.task
+        task, self.compiler = unwrap_compiled(task, trainer.compiler)  # fit(torch.compile(task)) as Lightning
         if not isinstance(task, Task):
             raise TaskError(f"{stage}() needs a trainer.Task, got {type(task).__name__}.")
         self.task = task
         self.dm = dm or trainer.datamodule
         self.signals = StopSignals(trainer) if stage == "fit" else None
+        self.uncompile: Callable[[], None] | None = None
+        self.recompiles: RecompileWatch | None = None
 
     def __enter__(self) -> Session:
         t, task, stage = self.t, self.task, self.stage
@@ -80,6 +87,11 @@ class Session:
         if "configure_model" in t.hooks.custom:
             task.configure_model()
         t.strategy.setup(task)
+        if self.compiler is not None:  # after the strategy moved, wrapped or sharded the plain module
+            self.uncompile = t.strategy.compile(
+                task, functools.partial(apply_compiler, compiler=self.compiler)
+            )
+            self.recompiles = RecompileWatch()
         self._load_data()
         if stage == "fit":
             t.optimizers, t.lr_scheduler_configs = parse_optimizers(task.configure_optimizers())
@@ -153,6 +165,10 @@ class Session:
             torch.autograd.set_detect_anomaly(self.anomaly)
             if t.profiler is not None and t.is_global_zero:
                 print(f"[tandem] profiler ({t.config.profiler}), {self.stage}:\n{t.profiler.summary()}")
+            if self.uncompile is not None:
+                if error is None and self.recompiles is not None:
+                    self.recompiles.check(f"by the end of {self.stage}")
+                self.uncompile()
             t.hooks.call("teardown", self.stage)
             if self.dm is not None:
                 self.dm.teardown(self.stage)
