@@ -126,6 +126,43 @@ def test_compile_is_refused_where_it_cannot_be_honoured():
         fit(Deep(), strategy="dp", devices=2, compile=True)
 
 
+class Manual(Deep):
+    """Manual optimization: the compiled training_step calls the Trainer's side (optimizers, backward, log)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        opt.zero_grad()
+        self.manual_backward(loss)
+        opt.step()
+        self.log("train/loss", loss)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val/loss", F.cross_entropy(self(x), y))
+
+    def predict_step(self, batch, batch_idx):
+        return self(batch[0]).argmax(-1)
+
+
+def test_manual_optimization_validate_and_predict_under_compile():
+    eager, compiled = Manual(), Manual()
+    loader = DataLoader(data(), batch_size=16)
+    runs = {}
+    for name, task, opt in (("eager", eager, False), ("compiled", compiled, {"backend": "eager"})):
+        trainer = Trainer(accelerator="cpu", max_epochs=1, compile=opt, **QUIET)
+        trainer.fit(task, loader, loader)
+        runs[name] = (trainer.validate(task, loader, verbose=False), torch.cat(trainer.predict(task, loader)))
+    assert_same_weights(compiled.state_dict(), eager.state_dict(), atol=0)
+    assert runs["compiled"][0] == runs["eager"][0]
+    assert torch.equal(runs["compiled"][1], runs["eager"][1])
+
+
 class Ragged(Deep):
     """A Python int (batch_idx) decides a shape: under dynamic=False each new value is a recompilation."""
 
