@@ -26,6 +26,7 @@ import os
 import statistics
 import sys
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -205,7 +206,7 @@ def _lab_method(method: str) -> Callable[[], None]:
 
     torch.manual_seed(0)
     layers = [m for _ in range(LAB_DEPTH) for m in (nn.Linear(LAB_WIDTH, LAB_WIDTH), nn.Tanh())]
-    model = nn.Sequential(*layers, nn.Linear(LAB_WIDTH, 10))
+    model = _own_sequential(method)(*layers, nn.Linear(LAB_WIDTH, 10))
     g = torch.Generator().manual_seed(dist.get_rank())
     x, y = torch.randn(LAB_BATCH, LAB_WIDTH, generator=g), torch.randint(0, 10, (LAB_BATCH,), generator=g)
     reducer = Reducer(model, bucket_cap_mb=LAB_CAP_MB) if method in ("eager", "split", "whole") else None
@@ -241,6 +242,15 @@ def _lab_method(method: str) -> Callable[[], None]:
         opt.step()
 
     return step
+
+
+def _own_sequential(tag: str) -> type[nn.Sequential]:
+    """nn.Sequential with a forward of its own code object: dynamo caches compiled graphs per code object,
+    so methods sharing Sequential.forward would run each other's graphs (split or not)."""
+    base = nn.Sequential.forward
+    code = base.__code__.replace(co_name=f"forward_{tag}")
+    forward = types.FunctionType(code, base.__globals__, f"forward_{tag}")
+    return type(f"Sequential_{tag}", (nn.Sequential,), {"forward": forward})
 
 
 def lab_worker(steps: int, out_path: str) -> None:
