@@ -253,3 +253,40 @@ def test_fsdp_compiled_equals_eager(dist_run, tmp_path, monkeypatch):
     a = torch.load(eager[0]["path"], weights_only=True)["state_dict"]
     b = torch.load(compiled[0]["path"], weights_only=True)["state_dict"]
     assert_same_weights(b, a, atol=1e-5)
+
+
+def _ddp_resume(rank: int, world_size: int, tmp: str) -> dict:
+    from strategies.ddp import DDPStrategy
+
+    def run(steps: int, ckpt: str | None = None) -> tuple[Task, Trainer, StepsSeen]:
+        task, seen = Deep(), StepsSeen()
+        strategy = DDPStrategy(accelerator="cpu", devices=2, bucket_cap_mb=1.0)
+        trainer = Trainer(
+            accelerator="cpu",
+            strategy=strategy,
+            max_steps=steps,
+            compile=True,
+            **{**QUIET, "callbacks": [seen]},
+        )
+        trainer.fit(task, DataLoader(data(256), batch_size=16), ckpt_path=ckpt)
+        return task, trainer, seen
+
+    whole, _, _ = run(10)
+    _, part, _ = run(4)
+    path = os.path.join(tmp, "ddp4.ckpt")
+    part.save_checkpoint(path)
+    resumed, trainer, seen = run(10, path)
+    return {
+        "first_step": seen.seen[0],
+        "step": trainer.global_step,
+        "same": all(
+            torch.equal(a, b) for a, b in zip(resumed.state_dict().values(), whole.state_dict().values())
+        ),
+    }
+
+
+@pytest.mark.slow
+def test_ddp_resume_under_compile_is_bit_identical(dist_run, tmp_path):
+    for r in dist_run(_ddp_resume, str(tmp_path), timeout=400):
+        assert r["first_step"] == 4 and r["step"] == 10
+        assert r["same"]
