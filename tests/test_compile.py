@@ -290,3 +290,13 @@ def test_ddp_resume_under_compile_is_bit_identical(dist_run, tmp_path):
     for r in dist_run(_ddp_resume, str(tmp_path), timeout=400):
         assert r["first_step"] == 4 and r["step"] == 10
         assert r["same"]
+
+
+def test_importing_the_trainer_does_not_import_the_compiler_stack():
+    """`from trainer import Task, Trainer` stays about 0.1 s: torch._dynamo (about 1 s) loads only when a
+    run compiles (a decorator such as torch.compiler.disable at import time would load it)."""
+    import subprocess
+    import sys
+
+    code = "import sys, torch\nfrom trainer import Task, Trainer\nassert 'torch._dynamo' not in sys.modules\n"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=os.path.dirname(os.path.dirname(__file__)))

@@ -78,6 +78,7 @@ def apply(task: torch.nn.Module, compiler: Compiler) -> Callable[[], None]:
     strategy's wrapper of it too, e.g. FSDP's), with the Trainer's side of a step (self.log, ...) left eager;
     returns the function that gives the task back uncompiled."""
     saved = {name: task.__dict__.get(name, _ABSENT) for name in (*STEP_METHODS, *EAGER_METHODS)}
+    wrappers = list(getattr(task, "_optimizers", []))  # what self.optimizers() hands a manual step
     task._compiled_call_impl = compiler(task._call_impl)  # what nn.Module.compile does
     for name in STEP_METHODS:  # instance attributes over the class's methods
         if getattr(type(task), name, None) is not None:
@@ -89,9 +90,15 @@ def apply(task: torch.nn.Module, compiler: Compiler) -> Callable[[], None]:
     for name in EAGER_METHODS:
         if getattr(type(task), name, None) is not None:
             setattr(task, name, torch.compiler.disable(getattr(task, name)))
+    for opt in wrappers:  # opt.step() and opt.zero_grad() from a compiled manual training_step run eagerly
+        for name in ("step", "zero_grad"):
+            setattr(opt, name, torch.compiler.disable(getattr(opt, name)))
 
     def undo() -> None:
         task._compiled_call_impl = None
+        for opt in wrappers:
+            for name in ("step", "zero_grad"):
+                opt.__dict__.pop(name, None)
         for name, old in saved.items():
             if old is _ABSENT:
                 task.__dict__.pop(name, None)

@@ -185,7 +185,6 @@ class TaskOptimizer:
     def optimizer(self) -> torch.optim.Optimizer:
         return self._optimizer
 
-    @torch.compiler.disable  # called from a compiled training_step: the step runs eagerly, outside the graph
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Step through the strategy. Under automatic optimization the closure (from the loop, through a
         task's optimizer_step) returns the batch's loss, already computed: it is called once here."""
@@ -199,7 +198,6 @@ class TaskOptimizer:
         trainer.state.global_step += 1
         return out
 
-    @torch.compiler.disable
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._optimizer.zero_grad(set_to_none=set_to_none)
 

@@ -87,16 +87,16 @@ class Session:
         if "configure_model" in t.hooks.custom:
             task.configure_model()
         t.strategy.setup(task)
-        if self.compiler is not None:  # after the strategy moved, wrapped or sharded the plain module
-            self.uncompile = t.strategy.compile(
-                task, functools.partial(apply_compiler, compiler=self.compiler)
-            )
-            self.recompiles = RecompileWatch()
         self._load_data()
         if stage == "fit":
             t.optimizers, t.lr_scheduler_configs = parse_optimizers(task.configure_optimizers())
             check_optimizers(t.optimizers, task.automatic_optimization, t.config.accumulate_grad_batches)
             task._optimizers = [TaskOptimizer(o, t) for o in t.optimizers]
+        if self.compiler is not None:  # after the strategy moved, wrapped or sharded the plain module
+            self.uncompile = t.strategy.compile(
+                task, functools.partial(apply_compiler, compiler=self.compiler)
+            )
+            self.recompiles = RecompileWatch()
         path = self.ckpt_path
         if path is None and stage == "fit" and t.config.resume == "auto":
             path = t.strategy.comm.broadcast(checkpoint.find_last(t))  # every rank loads the same file
