@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer.checkpoint.find import resolve_path, run_id
-from trainer.checkpoint.format import decode, encode, missing
-from trainer.checkpoint.io import check_compatible, checkpoint_io, load, resumable
+from trainer.checkpoint.format import decode, encode, missing, read
+from trainer.checkpoint.io import META, _existing, check_compatible, checkpoint_io, load, resumable
 from trainer.errors import CheckpointError, ConfigError
 from trainer.loop.optim import step_schedulers
 
@@ -70,6 +70,8 @@ def restore(t: Trainer, path: str, stage: str) -> None:
     task = t.task
     assert task is not None
     io = checkpoint_io(t.strategy)
+    if stage == "fit":
+        _load_callback_states(t, path)
     ckpt = io.restore(path, task, t.optimizers if stage == "fit" else None)
     _warn_hparams(t, ckpt, path)
     if stage == "fit" and resumable(ckpt):
@@ -77,14 +79,30 @@ def restore(t: Trainer, path: str, stage: str) -> None:
             cfg.scheduler.load_state_dict(state)
         t.strategy.load_state_dict(ckpt.get("strategy", {}))
         _restore_loop(t, ckpt)
-        for cb in t.callbacks:
-            if cb.state_key in ckpt.get("callbacks", {}):
-                cb.load_state_dict(ckpt["callbacks"][cb.state_key])
         if t.datamodule is not None and "datamodule" in ckpt:
             t.datamodule.load_state_dict(ckpt["datamodule"])
     t.hooks.call("on_load_checkpoint", ckpt)
     epoch, step = (t.current_epoch, t.global_step) if stage == "fit" else (ckpt["epoch"], ckpt["global_step"])
     t.print(f"Restored from {path} (epoch {epoch}, step {step})")
+
+
+def _load_callback_states(t: Trainer, path: str) -> None:
+    """The callbacks' states go back before the optimizer, scheduler and loop states, as in Lightning: a
+    callback that added parameter groups (finetuning) or swapped a scheduler (SWA) rebuilds them first. Only
+    the small callback part is read here (the file memory-mapped, a directory's tandem.pt)."""
+    path = _existing(path)
+    try:
+        ckpt = read(
+            os.path.join(path, META) if os.path.isdir(path) else path, "cpu", mmap=not os.path.isdir(path)
+        )
+    except Exception:  # io.restore reads it again below and says what is wrong with it
+        return
+    if not isinstance(ckpt, dict) or not resumable(ckpt):
+        return
+    states = ckpt.get("callbacks", {})
+    for cb in t.callbacks:
+        if cb.state_key in states:
+            cb.load_state_dict(states[cb.state_key])
 
 
 def _warn_hparams(t: Trainer, ckpt: dict[str, Any], path: str) -> None:

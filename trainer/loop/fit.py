@@ -57,15 +57,15 @@ def train_epoch(t: Trainer) -> None:
     """One training epoch: the loop every strategy shares (see DESIGN.md, 'How a batch flows')."""
     cfg, state, hooks, strategy, task = t.config, t.state, t.hooks, t.strategy, t.task
     assert task is not None
-    k = cfg.accumulate_grad_batches
     optimizer = t.optimizers[0] if task.automatic_optimization else None
     val_every = _val_check_batches(t) if _should_validate(t) else 0  # check_val_every_n_epoch gates it too
-    check_window_saves(t, val_every)
     set_epoch(t.train_dataloader, state.epoch)
     task.train()
     state.phase = "train"
     t.metric_store.reset("train")
     hooks.call("on_train_epoch_start")
+    k = t.config.accumulate_grad_batches  # after the hook: GradientAccumulationScheduler may change it
+    check_window_saves(t, val_every)
     batches, start = _epoch_iterator(t)
     if state.val_pending:  # resumed from a checkpoint written just before a mid-epoch validation: run it now
         state.val_pending = False

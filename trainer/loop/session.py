@@ -16,6 +16,7 @@ from trainer.compiler import apply as apply_compiler
 from trainer.errors import TaskError
 from trainer.loggers import agree_versions
 from trainer.loggers.reporting import finalize_loggers
+from trainer.loop.batch_indices import track_indices
 from trainer.loop.data import num_batches, with_worker_seeding
 from trainer.loop.hooks import Hooks, overrides
 from trainer.loop.optim import TaskOptimizer, check_optimizers, parse_optimizers
@@ -143,6 +144,8 @@ class Session:
     def _add(self, phase: str, loaders: list[Any]) -> None:
         t = self.t
         prepared = [with_worker_seeding(t.strategy.process_dataloader(dl, phase)) for dl in loaders]
+        if phase == "predict":  # each batch's sample indices, for prediction writers (as Lightning)
+            prepared = [track_indices(dl) for dl in prepared]
         limit = getattr(t.config, LIMIT[phase])
         t.loaders[phase], t.loader_sizes[phase] = prepared, [num_batches(dl, limit) for dl in prepared]
 
