@@ -45,22 +45,23 @@ class BaseFinetuning(Callback):
         self._restarting = False
         self._trainer: Trainer | None = None
         self._done_epoch = -1  # the last epoch whose finetune_function ran
+        self._frozen: dict[str, Any] = {}  # which parameters train, which batch norms track statistics
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "internal_optimizer_metadata": self._internal_optimizer_metadata,
             "done_epoch": self._done_epoch,
+            **self._frozen,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._restarting = True
         self._done_epoch = int(state.get("done_epoch", -1))
+        self._frozen = {k: state[k] for k in ("requires_grad", "track_running_stats") if k in state}
         meta = state.get("internal_optimizer_metadata", state)
         self._internal_optimizer_metadata = {int(k): v for k, v in meta.items()}
         t = self._trainer
-        if (
-            t is not None and t.optimizers and t.task is not None
-        ):  # the optimizers exist: rebuild the groups now
+        if t is not None and t.optimizers and t.task is not None:  # the optimizers exist: rebuild groups now
             self._restore_param_groups(t, t.task)
 
     def on_fit_start(self, trainer: Trainer, task: Task) -> None:
@@ -68,11 +69,26 @@ class BaseFinetuning(Callback):
             self._restore_param_groups(trainer, task)
 
     def _restore_param_groups(self, trainer: Trainer, task: Task) -> None:
+        """The groups as they were, and the modules unfrozen as they were (setup froze them again; Lightning
+        2.6 forgets this, and a backbone unfrozen before the checkpoint stays frozen after a resume)."""
         named = dict(task.named_parameters())
         for idx, optimizer in enumerate(trainer.optimizers):
             if idx in self._internal_optimizer_metadata:
                 optimizer.param_groups = _map_params(self._internal_optimizer_metadata[idx], named)
+        for name, flag in self._frozen.get("requires_grad", {}).items():
+            named[name].requires_grad = flag
+        modules = dict(task.named_modules())
+        for name, flag in self._frozen.get("track_running_stats", {}).items():
+            modules[name].track_running_stats = flag
         self._restarting = False
+
+    def _record_frozen(self, task: Task) -> None:
+        self._frozen = {
+            "requires_grad": {n: p.requires_grad for n, p in task.named_parameters()},
+            "track_running_stats": {
+                n: m.track_running_stats for n, m in task.named_modules() if isinstance(m, _BatchNorm)
+            },
+        }
 
     # ----- helpers (Lightning's static methods) ----------------------------------------------------
     @staticmethod
@@ -180,6 +196,7 @@ class BaseFinetuning(Callback):
                 self._internal_optimizer_metadata[idx] = _map_params(groups, names)
             elif before != len(groups):
                 self._internal_optimizer_metadata[idx].extend(_map_params(groups[before:], names))
+        self._record_frozen(task)
 
     def finetune_function(self, pl_module: Task, epoch: int, optimizer: torch.optim.Optimizer) -> None:
         """Unfreeze what should train from `epoch` on (override)."""
