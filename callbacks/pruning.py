@@ -142,7 +142,9 @@ class ModelPruning(Callback):
         dst = getattr(new, name + "_orig") if hasattr(new, name + "_orig") else getattr(new, name)
         src = getattr(old, name)
         if isinstance(dst, Tensor) and isinstance(src, Tensor):
-            dst.data = src.data.to(dst.device)
+            # a copy: Lightning 2.6 shares the saved tensor, which training then changes in place, so that
+            # its later resets are no-ops instead of going back to the weights from before training
+            dst.data = src.data.to(dst.device, copy=True)
 
     def apply_lottery_ticket_hypothesis(self) -> None:
         """The unpruned weights go back to their values from before training (or fresh ones when resampling)."""

@@ -76,8 +76,12 @@ def assert_equal(
     atol: float = 0.0,
 ) -> None:
     """Equal tensors (bit for bit with atol=0)."""
-    pairs = zip(a.values(), b.values()) if isinstance(a, dict) else zip(a, b)
-    assert len(a) == len(b)
+    if isinstance(a, dict):
+        assert sorted(a) == sorted(b), sorted(set(a) ^ set(b))
+        pairs = ((a[k], b[k]) for k in a)
+    else:
+        assert len(a) == len(b)
+        pairs = zip(a, b)
     for x, y in pairs:
         assert torch.allclose(x.double(), y.double(), rtol=0, atol=atol), float(
             (x.double() - y.double()).abs().max()

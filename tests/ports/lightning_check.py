@@ -33,10 +33,12 @@ _MODULE_NAMES = {"Task": "LightningModule as Task", "DataModule": "LightningData
 
 def _trainer_line(names: str) -> str:
     wanted = [n.strip() for n in names.split(",")]
-    main = [_MODULE_NAMES.get(n, n) for n in wanted if n != "rank_zero_only"]
+    main = [_MODULE_NAMES.get(n, n) for n in wanted if n not in ("rank_zero_only", "Tuner")]
     lines = [f"from pytorch_lightning import {', '.join(main)}"] if main else []
     if "rank_zero_only" in wanted:
         lines.append("from pytorch_lightning.utilities import rank_zero_only")
+    if "Tuner" in wanted:
+        lines.append("from pytorch_lightning.tuner import Tuner")
     return "\n".join(lines)
 
 
