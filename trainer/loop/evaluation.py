@@ -33,7 +33,6 @@ def run_eval(t: Trainer, phase: str, limit: int | None = None) -> Any:
     logged epoch metrics per loader, or for predict the outputs."""
     task, strategy, hooks, store = t.task, t.strategy, t.hooks, t.metric_store
     assert task is not None
-    loaders, sizes = t.loaders.get(phase, []), t.loader_sizes.get(phase, [])
     prefix = HOOK_PREFIX[phase]
     step_name = f"{prefix}_step"
     was_training, custom = task.training, hooks.custom
@@ -46,6 +45,8 @@ def run_eval(t: Trainer, phase: str, limit: int | None = None) -> Any:
     store.reset(phase)
     outer_phase, t.state.phase = t.state.phase, phase
     hooks.call(f"on_{prefix}_start")
+    # after the hook: a BatchSizeFinder may rebuild the loaders in it (Lightning reads them afterwards too)
+    loaders, sizes = t.loaders.get(phase, []), t.loader_sizes.get(phase, [])
     hooks.call(f"on_{prefix}_epoch_start")
     predictions: list[list[Any]] = []
     multi = len(loaders) > 1
