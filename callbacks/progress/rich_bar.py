@@ -232,14 +232,13 @@ class RichProgressBar(ProgressBar):
         self._start()
         attr = f"{kind}_progress_bar_id"
         self._hide(getattr(self, attr))
-        total = {
-            "val_sanity": self.total_val_batches_current_dataloader,
-            "val": self.total_val_batches_current_dataloader,
-            "test": self.total_test_batches_current_dataloader,
-            "predict": self.total_predict_batches_current_dataloader,
-        }[kind]
-        desc = {"val_sanity": self.sanity_check_description, "val": self.validation_description,
-                "test": self.test_description, "predict": self.predict_description}[kind]  # fmt: skip
+        if kind in ("val_sanity", "val"):
+            total = self.total_val_batches_current_dataloader
+            desc = self.sanity_check_description if kind == "val_sanity" else self.validation_description
+        elif kind == "test":
+            total, desc = self.total_test_batches_current_dataloader, self.test_description
+        else:
+            total, desc = self.total_predict_batches_current_dataloader, self.predict_description
         setattr(self, attr, self._add(total, desc))
 
     def on_validation_batch_start(self, trainer: Trainer, task: Task, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:  # fmt: skip

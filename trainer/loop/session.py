@@ -180,7 +180,7 @@ class Session:
 
 def merge_callbacks(callbacks: list[Any], extra: Any) -> list[Any]:
     """configure_callbacks(): its callbacks replace the Trainer's of the same type; checkpointing stays last."""
-    from callbacks.base import Callback
+    from callbacks.base import Callback, check_state_keys
 
     extra = list(extra) if isinstance(extra, (list, tuple)) else [extra] if extra else []
     for cb in extra:
@@ -188,6 +188,7 @@ def merge_callbacks(callbacks: list[Any], extra: Any) -> list[Any]:
             raise TaskError(f"configure_callbacks returned {type(cb).__name__}; return Callback instances.")
     kinds = {type(cb) for cb in extra}
     merged = [cb for cb in callbacks if type(cb) not in kinds] + extra
+    check_state_keys(merged)  # two stateful callbacks under one key: refused (as in Lightning)
     return [cb for cb in merged if not hasattr(cb, "best_model_path")] + [
         cb for cb in merged if hasattr(cb, "best_model_path")
     ]

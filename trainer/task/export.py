@@ -104,36 +104,42 @@ class ExportMixin:
         return module
 
 
-class _Unattached:
-    """Stands in for the Trainer while TorchScript inspects an unattached task (it reads every attribute)."""
-
-
 @contextlib.contextmanager
 def _scriptable(task: Any) -> Iterator[None]:
     """TorchScript compiles a module's properties unless listed in ``__jit_unused_properties__``; a Task's
     (trainer, device, hparams, ...) read the run, not tensors: list every property of the class outside
-    torch's own, for as long as scripting runs. It also reads each attribute once, so an unattached task's
-    ``trainer`` (an error) answers a placeholder meanwhile."""
+    torch's own, for as long as scripting runs. TorchScript still reads each attribute once, so meanwhile
+    a property that raises (``trainer`` of an unattached task) answers None instead."""
     cls = type(task)
-    names = {
-        name
-        for klass in cls.__mro__
+    props = {
+        name: value
+        for klass in reversed(cls.__mro__)
         if not klass.__module__.startswith("torch.")
         for name, value in vars(klass).items()
         if isinstance(value, property)
     }
-    had = "__jit_unused_properties__" in cls.__dict__
-    old = cls.__dict__.get("__jit_unused_properties__")
-    cls.__jit_unused_properties__ = sorted(names | set(getattr(cls, "__jit_unused_properties__", [])))  # type: ignore[attr-defined]
-    unattached = getattr(task, "_trainer", None) is None
-    if unattached:
-        task.__dict__["_trainer"] = _Unattached()
+    saved = {
+        name: cls.__dict__[name] for name in [*props, "__jit_unused_properties__"] if name in cls.__dict__
+    }
+    unused = sorted(set(props) | set(getattr(cls, "__jit_unused_properties__", [])))
+    for name, prop in props.items():
+        setattr(cls, name, property(_or_none(prop.fget)))
+    cls.__jit_unused_properties__ = unused  # type: ignore[attr-defined]
     try:
         yield
     finally:
-        if unattached:
-            task.__dict__["_trainer"] = None
-        if had:
-            cls.__jit_unused_properties__ = old  # type: ignore[attr-defined]
-        else:
-            delattr(cls, "__jit_unused_properties__")
+        for name in [*props, "__jit_unused_properties__"]:
+            if name in saved:
+                setattr(cls, name, saved[name])
+            else:
+                delattr(cls, name)
+
+
+def _or_none(fget: Any) -> Any:
+    def get(self: Any) -> Any:
+        try:
+            return fget(self)
+        except Exception:
+            return None
+
+    return get
