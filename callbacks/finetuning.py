@@ -81,6 +81,7 @@ class BaseFinetuning(Callback):
         for name, flag in self._frozen.get("track_running_stats", {}).items():
             modules[name].track_running_stats = flag
         self._restarting = False
+        _parameters_changed(trainer, task)
 
     def _record_frozen(self, task: Task) -> None:
         self._frozen = {
@@ -197,6 +198,7 @@ class BaseFinetuning(Callback):
             elif before != len(groups):
                 self._internal_optimizer_metadata[idx].extend(_map_params(groups[before:], names))
         self._record_frozen(task)
+        _parameters_changed(trainer, task)
 
     def finetune_function(self, pl_module: Task, epoch: int, optimizer: torch.optim.Optimizer) -> None:
         """Unfreeze what should train from `epoch` on (override)."""
@@ -205,6 +207,14 @@ class BaseFinetuning(Callback):
     def freeze_before_training(self, pl_module: Task) -> None:
         """Freeze what should not train at first (override)."""
         raise NotImplementedError
+
+
+def _parameters_changed(trainer: Trainer, task: Task) -> None:
+    """Tell a strategy that reduces gradients of a fixed set of parameters (ddp) that the set may have changed,
+    so that an unfrozen backbone's gradients are averaged over the processes too."""
+    notify = getattr(trainer.strategy, "parameters_changed", None)
+    if notify is not None:
+        notify(task)
 
 
 def _map_params(groups: list[dict[str, Any]], mapping: dict[Any, Any]) -> list[dict[str, Any]]:
