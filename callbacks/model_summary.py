@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from callbacks.base import Callback
-from callbacks.summary_table import Summary, format_table
-from callbacks.summary_table import summarize as summary_of
+from callbacks.summary.table import Summary, format_table
+from callbacks.summary.table import summarize as summary_of
 
 if TYPE_CHECKING:
     from trainer.task.base import Task
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 def summarize(module: torch.nn.Module, max_depth: int = 1) -> str:
-    """The summary table of `module` as text (see callbacks/summary_table.py)."""
+    """The summary table of `module` as text (see callbacks/summary/table.py)."""
     return format_table(summary_of(module, max_depth))
 
 

@@ -12,7 +12,7 @@ pytest.importorskip("rich", reason="the rich extra: pip install 'tandem-trainer[
 from rich.console import Console  # noqa: E402
 
 from callbacks import RichModelSummary  # noqa: E402
-from callbacks.summary_table import summarize  # noqa: E402
+from callbacks.summary.table import summarize  # noqa: E402
 
 
 def test_rich_table_holds_the_columns_and_totals(monkeypatch):

@@ -10,7 +10,7 @@ from conftest import FAST
 from test_device_stats import Recording
 
 from callbacks import ThroughputMonitor
-from callbacks.throughput import Throughput, get_available_flops, measure_flops
+from callbacks.throughput.meter import Throughput, get_available_flops, measure_flops
 from trainer import Trainer
 
 

@@ -1,7 +1,7 @@
 """Tuner: Lightning's lr_find and scale_batch_size, run before training on the trainer's own loop.
 
-Each sets up the stage as fit (validate, test, predict) would, runs its finder (callbacks/lr_finder.py,
-callbacks/batch_size_finder.py), restores everything it changed and ends the stage without training, so a
+Each sets up the stage as fit (validate, test, predict) would, runs its finder (callbacks/finders/lr_finder.py,
+callbacks/finders/batch_size_finder.py), restores everything it changed and ends the stage without training, so a
 ``trainer.fit(task)`` afterwards starts as if the Tuner had not run, apart from the rate or batch size it set.
 """
 
@@ -40,7 +40,7 @@ class Tuner:
         max_val: int = 8192,
     ) -> int | None:  # fmt: skip
         """The largest batch size that runs without running out of memory (see BatchSizeFinder), set on the task."""
-        from callbacks.batch_size_finder import BatchSizeFinder
+        from callbacks.finders.batch_size_finder import BatchSizeFinder
 
         _check(train_dataloaders, val_dataloaders, dataloaders, method)
         t = self._trainer
@@ -64,7 +64,7 @@ class Tuner:
         update_attr: bool = True, attr_name: str = "",
     ) -> _LRFinder | None:  # fmt: skip
         """The learning-rate range test (see LearningRateFinder); returns its results (``suggestion()``, ``plot()``)."""
-        from callbacks.lr_finder import LearningRateFinder
+        from callbacks.finders.lr_finder import LearningRateFinder
 
         if method != "fit":
             raise ConfigError("lr_find runs with method='fit' only (as Lightning's).")

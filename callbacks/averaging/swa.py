@@ -11,8 +11,8 @@ import torch
 from torch import nn
 from torch.optim.swa_utils import SWALR, update_bn
 
+from callbacks.averaging.weight_averaging import detached_copy, refuse_sharded
 from callbacks.base import Callback
-from callbacks.weight_averaging import detached_copy, refuse_sharded
 from trainer.errors import ConfigError
 from trainer.loop.optim import SchedulerConfig
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from callbacks.base import Callback
-from callbacks.throughput import Throughput, get_available_flops
+from callbacks.throughput.meter import Throughput, get_available_flops
 
 if TYPE_CHECKING:
     from trainer.task.base import Task

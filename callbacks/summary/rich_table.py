@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from callbacks.model_summary import ModelSummary
-from callbacks.summary_table import human_count
+from callbacks.summary.table import human_count
 from trainer.errors import require
 
 
