@@ -80,6 +80,7 @@ def main(argv: list[str]) -> int:
             p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != ROOT
         ]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([tmp, *paths]))
+        env.setdefault("TANDEM_HOOK_GOLDENS", os.path.join(HERE, "hook_order"))  # the recorded sequences
         keep = " and ".join(f"not {key}" for key in DESELECT)
         cmd = [
             sys.executable,
