@@ -11,6 +11,7 @@ checked against the lists of Lightning's test_hooks.py.
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any
 
@@ -67,7 +68,7 @@ def kind(x: Any, task: Any = None) -> str:
         return "task"
     if isinstance(x, torch.Tensor):
         return "T"
-    if isinstance(x, torch.optim.Optimizer) or name == "LightningOptimizer":
+    if isinstance(x, torch.optim.Optimizer) or name in ("LightningOptimizer", "TaskOptimizer"):
         return "opt"
     if isinstance(x, torch.device):
         return "device"
@@ -94,17 +95,40 @@ def kind(x: Any, task: Any = None) -> str:
 
 def _recorder(prefix: str, name: str, log: list[str]) -> Any:
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-        out = getattr(super(owner[0], self), name)(*args, **kwargs)
-        if name == "train" and not args and not kwargs:
-            args = (True,)
-        values = [*args, *(kwargs[k] for k in sorted(kwargs))]
-        task = getattr(self, "_rec_task", self)
-        log.append(" ".join([prefix + name, *(kind(v, task) for v in values)]))
+        parent = getattr(super(owner[0], self), name)
+        out = parent(*args, **kwargs)
+        log.append(
+            " ".join(
+                [
+                    prefix + name,
+                    *(kind(v, getattr(self, "_rec_task", self)) for v in _bound(parent, args, kwargs)),
+                ]
+            )
+        )
         return out
 
     owner: list[type] = []
     method.__name__ = name
     return method, owner
+
+
+def _bound(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    """The call's arguments in the signature's order with defaults filled in, so that f(x, 1) and f(x, k=1)
+    (and a default passed explicitly) record the same."""
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return [*args, *(kwargs[k] for k in sorted(kwargs))]
+    bound.apply_defaults()
+    values: list[Any] = []
+    for param, value in zip(bound.signature.parameters.values(), bound.arguments.values()):
+        if param.kind is inspect.Parameter.VAR_POSITIONAL:
+            values.extend(value)
+        elif param.kind is inspect.Parameter.VAR_KEYWORD:
+            values.extend(value[k] for k in sorted(value))
+        else:
+            values.append(value)
+    return values
 
 
 def recording(base: type, names: list[str], log: list[str], prefix: str = "", **extra: Any) -> type:

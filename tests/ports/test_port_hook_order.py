@@ -53,7 +53,10 @@ class ManualTwo(Boring):
         return {"loss": loss}
 
     def configure_optimizers(self) -> Any:
-        return [torch.optim.SGD(self.layer.parameters(), lr=0.1), torch.optim.SGD(self.other.parameters(), lr=0.1)]
+        return [
+            torch.optim.SGD(self.layer.parameters(), lr=0.1),
+            torch.optim.SGD(self.other.parameters(), lr=0.1),
+        ]
 
 
 @pytest.mark.parametrize("base", [Boring, Manual, ManualTwo], ids=["auto", "manual", "manual_two"])
@@ -142,7 +145,12 @@ def test_hook_order_accumulation_and_clipping(tmp_path):
     log: list[str] = []
     task_cls, cb = hooked(log)
     trainer = _trainer(
-        tmp_path, [cb], limit_train_batches=4, limit_val_batches=0, accumulate_grad_batches=2, gradient_clip_val=0.5
+        tmp_path,
+        [cb],
+        limit_train_batches=4,
+        limit_val_batches=0,
+        accumulate_grad_batches=2,
+        gradient_clip_val=0.5,
     )
     trainer.fit(task_cls())
     check("accumulation_clipping", log)

@@ -67,14 +67,19 @@ class CheckpointIO:
         comm.barrier("save_checkpoint")
 
     def restore(
-        self, path: str, task: torch.nn.Module, optimizers: list[torch.optim.Optimizer] | None
+        self,
+        path: str,
+        task: torch.nn.Module,
+        optimizers: list[torch.optim.Optimizer] | None,
+        ckpt: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Load `path` (either form) into the task and, for a full checkpoint, into `optimizers` when given;
-        return the checkpoint dict."""
+        return the checkpoint dict. `ckpt`: a file's dict already read (and edited by on_load_checkpoint)."""
         path = _existing(path)
         if os.path.isdir(path):
             return restore_dir(path, task, optimizers)
-        ckpt = load(path, mmap=self.mmap)
+        if ckpt is None:
+            ckpt = load(path, mmap=self.mmap)
         check_compatible(task, ckpt["state_dict"], path)
         if optimizers is not None and resumable(ckpt):
             _check_count(path, len(ckpt["optimizer_states"]), optimizers)
