@@ -43,7 +43,8 @@ class GradientAccumulationScheduler(Callback):
         return next(self.scheduling[e] for e in reversed(self.epochs) if epoch >= e)
 
     def on_train_start(self, trainer: Trainer, task: Task) -> None:
-        """Refuse what cannot accumulate (manual optimization, a Trainer value of its own)."""
+        """Refuse what cannot accumulate (manual optimization, a Trainer value of its own); a run resumed
+        inside an epoch (which gets no on_train_epoch_start, as in Lightning) takes that epoch's value here."""
         if not task.automatic_optimization:
             raise ConfigError(
                 "GradientAccumulationScheduler works with automatic optimization only; remove it, or "
@@ -62,6 +63,8 @@ class GradientAccumulationScheduler(Callback):
                 "Trainer(accumulate_grad_batches=...) and a GradientAccumulationScheduler both set the accumulation; "
                 "remove one of them."
             )
+        trainer.accumulate_grad_batches = self.get_accumulate_grad_batches(trainer.current_epoch)
 
     def on_train_epoch_start(self, trainer: Trainer, *_: Any) -> None:
         trainer.accumulate_grad_batches = self.get_accumulate_grad_batches(trainer.current_epoch)
+

@@ -265,7 +265,10 @@ class Trainer:
 
     @property
     def estimated_stepping_batches(self) -> int | float:
-        """Optimizer steps the whole fit will take (for schedulers such as OneCycleLR)."""
+        """Optimizer steps the whole fit will take (for schedulers such as OneCycleLR). As Lightning, asks for
+        the training loader when configure_optimizers reads this before the loop did."""
+        if self.session is not None and self.session.stage == "fit" and "train" not in self.loaders:
+            self.session.load("train")
         per_epoch = -(-self.num_training_batches // self.accumulate_grad_batches)
         by_epochs = per_epoch * self.max_epochs if self.max_epochs != -1 else float("inf")
         return min(by_epochs, self.max_steps) if self.max_steps != -1 else by_epochs

@@ -199,6 +199,8 @@ class RichProgressBar(ProgressBar):
 
     def on_train_start(self, trainer: Trainer, task: Task) -> None:
         self._start()
+        if trainer.state.batch_in_epoch:  # resumed inside an epoch: no on_train_epoch_start (as Lightning)
+            self.on_train_epoch_start(trainer, task)
 
     def on_train_epoch_start(self, trainer: Trainer, task: Task) -> None:
         if self.is_disabled:

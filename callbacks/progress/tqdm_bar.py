@@ -122,6 +122,11 @@ class TQDMProgressBar(ProgressBar):
             bar.set_postfix(format_metrics(self.get_metrics(trainer, trainer.task)), refresh=False)
 
     # ----- training ------------------------------------------------------------------------------
+    def on_train_start(self, trainer: Trainer, task: Task) -> None:
+        """A run resumed inside an epoch gets no on_train_epoch_start (as in Lightning): open its bar here."""
+        if trainer.state.batch_in_epoch:
+            self.on_train_epoch_start(trainer, task)
+
     def on_train_epoch_start(self, trainer: Trainer, task: Task) -> None:
         """Open (or reset) the epoch's bar."""
         if self.is_disabled:

@@ -14,6 +14,7 @@ from trainer.checkpoint.find import resolve_path, run_id
 from trainer.checkpoint.format import decode, encode, missing
 from trainer.checkpoint.io import _existing, _read_meta, check_compatible, checkpoint_io, load, resumable
 from trainer.errors import CheckpointError, ConfigError
+from trainer.loop.hooks import overrides
 from trainer.loop.optim import step_schedulers
 
 if TYPE_CHECKING:
@@ -75,42 +76,46 @@ class Restoring:
 
 
 def prepare_restore(t: Trainer, path: str, stage: str) -> Restoring:
-    """Read `path` ("best", "last", a file or a directory) and run what Lightning runs before the weights
-    load: the task's on_load_checkpoint (which may rename or drop keys of checkpoint["state_dict"]), the
-    DataModule's and the callbacks' states, the callbacks' on_load_checkpoint."""
+    """Read `path` ("best", "last", a file or a directory) and restore what Lightning restores before the
+    optimizers exist: the task's on_load_checkpoint (which may rename or drop keys of
+    checkpoint["state_dict"]), then the weights, the DataModule's state, the callbacks' on_load_checkpoint
+    and their states (a finetuning callback rebuilds its parameter groups from them in on_fit_start)."""
     path = _existing(resolve_path(t, path))
     check_same_file_everywhere(t, path)
-    io = checkpoint_io(t.strategy)
+    task, io = t.task, checkpoint_io(t.strategy)
+    assert task is not None
     ckpt = _read_meta(path)[0] if os.path.isdir(path) else load(path, mmap=io.mmap)
-    t.hooks.call("on_load_checkpoint", ckpt)  # the task first, then the callbacks (as Lightning)
+    if overrides(task, "on_load_checkpoint"):
+        task.on_load_checkpoint(ckpt)
+    loaded = io.restore(path, task, None, ckpt)
+    ckpt = {**ckpt, "state_dict": loaded["state_dict"]}
+    _warn_hparams(t, ckpt, path)
+    if resumable(ckpt) and t.datamodule is not None and "datamodule" in ckpt:
+        t.datamodule.load_state_dict(ckpt["datamodule"])
+    for cb in t.callbacks:
+        if overrides(cb, "on_load_checkpoint"):
+            cb.on_load_checkpoint(t, task, ckpt)
     if resumable(ckpt):
-        if t.datamodule is not None and "datamodule" in ckpt:
-            t.datamodule.load_state_dict(ckpt["datamodule"])
-        # before the optimizer, scheduler and loop states, as in Lightning: a callback that added parameter
-        # groups (finetuning) or swapped a scheduler (SWA) rebuilds them first
         states = ckpt.get("callbacks", {})
         for cb in t.callbacks:
             if cb.state_key in states:
                 cb.load_state_dict(states[cb.state_key])
+    if stage != "fit":
+        t.print(f"Restored from {path} (epoch {ckpt['epoch']}, step {ckpt['global_step']})")
     return Restoring(path, ckpt)
 
 
-def restore(t: Trainer, restoring: Restoring, stage: str) -> None:
-    """Load the prepared checkpoint's weights into the task and, for fit, the optimizer, scheduler and loop
-    states into the run."""
-    path, task = restoring.path, t.task
+def restore(t: Trainer, restoring: Restoring) -> None:
+    """fit, after on_fit_start (as Lightning): the optimizer, scheduler and loop states of the checkpoint."""
+    path, ckpt, task = restoring.path, restoring.ckpt, t.task
     assert task is not None
-    io = checkpoint_io(t.strategy)
-    loaded = io.restore(path, task, t.optimizers if stage == "fit" else None, restoring.ckpt)
-    ckpt = {**restoring.ckpt, "state_dict": loaded["state_dict"]}
-    _warn_hparams(t, ckpt, path)
-    if stage == "fit" and resumable(ckpt):
+    if resumable(ckpt):
+        checkpoint_io(t.strategy).restore(path, task, t.optimizers, ckpt, weights=False)
         for cfg, state in zip(t.lr_scheduler_configs, ckpt["lr_schedulers"]):
             cfg.scheduler.load_state_dict(state)
         t.strategy.load_state_dict(ckpt.get("strategy", {}))
         _restore_loop(t, ckpt)
-    epoch, step = (t.current_epoch, t.global_step) if stage == "fit" else (ckpt["epoch"], ckpt["global_step"])
-    t.print(f"Restored from {path} (epoch {epoch}, step {step})")
+    t.print(f"Restored from {path} (epoch {t.current_epoch}, step {t.global_step})")
 
 
 def _warn_hparams(t: Trainer, ckpt: dict[str, Any], path: str) -> None:

@@ -7,6 +7,9 @@ import warnings
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
+import torch
+
+from trainer import checkpoint
 from trainer.checkpoint.io import checkpoint_io
 from trainer.checkpoint.run import check_window_saves
 from trainer.errors import TaskError
@@ -30,6 +33,8 @@ def fit(t: Trainer) -> None:
     cfg, state, hooks, session, task = t.config, t.state, t.hooks, t.session, t.task
     assert session is not None and task is not None
     hooks.call("on_fit_start")
+    if session.restoring is not None:  # as Lightning: optimizer and loop states after on_fit_start
+        checkpoint.restore(t, session.restoring)
     task.zero_grad()  # as Lightning, at the start of every stage
     if state.window_grads is not None:  # resumed inside an accumulation window: its gradients so far
         checkpoint_io(t.strategy).set_window_grads(task, state.window_grads)
@@ -84,16 +89,24 @@ def train_epoch(t: Trainer) -> None:
     closure = Closure(t) if automatic else None
     checked = state.global_step
     batch_idx, cut = start - 1, False
-    nxt = next(batches, _END) if not known or start < n else _END  # Lightning's fetcher reads one batch ahead
+    # Lightning's fetcher reads one batch ahead, so an iterable that changes state when it runs out is seen
+    # at the same step. A map-style loader of known length is read at its step instead: the end is known
+    # without reading, and random draws in the data set then keep their order for bit-identical resume.
+    ahead = not known or not _map_style(t.train_dataloader)
+    nxt = next(batches, _END) if ahead and (not known or start < n) else None
     while True:
         batch_idx += 1
-        batch = nxt
         if known:
-            if batch_idx >= n or batch is _END:
+            if batch_idx >= n:
                 break
             last = batch_idx + 1 == n
-            nxt = next(batches, _END) if not last else _END
+            batch = nxt if ahead else next(batches, _END)
+            if batch is _END:
+                break
+            if ahead:
+                nxt = next(batches, _END) if not last else _END
         else:
+            batch = nxt
             if not strategy.comm.join(batch is not _END):  # some rank is out of data
                 break
             nxt = next(batches, _END)
@@ -249,6 +262,13 @@ def _epoch_iterator(t: Trainer) -> tuple[Any, int]:
     set_rng_state(state.resume_rng)
     state.resume_rng = None
     return it, skip
+
+
+def _map_style(loader: Any) -> bool:
+    """A DataLoader over an indexable data set (its batches come from a batch sampler)."""
+    return getattr(loader, "batch_sampler", None) is not None and not isinstance(
+        getattr(loader, "dataset", None), torch.utils.data.IterableDataset
+    )
 
 
 def _val_check_batches(t: Trainer) -> int:

@@ -177,13 +177,9 @@ def _owner(fn: Any) -> str:
     return type(getattr(target, "__self__", target)).__name__
 
 
-#: hooks whose task override runs before the callbacks' (Lightning: the module restores first)
-TASK_FIRST = frozenset({"on_load_checkpoint"})
-
-
 class Hooks:
     """Calls the overridden hooks of a task and its callbacks in Lightning's order: every callback in the
-    Trainer's order (checkpointing last), then the task; `on_load_checkpoint` the task first. A loop that
+    Trainer's order (checkpointing last), then the task. A loop that
     needs Lightning's split (on_train_epoch_end) calls the plain callbacks and the task with
     ``monitoring=False``, then the monitoring callbacks (checkpointing, early stopping) with ``monitoring=True``.
     Example::
@@ -209,9 +205,8 @@ class Hooks:
             if not cbs and not own:
                 continue
             every = [fn for _, fn in cbs]
-            ordered = own + every if hook.name in TASK_FIRST else every + own
             plain = [fn for m, fn in cbs if not m] + own
-            self._table[hook.name] = (ordered, plain, [fn for m, fn in cbs if m])
+            self._table[hook.name] = (every + own, plain, [fn for m, fn in cbs if m])
         # the task's own versions of Lightning's overridable methods (optimizer_step, backward, ...)
         self.custom = frozenset(n for n in DEFAULTS if task is not None and overrides(task, n))
         self.transfer: dict[str, Any] = {}  # who runs each batch-transfer hook (loop/transfer.py), per stage

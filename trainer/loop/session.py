@@ -50,6 +50,7 @@ class Session:
         self.signals = StopSignals(trainer) if stage == "fit" else None
         self.uncompile: Callable[[], None] | None = None
         self.recompiles: RecompileWatch | None = None
+        self.restoring: checkpoint.Restoring | None = None
 
     def __enter__(self) -> Session:
         t, task, stage = self.t, self.task, self.stage
@@ -95,7 +96,8 @@ class Session:
         path = self.ckpt_path
         if path is None and stage == "fit" and t.config.resume == "auto":
             path = t.strategy.comm.broadcast(checkpoint.find_last(t))  # every rank loads the same file
-        restoring = checkpoint.prepare_restore(t, path, stage) if path is not None else None
+        # the weights and callback states now; for fit the optimizer and loop states after on_fit_start
+        self.restoring = checkpoint.prepare_restore(t, path, stage) if path is not None else None
         if stage == "fit":
             t.optimizers, t.lr_scheduler_configs = parse_optimizers(task.configure_optimizers())
             check_optimizers(t.optimizers, task.automatic_optimization, t.config.accumulate_grad_batches)
@@ -110,8 +112,6 @@ class Session:
                 task, functools.partial(apply_compiler, compiler=self.compiler)
             )
             self.recompiles = RecompileWatch()
-        if restoring is not None:
-            checkpoint.restore(t, restoring, stage)
 
     @property
     def val_enabled(self) -> bool:

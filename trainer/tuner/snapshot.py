@@ -23,9 +23,16 @@ class Snapshot:
     its own callbacks (hooks), no loggers and a fresh metric store, as Lightning swaps them out."""
 
     def __init__(self, t: Trainer) -> None:
-        task = t.task
+        task, session = t.task, t.session
         assert task is not None
         self.t = t
+        if session is not None:  # the trials need the loaders, which a stage asks for only when it first needs them
+            if session.stage == "fit":
+                session.load("train")
+                if session.val_enabled:
+                    session.load("val")
+            else:
+                session.load({"validate": "val"}.get(session.stage, session.stage))
         with torch.no_grad():
             self.weights = {k: v.detach().clone() for k, v in task.state_dict().items()}
         self.grads = [None if p.grad is None else p.grad.detach().clone() for p in task.parameters()]
@@ -45,7 +52,8 @@ class Snapshot:
         """Run the trial with only `callbacks` (and the task's hooks), no loggers, its own metrics."""
         t = self.t
         t.callbacks, t.loggers = list(callbacks), []
-        t.hooks = Hooks(t.task, t.callbacks, t, t.profiler)
+        t.hooks, transfer = Hooks(t.task, t.callbacks, t, t.profiler), t.hooks.transfer
+        t.hooks.transfer = transfer
         t.metric_store = MetricStore(t.strategy.comm.reduce)
 
     def reset_loop(self) -> None:
