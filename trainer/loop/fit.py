@@ -88,7 +88,7 @@ def train_epoch(t: Trainer) -> None:
     known = n != float("inf")
     closure = Closure(t) if automatic else None
     checked = state.global_step
-    batch_idx, cut = start - 1, False
+    batch_idx, cut, out_of_data = start - 1, False, False
     # Lightning's fetcher reads one batch ahead, so an iterable that changes state when it runs out is seen
     # at the same step. A map-style loader of known length is read at its step instead: the end is known
     # without reading, and random draws in the data set then keep their order for bit-identical resume.
@@ -98,16 +98,19 @@ def train_epoch(t: Trainer) -> None:
         batch_idx += 1
         if known:
             if batch_idx >= n:
+                out_of_data = True
                 break
             last = batch_idx + 1 == n
             batch = nxt if ahead else next(batches, _END)
             if batch is _END:
+                out_of_data = True
                 break
             if ahead:
                 nxt = next(batches, _END) if not last else _END
         else:
             batch = nxt
-            if not strategy.comm.join(batch is not _END):  # some rank is out of data
+            if not strategy.comm.join(batch is not _END):  # some rank is out of data: every rank ends
+                out_of_data = True
                 break
             nxt = next(batches, _END)
             last = not strategy.comm.join(nxt is not _END)
@@ -161,7 +164,7 @@ def train_epoch(t: Trainer) -> None:
                 break
             if _max_steps_reached(t):
                 break
-    state.epoch_finished = cut or state.batch_in_epoch == n or (not known and batch is _END)
+    state.epoch_finished = cut or out_of_data
     if state.epoch_finished and not cut and _should_validate(t):
         _validate(t, state.batch_in_epoch, k)
     t.metric_store.in_epoch_hook = True
