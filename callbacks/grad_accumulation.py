@@ -67,4 +67,3 @@ class GradientAccumulationScheduler(Callback):
 
     def on_train_epoch_start(self, trainer: Trainer, *_: Any) -> None:
         trainer.accumulate_grad_batches = self.get_accumulate_grad_batches(trainer.current_epoch)
-

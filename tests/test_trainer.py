@@ -336,7 +336,9 @@ def assert_short_path(path: list[str]) -> None:
     split = next(i for i, f in enumerate(path) if f.endswith("loop/closure.py:__call__"))
     to_step, from_closure = _ours(path[:split]), path[split:]
     assert len(to_step) <= 8, to_step
-    assert len(from_closure) - 1 <= 3, from_closure  # Closure -> strategy.backward (-> DDP) -> Tensor.backward
+    assert len(from_closure) - 1 <= 3, (
+        from_closure
+    )  # Closure -> strategy.backward (-> DDP) -> Tensor.backward
 
 
 def test_fit_reaches_loss_backward_in_few_calls():

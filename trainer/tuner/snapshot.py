@@ -26,7 +26,9 @@ class Snapshot:
         task, session = t.task, t.session
         assert task is not None
         self.t = t
-        if session is not None:  # the trials need the loaders, which a stage asks for only when it first needs them
+        if (
+            session is not None
+        ):  # the trials need the loaders, which a stage asks for only when it first needs them
             if session.stage == "fit":
                 session.load("train")
                 if session.val_enabled:
