@@ -72,7 +72,7 @@ def hand_loop(make_opt, batch_size: int = 8, epochs: int = 2) -> dict[str, torch
     for _ in range(epochs):
         for x, y in DataLoader(data(), batch_size=batch_size):
 
-            def closure():
+            def closure(x=x, y=y):
                 opt.zero_grad()
                 loss = F.mse_loss(net(x), y)
                 loss.backward()
