@@ -14,6 +14,8 @@ from trainer.errors import TaskError
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
+_grad_enabled, _set_grad_enabled = torch.is_grad_enabled, torch._C._set_grad_enabled  # cheaper than a context
+
 
 class Closure:
     """The training step of one batch; `prepare` sets the batch, calling it runs the step and returns the
@@ -37,23 +39,31 @@ class Closure:
         )  # fmt: skip
 
     def __call__(self) -> torch.Tensor | None:
+        if _grad_enabled():  # torch's optimizers call closures with gradients on; another may not
+            return self._run()
+        _set_grad_enabled(True)
+        try:
+            return self._run()
+        finally:
+            _set_grad_enabled(False)
+
+    def _run(self) -> torch.Tensor | None:
         t, strategy, hooks = self.t, self.strategy, self.hooks
-        with torch.enable_grad():
-            with strategy.autocast(), t.profile("training_step"):
-                out = strategy.step(self.task, "training_step", self.batch, self.batch_idx)
-            loss = loss_of(out, t.world_size)  # None: the task skips this batch
-            if loss is not None and self.window > 1:
-                loss = loss / self.window  # k micro-batches of b equal one batch of k*b
-            self.out, self.loss = out, loss
-            if self.zero:  # a window starts: Lightning's moment to zero the gradients
-                zero_grad(t, t.optimizers[0], self.batch_idx)
-            if loss is not None and not (self.nonfinite and _nonfinite(t, loss, self.batch_idx)):
-                hooks.call("on_before_backward", loss)
-                with t.profile("backward"):
-                    strategy.backward(loss, sync=self.sync, run=self.run_backward)
-                hooks.call("on_after_backward")
-                if self.rescale != 1.0:
-                    _scale_grads(t.optimizers[0], self.rescale)
+        with strategy.autocast(), t.profile("training_step"):
+            out = strategy.step(self.task, "training_step", self.batch, self.batch_idx)
+        loss = loss_of(out, t.world_size)  # None: the task skips this batch
+        if loss is not None and self.window > 1:
+            loss = loss / self.window  # k micro-batches of b equal one batch of k*b
+        self.out, self.loss = out, loss
+        if self.zero:  # a window starts: Lightning's moment to zero the gradients
+            zero_grad(t, t.optimizers[0], self.batch_idx)
+        if loss is not None and not (self.nonfinite and _nonfinite(t, loss, self.batch_idx)):
+            hooks.call("on_before_backward", loss)
+            with t.profile("backward"):
+                strategy.backward(loss, sync=self.sync, run=self.run_backward)
+            hooks.call("on_after_backward")
+            if self.rescale != 1.0:
+                _scale_grads(t.optimizers[0], self.rescale)
         return None if loss is None else loss.detach()
 
     def outputs(self) -> dict[str, Any]:

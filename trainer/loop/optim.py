@@ -143,13 +143,16 @@ def optimizer_step(
     on_before_optimizer_step runs, and (automatic optimization) gradients are clipped; then the update.
     An optimizer that calls the closure several times gets all of this each time."""
     strategy, hooks = trainer.strategy, trainer.hooks
-    automatic = trainer.task is None or trainer.task.automatic_optimization
+    # Lightning clips only under automatic optimization
+    clips = (trainer.task is None or trainer.task.automatic_optimization) and (
+        "configure_gradient_clipping" in hooks.custom or bool(trainer.config.gradient_clip_val)
+    )
 
     def step_closure() -> Any:
         result = closure() if closure is not None else None
         strategy.unscale_gradients(optimizer)
         hooks.call("on_before_optimizer_step", optimizer)
-        if automatic:  # Lightning clips only under automatic optimization
+        if clips:
             _clip(trainer, optimizer)
         return result
 
