@@ -18,9 +18,7 @@ import dataclasses
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 
@@ -33,10 +31,10 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 from benchmarks.cluster_report import AGAIN, METHODS, RATES, curves, plot, print_table, summarise  # noqa: E402
+from benchmarks.lab_run import run_two_node  # noqa: E402
 from strategies.reducer import AUTO_ITERATIONS, TRIAL_ITERATIONS, Reducer  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "cluster.json")
-PORT = 29517
 WARMUP_STEPS = AUTO_ITERATIONS + TRIAL_ITERATIONS + 2
 BLOCK = 4  # timed steps run in blocks of this many per method, the first untimed
 
@@ -179,45 +177,8 @@ def worker(models: list[str], steps: int, out_path: str, aa: bool) -> None:
 
 def run_rate(rate: str, models: list[str], steps: int, timeout: float, aa: bool = False) -> dict:
     """Bring a lab up at `rate`, run both workers in it, return rank 0's results."""
-    from benchmarks.lab import Lab, guarded
-
-    with guarded(Lab.up(None if rate == "unlimited" else rate)) as lab, tempfile.TemporaryDirectory() as tmp:
-        out_path = os.path.join(tmp, "rank0.json")
-        procs = []
-        for node in (0, 1):
-            env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_"))}
-            env.update(
-                RANK=str(node),
-                WORLD_SIZE="2",
-                MASTER_ADDR=lab.addr(0),
-                MASTER_PORT=str(PORT),
-                GLOO_SOCKET_IFNAME=lab.iface(node),
-                PYTHONPATH=ROOT,
-                OMP_NUM_THREADS="1",
-            )
-            argv = [
-                sys.executable,
-                __file__,
-                "--worker",
-                *(["--aa"] if aa else []),
-                "--models",
-                *models,
-                "--steps",
-                str(steps),
-                "--out",
-                out_path,
-            ]
-            procs.append(lab.popen(node, argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-        deadline = time.monotonic() + timeout
-        for proc in procs:
-            try:
-                output, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                raise RuntimeError(f"rate {rate}: workers did not finish within {timeout:.0f} s") from None
-            if proc.returncode != 0:
-                raise RuntimeError(f"rate {rate}: a worker failed ({proc.returncode}):\n{output[-3000:]}")
-        with open(out_path) as f:
-            return json.load(f)
+    argv = [sys.executable, __file__, "--worker", *(["--aa"] if aa else []), "--models", *models]
+    return run_two_node(rate, [*argv, "--steps", str(steps)], timeout)
 
 
 def main(argv: list[str] | None = None) -> int:

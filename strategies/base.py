@@ -1,8 +1,8 @@
 """The Strategy contract: where the task runs and how its gradients are combined.
 
-The loop drives every strategy through these members only (16): `name`, `root_device`, `precision`,
-`comm`, `launch`, `setup`, `teardown`, `process_dataloader`, `batch_to_device`, `step`, `autocast`,
-`backward`, `unscale_gradients`, `optimizer_step`, `state_dict`, `load_state_dict`. Rank information and
+The loop drives every strategy through these members only (17): `name`, `root_device`, `precision`,
+`comm`, `launch`, `setup`, `compile`, `teardown`, `process_dataloader`, `batch_to_device`, `step`,
+`autocast`, `backward`, `unscale_gradients`, `optimizer_step`, `state_dict`, `load_state_dict`. Rank information and
 collectives live on `comm` (strategies/comm.py). A strategy is fully configured by its constructor; the
 Trainer only fills what the constructor left unset (`None`), see strategies/__init__.py.
 """
@@ -72,6 +72,11 @@ class Strategy:
         """Move the task to the root device in the parameter dtype of the precision."""
         self.precision.setup(self.root_device)
         task.to(device=self.root_device, dtype=self.precision.param_dtype)
+
+    def compile(self, task: Task, apply: Callable[[Task], Callable[[], None]]) -> Callable[[], None]:
+        """Compile the set-up task in place (after it was moved, wrapped or sharded) with `apply`
+        (trainer/compiler.py); returns what gives it back uncompiled."""
+        return apply(task)
 
     def teardown(self) -> None:
         """Release what setup acquired."""

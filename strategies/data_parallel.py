@@ -83,6 +83,14 @@ class DataParallelStrategy(ParallelStrategy):
         device = getattr(self._local, "device", None)
         return self.device_list[0] if device is None else device
 
+    def compile(self, task: Task, apply: Callable[[Task], Callable[[], None]]) -> Callable[[], None]:
+        raise ConfigError(
+            "strategy='dp' cannot run a compiled task: it copies the task into a fresh replica per device at "
+            "every step and runs the copies in threads, so compiled code (bound to the task itself) would "
+            "not run on the replicas. Use strategy='ddp' (one process per device; compile keeps its "
+            "overlap) or 'single', or drop compile."
+        )
+
     def teardown(self) -> None:
         if self._threads is not None:
             self._threads.close()

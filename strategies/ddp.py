@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +15,7 @@ from strategies.process_group import ProcessGroupStrategy, ShardSampler
 from trainer.errors import check_choice
 
 if TYPE_CHECKING:
+    from strategies.compiled import BucketSplits
     from strategies.reducer import Reducer
     from trainer.task.base import Task
 
@@ -72,12 +74,25 @@ class DDPStrategy(ProcessGroupStrategy):
         self.gradient_as_bucket_view, self.comm_hook = gradient_as_bucket_view, comm_hook
         self.static_graph, self.broadcast_buffers = static_graph, broadcast_buffers
         self.reducer: Reducer | None = None
+        self._splits: BucketSplits | None = None  # set while the task is compiled (strategies/compiled.py)
         self._unsynced = False  # gradients accumulated by backward(sync=False) and not reduced since
 
     def setup(self, task: Task) -> None:
+        super().setup(task)
+        self._build_reducer(task)
+
+    def parameters_changed(self, task: Task) -> None:
+        """Some parameters started or stopped requiring gradients (a finetuning callback unfroze a backbone):
+        reduce exactly those from now on. Called between optimizer steps."""
+        if (
+            self.reducer is not None
+            and [p for p in task.parameters() if p.requires_grad] != self.reducer.params
+        ):
+            self._build_reducer(task)
+
+    def _build_reducer(self, task: Task) -> None:
         from strategies.reducer import Reducer
 
-        super().setup(task)
         if self.reducer is not None:
             self.reducer.remove_hooks()
         self.reducer = Reducer(
@@ -91,6 +106,29 @@ class DDPStrategy(ProcessGroupStrategy):
         )
         self._unsynced = False
 
+    def compile(self, task: Task, apply: Callable[[Task], Callable[[], None]]) -> Callable[[], None]:
+        """Compile, keeping the overlap: the compiled graphs are split at the Reducer's bucket size."""
+        from strategies.compiled import BucketSplits, splits_unavailable
+
+        assert self.reducer is not None
+        reason = splits_unavailable()
+        if reason is not None:
+            warnings.warn(
+                f"{reason}: compiled backward graphs are not split at bucket boundaries, so every gradient "
+                "all-reduce waits for the end of backward (no overlap).",
+                UserWarning,
+                stacklevel=2,
+            )
+        else:
+            self._splits = BucketSplits(self.reducer.bucket_bytes_cap)
+        undo = apply(task)
+
+        def uncompile() -> None:
+            self._splits = None
+            undo()
+
+        return uncompile
+
     def teardown(self) -> None:
         super().teardown()
         if self.reducer is not None:  # kept (without hooks) so that its bucket statistics can be read
@@ -102,6 +140,9 @@ class DDPStrategy(ProcessGroupStrategy):
     ) -> Any:
         if hook == "training_step" and self.broadcast_buffers and self.reducer is not None:
             self.comm.run("buffer broadcast", self.reducer.sync_buffers)
+        if self._splits is not None:
+            with self._splits:
+                return super().step(task, hook, batch, batch_idx, dataloader_idx)
         return super().step(task, hook, batch, batch_idx, dataloader_idx)
 
     def backward(

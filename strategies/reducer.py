@@ -115,7 +115,7 @@ class Reducer:
         self._used_t: torch.Tensor | None = None
         self._used_work: dist.Work | None = None
         self._next, self._t0 = 0, 0.0  # next bucket to launch; time origin of the stats
-        cap = int(bucket_cap_mb * _MB)
+        cap = self.bucket_bytes_cap = int(bucket_cap_mb * _MB)  # (torch DDP's name, read under compile)
         first_cap = min(int(first_bucket_cap_mb * _MB), cap)  # a smaller bucket_cap_mb wins
         comp_dtype = _COMPRESS.get(comm_hook or "")
         self._layout = BucketLayout(

@@ -146,8 +146,10 @@ class TrainerConfig:
         "clip gradients to this value (after unscaling); None: no clipping",
         must(lambda v: v is None or finite_at_least_0(v), "a number >= 0 (finite) or None"),
     )
-    gradient_clip_algorithm: str = option(
-        "norm", "'norm' (total 2-norm) or 'value' (each element)", choice(("norm", "value"))
+    gradient_clip_algorithm: str | None = option(
+        None,
+        "'norm' (total 2-norm) or 'value' (each element); None: 'norm' (Lightning's default)",
+        choice(("norm", "value"), none=True),
     )
     deterministic: bool | str | None = option(
         None,
@@ -175,6 +177,14 @@ class TrainerConfig:
         20.0,
         "after SIGINT/SIGTERM, the least time a rank has to reach the agreed stop (grows with measured step time)",
         must(lambda v: finite_at_least_0(v) and v > 0, "a number > 0"),
+    )
+    compile: bool | dict[str, Any] = option(
+        False,
+        "torch.compile the task once the strategy has set it up: True, or a dict of torch.compile's keywords",
+        must(
+            lambda v: isinstance(v, bool) or (isinstance(v, dict) and all(isinstance(k, str) for k in v)),
+            "true, false or a dict of torch.compile keywords",
+        ),
     )
     # ----- Lightning keywords beyond the loop's basics -----
     benchmark: bool | None = option(

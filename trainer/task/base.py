@@ -10,13 +10,14 @@ import torch
 from trainer.errors import TaskError
 from trainer.loop.hooks import TASK, add_hook_stubs, default
 from trainer.task.defaults import TaskDefaults
+from trainer.task.export import ExportMixin
 from trainer.task.hparams import HyperparametersMixin
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 
-class Task(TaskDefaults, torch.nn.Module, HyperparametersMixin):
+class Task(TaskDefaults, ExportMixin, torch.nn.Module, HyperparametersMixin):
     """A torch Module that knows how to train itself.
 
     Example::
