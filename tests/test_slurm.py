@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import stat
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -175,6 +176,11 @@ def _fit(tmp_path, signum: int, plugins=None) -> tuple[int, Trainer]:
     )
     with pytest.raises(SystemExit) as info:
         trainer.fit(Slow(signum), DataLoader(data, batch_size=4))
+    # the stop's watchdog ends with the stage: left armed it would os._exit this process 20 s later
+    timers = [t for t in threading.enumerate() if isinstance(t, threading.Timer)]
+    for t in timers:
+        t.join(2)
+    assert not any(t.is_alive() for t in timers), "the stop watchdog outlived fit"
     return int(info.value.code), trainer
 
 

@@ -54,6 +54,7 @@ class StopSignals:
         self.environment = environment_of(trainer.config.plugins)  # SLURM's, or None
         self.requeue_signal = self.environment.requeue_signal if self.environment is not None else None
         self.requeue_pending = False  # the ranks agreed on a requeue stop: rank 0 requeues on the way out
+        self.watchdog: threading.Timer | None = None  # armed by a stop signal, until the stage ends
 
     def code(self, signum: int) -> int:
         """This rank's part of the stop agreement for a received signal."""
@@ -70,6 +71,9 @@ class StopSignals:
     def restore(self) -> None:
         """Put the previous handlers back; after an agreed requeue stop, requeue the job first (rank 0) and
         keep ignoring SIGTERM, which SLURM sends to every task of the job it requeues, while this exits."""
+        if self.watchdog is not None:  # the stage ended (saved, or failed with its own error): not stuck
+            self.watchdog.cancel()
+            self.watchdog = None
         if self.requeue_pending:
             self.requeue_pending = False
             self.previous.pop(signal.SIGTERM, None)
@@ -108,9 +112,9 @@ class StopSignals:
             f"[tandem] rank {rank} received {signal.Signals(signum).name}: checkpointing at the next step boundary"
             f"{then} (within {grace:.0f} s; press Ctrl-C twice to stop at once)"
         )
-        watchdog = threading.Timer(grace, _stuck_exit, args=(rank, signum, grace))
-        watchdog.daemon = True
-        watchdog.start()
+        self.watchdog = threading.Timer(grace, _stuck_exit, args=(rank, signum, grace))
+        self.watchdog.daemon = True
+        self.watchdog.start()
 
 
 def _before_validation(t: Trainer, rng: dict[str, Any]) -> None:
