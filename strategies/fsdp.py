@@ -59,6 +59,7 @@ class FSDPStrategy(ProcessGroupStrategy):
         max_restarts: int = 0,
         sync_batchnorm: bool | None = None,
         peer_timeout_s: float | None = 20.0,
+        start_method: str = "popen",  # the base's; 'fork' (a notebook) is refused at launch: no fork start
     ) -> None:
         super().__init__(
             accelerator,
@@ -70,6 +71,7 @@ class FSDPStrategy(ProcessGroupStrategy):
             max_restarts,
             sync_batchnorm,
             peer_timeout_s,
+            start_method,
         )
         if min_params < 1:
             raise ConfigError(f"FSDPStrategy(min_params={min_params}) must be at least 1.")

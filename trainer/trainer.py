@@ -102,12 +102,19 @@ class Trainer:
         if isinstance(train_dataloaders, DataModule):
             datamodule, train_dataloaders = train_dataloaders, None
         task = _one(task, model)
+        # self-launching strategies start the workers here (the parent exits); the common path is not
+        # wrapped, so that fit stays a few calls above backward (tests/test_trainer.py)
+        workers = self.strategy.launch()
+        if workers is None:
+            with Session(self, "fit", task, datamodule, ckpt_path, train_dataloaders, val_dataloaders):
+                loop.fit(self)
+            return
 
-        def stage() -> None:
+        def stage() -> None:  # in each worker forked from a notebook; rank 0's results come back
             with Session(self, "fit", task, datamodule, ckpt_path, train_dataloaders, val_dataloaders):
                 loop.fit(self)
 
-        self._launched(task, stage)
+        workers.run(self, task, stage)
 
     def validate(self, task: Task | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
                  verbose: bool = True, datamodule: DataModule | None = None, *, model: Task | None = None) -> list[dict[str, float]]:  # fmt: skip
