@@ -19,6 +19,7 @@ from trainer.loggers.reporting import finalize_loggers
 from trainer.loop.data import num_batches, with_worker_seeding
 from trainer.loop.hooks import Hooks, overrides
 from trainer.loop.optim import TaskOptimizer, check_optimizers, parse_optimizers
+from trainer.loop.reinit import recording_init_args
 from trainer.loop.signals import StopSignals
 from trainer.task.base import Task
 
@@ -150,7 +151,8 @@ class Session:
         for owner in (self.dm, self.task):
             fn = getattr(owner, name, None)
             if callable(fn):
-                return fn()
+                with recording_init_args():  # so that a DataLoader subclass can be rebuilt with a sampler
+                    return fn()
         return None
 
     def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> None:
