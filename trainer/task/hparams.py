@@ -21,22 +21,42 @@ class AttributeDict(dict):
         self[key] = value
 
 
-def init_arguments(frame: FrameType, owner: object) -> dict[str, Any]:
-    """The arguments of the __init__ running in `frame` (a parent's too, when a subclass calls super()),
-    without `self` and private names; **kwargs are included."""
-    code = frame.f_code
-    n_args = code.co_argcount + code.co_kwonlyargcount
+_NOT_HPARAMS = ("__class__", "frame", "frame_args")  # names Lightning leaves out as well
+
+
+def _frame_arguments(frame: FrameType, cls: type) -> dict[str, Any]:
+    """The values of `cls.__init__`'s parameters in `frame` (the __init__ of `cls` running), **kwargs merged,
+    without self and *args."""
+    params = list(inspect.signature(cls.__init__).parameters.values())  # type: ignore[misc]
     local = frame.f_locals
+    skip = {params[0].name} if params else set()
+    skip |= {p.name for p in params if p.kind is p.VAR_POSITIONAL}
+    var_kw = next((p.name for p in params if p.kind is p.VAR_KEYWORD), None)
     args = {
-        k: local[k]
-        for k in code.co_varnames[:n_args]
-        if k in local and local[k] is not owner and not k.startswith("_")
+        p.name: local[p.name] for p in params if p.name in local and p.name not in skip and p.name != var_kw
     }
-    if code.co_flags & inspect.CO_VARKEYWORDS:
-        var_kw = local.get(code.co_varnames[n_args + bool(code.co_flags & inspect.CO_VARARGS)])
-        if isinstance(var_kw, Mapping):
-            args.update(var_kw)
-    return args
+    if var_kw is not None and isinstance(local.get(var_kw), Mapping):
+        args.update(local[var_kw])
+    return {k: v for k, v in args.items() if k not in _NOT_HPARAMS}
+
+
+def init_arguments(frame: FrameType, mixin: type) -> dict[str, Any]:
+    """The arguments of every __init__ of the super().__init__ chain that reached `frame`, as Lightning
+    collects them: from `frame` outwards, each frame of a method of a `mixin` subclass (one that calls
+    super(), so it has `__class__`) until the first frame that is not; a subclass's values win."""
+    chain: list[dict[str, Any]] = []
+    current: FrameType | None = frame
+    while current is not None and current.f_back is not None:
+        cls = current.f_locals.get("__class__")
+        if isinstance(cls, type) and issubclass(cls, mixin):
+            chain.append(_frame_arguments(current, cls))
+        elif chain:  # past the outermost __init__ of the chain
+            break
+        current = current.f_back
+    values: dict[str, Any] = {}
+    for args in chain:  # the innermost (the parent's) first: a child's value of the same name wins
+        values.update(args)
+    return values
 
 
 class HyperparametersMixin:
@@ -70,7 +90,7 @@ class HyperparametersMixin:
             given = args[0]
             values = dict(given) if isinstance(given, Mapping) else dict(vars(given))
         else:
-            values = init_arguments(frame, self) if frame is not None else {}
+            values = init_arguments(frame, HyperparametersMixin) if frame is not None else {}
             if args:
                 values = {k: v for k, v in values.items() if k in args}
         ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
