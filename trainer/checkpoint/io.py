@@ -75,7 +75,8 @@ class CheckpointIO:
         if os.path.isdir(path):
             return restore_dir(path, task, optimizers)
         ckpt = load(path, mmap=self.mmap)
-        check_compatible(task, ckpt["state_dict"], path)
+        if getattr(task, "strict_loading", True):  # a task may set strict_loading=False, as in Lightning
+            check_compatible(task, ckpt["state_dict"], path)
         if optimizers is not None and resumable(ckpt):
             _check_count(path, len(ckpt["optimizer_states"]), optimizers)
         self.load_file(ckpt, task, optimizers if resumable(ckpt) else None)
@@ -85,7 +86,7 @@ class CheckpointIO:
         self, ckpt: dict[str, Any], task: torch.nn.Module, optimizers: list[torch.optim.Optimizer] | None
     ) -> None:
         """Load a checkpoint file's states (already checked against the task) into task and optimizers."""
-        task.load_state_dict(ckpt["state_dict"])
+        task.load_state_dict(ckpt["state_dict"], strict=getattr(task, "strict_loading", True))
         for opt, state in zip(optimizers or [], ckpt.get("optimizer_states", [])):
             opt.load_state_dict(state)
 

@@ -149,7 +149,7 @@ def rebuild_task(
     cls: type,
     path: str,
     map_location: Any,
-    strict: bool,
+    strict: bool | None,
     overrides: dict[str, Any],
     weights_only: bool = True,
 ) -> Any:
@@ -164,6 +164,8 @@ def rebuild_task(
         )
     task = cls(**{**decode({k: v for k, v in hparams.items() if k not in overrides}), **overrides})
     task.configure_model()  # a task that builds layers lazily needs them before the weights load
+    if strict is None:
+        strict = task.strict_loading
     if strict:
         check_compatible(task, ckpt["state_dict"], path)
     task.load_state_dict(ckpt["state_dict"], strict=strict)

@@ -78,8 +78,8 @@ class Session:
         agree_versions(t.loggers, t.strategy.comm)  # every rank's log_dir is rank 0's claimed version_N
         owners = [o for o in (dm, task) if o is not None and overrides(o, "prepare_data")]
         if owners:
-            if t.local_rank == 0:  # once per node, as Lightning's default prepare_data_per_node=True
-                for owner in owners:
+            for owner in owners:  # once per node, or once in all with prepare_data_per_node=False
+                if (t.local_rank if getattr(owner, "prepare_data_per_node", True) else t.global_rank) == 0:
                     owner.prepare_data()
             t.strategy.comm.barrier("prepare_data")
         if dm is not None:
@@ -150,7 +150,7 @@ class Session:
     def _source(self, name: str) -> Any:
         for owner in (self.dm, self.task):
             fn = getattr(owner, name, None)
-            if callable(fn):
+            if callable(fn) and not getattr(fn, "_tandem_default", False):  # Task's default: not defined
                 with recording_init_args():  # so that a DataLoader subclass can be rebuilt with a sampler
                     return fn()
         return None

@@ -9,6 +9,7 @@ import torch
 
 from trainer.errors import TaskError
 from trainer.loop.hooks import TASK, add_hook_stubs, default
+from trainer.task.attributes import LightningAttributes
 from trainer.task.defaults import TaskDefaults
 from trainer.task.hparams import HyperparametersMixin
 
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 
-class Task(TaskDefaults, torch.nn.Module, HyperparametersMixin):
+class Task(LightningAttributes, TaskDefaults, torch.nn.Module, HyperparametersMixin):
     """A torch Module that knows how to train itself.
 
     Example::
@@ -63,7 +64,7 @@ class Task(TaskDefaults, torch.nn.Module, HyperparametersMixin):
     # ----- what the Trainer provides ------------------------------------------------------------
     @property
     def trainer(self) -> Trainer:
-        if self._trainer is None:
+        if self._trainer is None and not self.__dict__.get("_jit_is_scripting", False):
             raise TaskError(
                 f"{type(self).__name__} is not attached to a Trainer; call trainer.fit(task) first."
             )
@@ -152,12 +153,13 @@ class Task(TaskDefaults, torch.nn.Module, HyperparametersMixin):
         checkpoint_path: str,
         map_location: Any = None,
         hparams_file: str | None = None,
-        strict: bool = True,
+        strict: bool | None = None,
         weights_only: bool = True,
         **kwargs: Any,
     ) -> Task:
         """A new task of this class built from the checkpoint's hyperparameters (updated by `kwargs`),
-        with its weights loaded (`strict` as in torch's load_state_dict); `map_location` as torch.load's."""
+        with its weights loaded (`strict` as in torch's load_state_dict; None: the task's strict_loading);
+        `map_location` as torch.load's."""
         from trainer.checkpoint.run import rebuild_task
 
         if hparams_file is not None:
@@ -175,3 +177,5 @@ class Task(TaskDefaults, torch.nn.Module, HyperparametersMixin):
 add_hook_stubs(
     Task, TASK
 )  # on_fit_start, on_train_batch_end, ... as documented no-ops (trainer/loop/hooks.py)
+# TorchScript leaves these alone (it would read every property while compiling the task)
+Task.__jit_unused_properties__ = sorted(n for n in dir(Task) if isinstance(getattr(Task, n, None), property))

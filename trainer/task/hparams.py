@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Mapping, Sequence
 from types import FrameType
@@ -19,6 +20,14 @@ class AttributeDict(dict):
 
     def __setattr__(self, key: str, value: Any) -> None:
         self[key] = value
+
+
+def _frozen_copy(values: AttributeDict) -> AttributeDict:
+    """A deep copy (Lightning's), or a shallow one where a value cannot be deep-copied (a generator)."""
+    try:
+        return copy.deepcopy(values)
+    except Exception:  # noqa: BLE001 (any copy failure: fall back rather than fail save_hyperparameters)
+        return AttributeDict(values)
 
 
 _NOT_HPARAMS = ("__class__", "frame", "frame_args")  # names Lightning leaves out as well
@@ -71,6 +80,16 @@ class HyperparametersMixin:
             object.__setattr__(self, "_hparams", AttributeDict())
         return self.__dict__["_hparams"]
 
+    @property
+    def hparams_initial(self) -> AttributeDict:
+        """A copy of the hyperparameters as save_hyperparameters() recorded them (later edits not included)."""
+        return _frozen_copy(self.__dict__.get("_hparams_initial", AttributeDict()))
+
+    def remove_ignored_hparams(self, ignore_list: Sequence[str]) -> None:
+        """Drop hyperparameters a parent class saved (a subclass's own `ignore`)."""
+        for key in ignore_list:
+            self.hparams.pop(key, None)
+
     def save_hyperparameters(
         self,
         *args: Any,
@@ -95,4 +114,5 @@ class HyperparametersMixin:
                 values = {k: v for k, v in values.items() if k in args}
         ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
         self.hparams.update({k: v for k, v in values.items() if k not in ignored})
+        object.__setattr__(self, "_hparams_initial", _frozen_copy(self.hparams))
         object.__setattr__(self, "_log_hyperparams", logger)
