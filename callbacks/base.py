@@ -34,3 +34,25 @@ class Callback:
 
 
 add_hook_stubs(Callback, CALLBACK)  # every hook as a documented no-op taking (trainer, task, ...)
+
+
+class Checkpoint(Callback):
+    """Base class of the callbacks that write checkpoints (ModelCheckpoint, OnExceptionCheckpoint)."""
+
+
+def check_state_keys(callbacks: list[Callback]) -> None:
+    """Refuse two stateful callbacks with the same state_key: their states would merge in a checkpoint and
+    a resume would give one the other's state (Lightning refuses this too)."""
+    seen: dict[str, Callback] = {}
+    for cb in callbacks:
+        if type(cb).state_dict is Callback.state_dict:
+            continue  # keeps no state: nothing to mix up
+        other = seen.setdefault(cb.state_key, cb)
+        if other is not cb:
+            from trainer.errors import ConfigError
+
+            raise ConfigError(
+                f"two callbacks save their state under the same key {cb.state_key!r}: {other!r} and {cb!r}; "
+                "a checkpoint would hold only one state for both. Keep one of them, or give them different "
+                "arguments (ModelCheckpoint: monitor, mode, every_n_*), or a subclass with its own state_key."
+            )

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from callbacks.base import Callback
+from callbacks.base import Checkpoint
 from callbacks.checkpoint_names import (
     format_name,
     newest_last,
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 
-class ModelCheckpoint(Callback):
+class ModelCheckpoint(Checkpoint):
     """Saves checkpoints (atomically, through ``trainer.save_checkpoint``) into `dirpath`.
 
     With `monitor`, keeps the `save_top_k` best by that metric (`mode` "min" or "max") and deletes the files
@@ -56,6 +56,7 @@ class ModelCheckpoint(Callback):
         verbose: bool = False,
         save_last: bool | str | None = None,
         save_top_k: int = 1,
+        save_on_exception: bool = False,
         save_weights_only: bool = False,
         mode: str = "min",
         auto_insert_metric_name: bool = True,
@@ -85,6 +86,7 @@ class ModelCheckpoint(Callback):
         self.verbose = verbose
         self.save_last = save_last
         self.save_top_k = save_top_k
+        self.save_on_exception = save_on_exception
         self.save_weights_only = save_weights_only
         self.auto_insert_metric_name = auto_insert_metric_name
         self.enable_version_counter = enable_version_counter
@@ -150,6 +152,11 @@ class ModelCheckpoint(Callback):
         """Resolve the default directory (the same on every rank: rank 0's)."""
         if stage != "fit":
             return
+        if self.save_on_exception and trainer.world_size > 1:
+            raise ConfigError(
+                "ModelCheckpoint(save_on_exception=True) under several processes: a checkpoint needs every process, "
+                "but an exception stops only the one it happens in; use save_last=True or stop with SIGTERM."
+            )
         if self.dirpath is None:
             base = trainer.log_dir if trainer.loggers else trainer.default_root_dir
             self.dirpath = os.path.abspath(rank_zero_decides(trainer, os.path.join(base, "checkpoints")))
@@ -190,6 +197,17 @@ class ModelCheckpoint(Callback):
     def on_train_epoch_end(self, trainer: Trainer, task: Task) -> None:
         if not self._skip(trainer) and self._on_epoch_end(trainer):
             self._save(trainer, topk=self._schedule.epoch_due(trainer), last_always=False)
+
+    def on_exception(self, trainer: Trainer, task: Task, exception: BaseException) -> None:
+        """save_on_exception: a checkpoint of the moment (and last.ckpt), unless this step is saved already."""
+        if not self.save_on_exception or self._skip(trainer) or trainer.sanity_checking:
+            return
+        candidates = self._candidates(trainer)
+        values = {n: float(candidates[n]) for n, _ in self._fields if n in candidates}
+        path = self._unique_path(self.format_checkpoint_name(values, trainer), "")
+        self._write(trainer, path)
+        self._save_last(trainer, candidates)
+        trainer.print(f"{type(exception).__name__} raised ({exception}); saved checkpoint to {path}")
 
     def on_train_end(self, trainer: Trainer, task: Task) -> None:
         """save_last and nothing saved in this fit (save_top_k=0, or no save point reached): last.ckpt now."""

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from callbacks.base import Callback
+from callbacks.base import Callback, check_state_keys
 from callbacks.checkpoint import ModelCheckpoint
 from callbacks.model_summary import ModelSummary
-from callbacks.progress import ProgressBar
+from callbacks.progress import ProgressBar, TQDMProgressBar
 from callbacks.timer import Timer
 from trainer.errors import ConfigError
 
@@ -33,13 +33,14 @@ def default_callbacks(cfg: TrainerConfig, given: list[Callback]) -> list[Callbac
                     f"Trainer({flag}=False) but callbacks include a {kind.__name__}; remove one or the other."
                 )
     if cfg.enable_progress_bar and not has(ProgressBar):
-        cbs.append(ProgressBar())
+        cbs.append(TQDMProgressBar())
     if cfg.enable_model_summary and not has(ModelSummary):
         cbs.append(ModelSummary())
     if cfg.enable_checkpointing and not has(ModelCheckpoint):
         cbs.append(ModelCheckpoint())
     if cfg.max_time is not None and not has(Timer):
         cbs.append(Timer(duration=cfg.max_time, interval="step"))
+    check_state_keys(cbs)
     return [cb for cb in cbs if not hasattr(cb, "best_model_path")] + [
         cb for cb in cbs if hasattr(cb, "best_model_path")
     ]

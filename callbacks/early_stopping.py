@@ -38,6 +38,7 @@ class EarlyStopping(Callback):
         stopping_threshold: float | None = None,
         divergence_threshold: float | None = None,
         check_on_train_epoch_end: bool | None = None,
+        log_rank_zero_only: bool = False,
     ) -> None:
         self._monitor = Monitor("EarlyStopping", monitor, mode, min_delta)
         if not isinstance(patience, int) or patience < 0:
@@ -49,6 +50,9 @@ class EarlyStopping(Callback):
         self.stopping_threshold = stopping_threshold
         self.divergence_threshold = divergence_threshold
         self._check_on_train_epoch_end = check_on_train_epoch_end
+        self.log_rank_zero_only = (
+            log_rank_zero_only  # False: every rank says why it stops, prefixed by its rank
+        )
         self.wait_count = 0
         self.stopped_epoch = 0
         self.best_score = self._monitor.worst
@@ -100,7 +104,10 @@ class EarlyStopping(Callback):
             self.stopped_epoch = trainer.current_epoch
             self.stopping_reason = reason if wants_stop else "another rank asked to stop"
         if reason and self.verbose:
-            trainer.print(f"EarlyStopping: {reason}")
+            if trainer.world_size > 1 and not self.log_rank_zero_only:
+                print(f"[rank: {trainer.global_rank}] EarlyStopping: {reason}")
+            else:
+                trainer.print(f"EarlyStopping: {reason}")
 
     def evaluate(self, current: float) -> tuple[bool, str | None]:
         """Update the state with a new value of the metric; return (stop?, why)."""

@@ -1,74 +1,73 @@
-"""ModelSummary: a table of the task's layers and parameter counts, printed when fit starts."""
+"""ModelSummary: a table of the task's layers (parameters, mode, FLOPs, in/out sizes), printed when fit starts."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from callbacks.base import Callback
+from callbacks.summary.table import Summary, format_table
+from callbacks.summary.table import summarize as summary_of
 
 if TYPE_CHECKING:
     from trainer.task.base import Task
     from trainer.trainer import Trainer
 
 
-def _count(n: int) -> str:
-    """1234 -> '1.2 K', as in Lightning's summary."""
-    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return str(n)
-
-
-def _numel(p: torch.Tensor) -> int:
-    return 0 if isinstance(p, torch.nn.parameter.UninitializedParameter) else p.numel()
-
-
 def summarize(module: torch.nn.Module, max_depth: int = 1) -> str:
-    """The summary table: one row per submodule down to `max_depth` (-1: all), then the totals."""
-    rows = [("", "Name", "Type", "Params", "Mode")]
-    for name, sub in module.named_modules():
-        depth = name.count(".") + 1
-        if not name or (max_depth != -1 and depth > max_depth):
-            continue
-        params = sum(_numel(p) for p in sub.parameters())
-        rows.append(
-            (
-                str(len(rows) - 1),
-                name,
-                type(sub).__name__,
-                _count(params),
-                "train" if sub.training else "eval",
-            )
-        )
-    unique = {id(p): p for p in module.parameters()}.values()  # shared parameters count once
-    trainable = sum(_numel(p) for p in unique if p.requires_grad)
-    total = sum(_numel(p) for p in unique)
-    size_mb = sum(_numel(p) * p.element_size() for p in unique) / 1e6
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    lines = [" | ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
-    rule = "-" * max(len(line) for line in lines)
-    lines = [lines[0], rule, *lines[1:], rule]
-    lines += [
-        f"{_count(trainable):<10}Trainable params",
-        f"{_count(total - trainable):<10}Non-trainable params",
-        f"{_count(total):<10}Total params",
-        f"{size_mb:<10.3f}Total estimated model params size (MB)",
-    ]
-    return "\n".join(lines)
+    """The summary table of `module` as text (see callbacks/summary/table.py)."""
+    return format_table(summary_of(module, max_depth))
 
 
 class ModelSummary(Callback):
-    """Prints the task's layers, parameter counts (total, trainable) and size in MB at the start of fit.
+    """Prints the task's layers down to `max_depth` (-1: all; 0: nothing) with their parameter counts, mode
+    and, when the task sets ``example_input_array``, their FLOPs and input/output sizes; then the totals.
 
     Added by the Trainer unless ``enable_model_summary=False``. Example: ``ModelSummary(max_depth=2)``.
+    `summarize_kwargs` reach ``summarize()`` (RichModelSummary takes ``header_style``).
     """
 
-    def __init__(self, max_depth: int = 1) -> None:
-        self.max_depth = max_depth
+    def __init__(self, max_depth: int = 1, **summarize_kwargs: Any) -> None:
+        self._max_depth = max_depth
+        self._summarize_kwargs = summarize_kwargs
+
+    @property
+    def max_depth(self) -> int:
+        return self._max_depth
 
     def on_fit_start(self, trainer: Trainer, task: Task) -> None:
-        """Print the table on rank 0."""
-        if trainer.is_global_zero and self.max_depth != 0:
-            print(summarize(task, self.max_depth))
+        """Every rank computes it (the example forward may need every rank, e.g. under FSDP); rank 0 prints."""
+        if not self._max_depth:
+            return
+        s = self._summary(trainer, task)
+        if trainer.is_global_zero:
+            self.summarize(
+                s.columns, s.total_parameters, s.trainable_parameters, s.model_size, s.total_training_modes,
+                total_flops=s.total_flops, **self._summarize_kwargs,
+            )  # fmt: skip
+
+    def _summary(self, trainer: Trainer, task: Task) -> Summary:
+        bits = 64 if str(trainer.precision).startswith("64") else 32  # mixed precision keeps fp32 weights
+        return summary_of(task, self._max_depth, bits)
+
+    @staticmethod
+    def summarize(
+        summary_data: list[tuple[str, list[str]]],
+        total_parameters: int,
+        trainable_parameters: int,
+        model_size: float,
+        total_training_modes: dict[str, int],
+        total_flops: int,
+        **summarize_kwargs: Any,
+    ) -> None:
+        """Print the table (override to show it elsewhere)."""
+        s = Summary(
+            summary_data,
+            total_parameters,
+            trainable_parameters,
+            model_size,
+            total_training_modes,
+            total_flops,
+        )
+        print(format_table(s))

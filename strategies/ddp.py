@@ -75,9 +75,21 @@ class DDPStrategy(ProcessGroupStrategy):
         self._unsynced = False  # gradients accumulated by backward(sync=False) and not reduced since
 
     def setup(self, task: Task) -> None:
+        super().setup(task)
+        self._build_reducer(task)
+
+    def parameters_changed(self, task: Task) -> None:
+        """Some parameters started or stopped requiring gradients (a finetuning callback unfroze a backbone):
+        reduce exactly those from now on. Called between optimizer steps."""
+        if (
+            self.reducer is not None
+            and [p for p in task.parameters() if p.requires_grad] != self.reducer.params
+        ):
+            self._build_reducer(task)
+
+    def _build_reducer(self, task: Task) -> None:
         from strategies.reducer import Reducer
 
-        super().setup(task)
         if self.reducer is not None:
             self.reducer.remove_hooks()
         self.reducer = Reducer(

@@ -24,6 +24,17 @@ _ALIASES = {
 PRECISIONS = ("32-true", "64-true", "bf16-mixed", "16-mixed", "32", "64", "bf16", "16")
 
 
+def needs_closure(optimizer: torch.optim.Optimizer) -> bool:
+    """True for optimizers such as LBFGS whose step() cannot run without a closure."""
+    import inspect
+
+    try:
+        param = inspect.signature(optimizer.step).parameters.get("closure")
+    except (TypeError, ValueError):
+        return False
+    return param is not None and param.default is inspect.Parameter.empty
+
+
 class Precision:
     """Autocast, loss scaling and parameter dtype for one precision setting.
 
@@ -94,16 +105,22 @@ class Precision:
             self.scaler.unscale_(optimizer)
 
     def step(self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None) -> Any:
-        """Optimizer step; under 16-mixed the scaler skips it when a gradient is inf/nan."""
+        """Optimizer step; `closure` (the batch's forward and backward, then the gradients' final touches)
+        runs inside it. Under 16-mixed the closure runs first, once, and the scaler skips a step whose
+        gradients are inf/nan (optimizers that need to re-evaluate the closure, such as LBFGS, are refused)."""
         if self.scaler is None:
             return optimizer.step(closure) if closure is not None else optimizer.step()
-        if closure is not None:
+        if needs_closure(optimizer):
             raise ConfigError(
-                "precision='16-mixed' does not support optimizers that need a closure (e.g. LBFGS)."
+                f"precision='16-mixed' cannot run {type(optimizer).__name__}, which re-evaluates the closure; "
+                "use precision='32-true' or 'bf16-mixed'."
             )
-        out = self.scaler.step(optimizer)
+        result = closure() if closure is not None else None
+        if not any(p.grad is not None for g in optimizer.param_groups for p in g["params"]):
+            return result  # nothing to step (the batch was skipped): the scaler has no inf check to use
+        self.scaler.step(optimizer)
         self.scaler.update()
-        return out
+        return result
 
     def state_dict(self) -> dict[str, Any]:
         return {"scaler": self.scaler.state_dict()} if self.scaler is not None else {}

@@ -7,7 +7,7 @@ import os
 import pytest
 from callback_tasks import Scored, loader
 
-from callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, ModelSummary, ProgressBar
+from callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, ModelSummary, TQDMProgressBar
 from strategies.comm import Comm
 from strategies.single import SingleDeviceStrategy
 from trainer import Trainer
@@ -18,7 +18,7 @@ from trainer.loggers import CSVLogger
 def test_defaults_follow_the_enable_flags_and_put_checkpointing_last():
     es = EarlyStopping("val/score")
     kinds = [type(cb) for cb in Trainer(callbacks=[ModelCheckpoint(), es]).callbacks]
-    assert kinds == [EarlyStopping, ProgressBar, ModelSummary, ModelCheckpoint]
+    assert kinds == [EarlyStopping, TQDMProgressBar, ModelSummary, ModelCheckpoint]
     assert (
         Trainer(enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False).callbacks
         == []
@@ -26,7 +26,7 @@ def test_defaults_follow_the_enable_flags_and_put_checkpointing_last():
     with pytest.raises(ConfigError, match="enable_checkpointing=False"):
         Trainer(enable_checkpointing=False, callbacks=[ModelCheckpoint()])
     with pytest.raises(ConfigError, match="enable_progress_bar=False"):
-        Trainer(enable_progress_bar=False, callbacks=ProgressBar())
+        Trainer(enable_progress_bar=False, callbacks=TQDMProgressBar())
     with pytest.raises(ConfigError, match="mutually exclusive"):
         ModelCheckpoint(every_n_epochs=2, every_n_train_steps=5)
     with pytest.raises(ConfigError, match="needs monitor"):

@@ -197,7 +197,7 @@ def test_log_non_scalar(tmp_path):
         _fit(BadLog(lambda loss: loss.mean()), tmp_path)
 
 
-def test_exception_reaches_callbacks_and_teardown(tmp_path):
+def test_exception_reaches_on_exception_and_no_teardown_as_lightning(tmp_path):
     from callbacks import Callback
 
     seen: list[str] = []
@@ -211,7 +211,7 @@ def test_exception_reaches_callbacks_and_teardown(tmp_path):
 
     with pytest.raises(TaskError):
         _fit(Returns(lambda loss: {"los": loss}), tmp_path, callbacks=[Spy()])
-    assert seen == ["TaskError", "teardown:fit"]
+    assert seen == ["TaskError"]  # Lightning 2.6 runs on_exception, not the teardown hooks, after an error
 
 
 def test_manual_optimization_with_accumulation(tmp_path):

@@ -63,10 +63,13 @@ def test_dispatcher_collects_only_overrides_in_lightning_order():
     hooks = Hooks(task, [Monitor(), Plain()], trainer=None)
     assert "on_train_epoch_start" in hooks and "on_fit_start" not in hooks
     assert overrides(task, "on_train_epoch_start") and not overrides(task, "on_fit_start")
-    hooks.call("on_train_epoch_start")
-    assert order == ["plain", "task", "monitor"]
+    hooks.call("on_train_epoch_start")  # Lightning: every callback in the Trainer's order, then the module
+    assert order == ["monitor", "plain", "task"]
     order.clear()
-    hooks.call("on_train_epoch_start", monitoring=True)
+    hooks.call("on_train_epoch_start", monitoring=False)  # on_train_epoch_end's split: plain and the task...
+    assert order == ["plain", "task"]
+    order.clear()
+    hooks.call("on_train_epoch_start", monitoring=True)  # ...then the monitoring callbacks
     assert order == ["monitor"]
     assert hooks.call("on_fit_start") is None  # nobody overrides it: nothing runs
 

@@ -260,14 +260,6 @@ def test_lr_schedulers_and_optimizers_accessors(tmp_path):
     assert seen["opt"].param_groups is trainer.optimizers[0].param_groups
 
 
-def test_closure_optimizer_needs_manual_optimization(tmp_path):
-    def make(task):
-        return torch.optim.LBFGS(task.parameters())
-
-    with pytest.raises(TaskError, match="LBFGS needs a closure .*automatic_optimization = False"):
-        _fit(make, tmp_path, max_epochs=1)
-
-
 def test_lbfgs_with_manual_optimization_matches_torch(tmp_path):
     data = TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
 

@@ -1,4 +1,4 @@
-"""ProgressBar: what it prints, and the promise that a step which writes nothing synchronizes nothing."""
+"""TQDMProgressBar: what it prints, and the promise that a step which writes nothing synchronizes nothing."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from callback_tasks import Scored, loader
 
-from callbacks import Callback, ProgressBar
+from callbacks import Callback, TQDMProgressBar
 from trainer import Trainer
 
 
@@ -66,7 +66,7 @@ def test_steps_that_write_nothing_do_not_synchronize(tmp_path, sync_counter):
         log_every_n_steps=10,
         default_root_dir=str(tmp_path),
         num_sanity_val_steps=0,
-        callbacks=[probe, ProgressBar(refresh_rate=4, min_interval_s=0.0)],
+        callbacks=[probe, TQDMProgressBar(refresh_rate=4, min_interval_s=0.0)],
     )
     trainer.fit(Logs(), loader(n=40, batch_size=1))
     per_batch = probe.per_batch()  # batches 0..38; batch i ends at global step i + 1
@@ -83,7 +83,7 @@ def test_default_progress_bar_converts_at_most_ten_times_a_second(tmp_path, sync
         default_root_dir=str(tmp_path),
         num_sanity_val_steps=0,
         callbacks=[probe],
-    )  # defaults: TensorBoard, ProgressBar(refresh_rate=1), checkpointing
+    )  # defaults: TensorBoard, TQDMProgressBar(refresh_rate=1), checkpointing
     start = time.monotonic()
     trainer.fit(Logs(), loader(n=200, batch_size=1))
     elapsed = time.monotonic() - start

@@ -16,6 +16,7 @@ _EXPORTS = {
     "TandemError": "trainer.errors",
     "Task": "trainer.task.base",
     "Trainer": "trainer.trainer",
+    "Tuner": "trainer.tuner",
     "seed_everything": "trainer.seed",
     "rank_zero_only": "trainer.rank_zero",
 }
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from trainer.task.base import Task  # noqa: F401
     from trainer.task.datamodule import DataModule  # noqa: F401
     from trainer.trainer import Trainer  # noqa: F401
+    from trainer.tuner import Tuner  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

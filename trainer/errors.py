@@ -38,3 +38,18 @@ def check_choice(kind: str, value: str, choices: Iterable[str]) -> None:
     if value not in options:
         valid = ", ".join(repr(c) for c in options)
         raise ConfigError(f"unknown {kind} {value!r}{did_you_mean(str(value), options)} (valid: {valid})")
+
+
+class MissingExtraError(TandemError, ModuleNotFoundError):
+    """An optional package a feature needs is not installed; the message names the pip extra."""
+
+
+def require(module: str, feature: str, extra: str) -> None:
+    """Raise MissingExtraError unless `module` can be imported (`feature` needs it; `extra` installs it)."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise MissingExtraError(
+            f"{feature} needs the {module!r} package, which is not installed: "
+            f"pip install 'tandem-trainer[{extra}]' (or pip install {module})."
+        )

@@ -146,8 +146,10 @@ class TrainerConfig:
         "clip gradients to this value (after unscaling); None: no clipping",
         must(lambda v: v is None or finite_at_least_0(v), "a number >= 0 (finite) or None"),
     )
-    gradient_clip_algorithm: str = option(
-        "norm", "'norm' (total 2-norm) or 'value' (each element)", choice(("norm", "value"))
+    gradient_clip_algorithm: str | None = option(
+        None,
+        "'norm' (total 2-norm) or 'value' (each element); None: 'norm' (Lightning's default)",
+        choice(("norm", "value"), none=True),
     )
     deterministic: bool | str | None = option(
         None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from typing import Any
 
@@ -187,7 +188,16 @@ class Trainer:
 
     max_epochs = view("config.max_epochs")
     max_steps = view("config.max_steps")
-    accumulate_grad_batches = view("config.accumulate_grad_batches")
+
+    @property
+    def accumulate_grad_batches(self) -> int:
+        return self.config.accumulate_grad_batches
+
+    @accumulate_grad_batches.setter
+    def accumulate_grad_batches(self, k: int) -> None:
+        """Set by GradientAccumulationScheduler (as in Lightning); read again at each epoch's start."""
+        self.config = dataclasses.replace(self.config, accumulate_grad_batches=k)  # checks k
+
     lightning_module = view("task")
     model = view("task")
 
@@ -204,6 +214,13 @@ class Trainer:
     @property
     def progress_bar_metrics(self) -> dict[str, float]:
         return self.metric_store.progress_bar_metrics()
+
+    @property
+    def progress_bar_callback(self) -> Any:
+        """The ProgressBar among the callbacks, or None."""
+        from callbacks.progress import ProgressBar
+
+        return next((cb for cb in self.callbacks if isinstance(cb, ProgressBar)), None)
 
     @property
     def checkpoint_callbacks(self) -> list[Callback]:
@@ -248,7 +265,10 @@ class Trainer:
 
     @property
     def estimated_stepping_batches(self) -> int | float:
-        """Optimizer steps the whole fit will take (for schedulers such as OneCycleLR)."""
+        """Optimizer steps the whole fit will take (for schedulers such as OneCycleLR). As Lightning, asks for
+        the training loader when configure_optimizers reads this before the loop did."""
+        if self.session is not None and self.session.stage == "fit" and "train" not in self.loaders:
+            self.session.load("train")
         per_epoch = -(-self.num_training_batches // self.accumulate_grad_batches)
         by_epochs = per_epoch * self.max_epochs if self.max_epochs != -1 else float("inf")
         return min(by_epochs, self.max_steps) if self.max_steps != -1 else by_epochs

@@ -43,7 +43,7 @@ class Regressor(Task):
         return loss
 
     def on_before_optimizer_step(self, optimizer):
-        self.grads.append([p.grad.clone() for p in self.net.parameters()])
+        self.grads.append([None if p.grad is None else p.grad.clone() for p in self.net.parameters()])
 
     def configure_optimizers(self):
         opt, sched = make_optim(self.parameters(), self.scheduler)

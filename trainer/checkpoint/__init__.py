@@ -3,9 +3,10 @@ directory forms (io.py), what a file may hold (format.py) and reading sharded di
 
 from trainer.checkpoint.find import find_last, resolve_path, run_id, stop_path
 from trainer.checkpoint.io import atomic_save, check_compatible, load
-from trainer.checkpoint.run import check_window_saves, rebuild_task, restore, save
+from trainer.checkpoint.run import Restoring, check_window_saves, prepare_restore, rebuild_task, restore, save
 
 __all__ = [
-    "atomic_save", "check_compatible", "check_window_saves", "find_last", "load", "rebuild_task",
+    "Restoring", "atomic_save", "check_compatible", "check_window_saves", "find_last", "load", "prepare_restore",
+    "rebuild_task",
     "resolve_path", "restore", "run_id", "save", "stop_path",
 ]  # fmt: skip

@@ -67,26 +67,38 @@ class CheckpointIO:
         comm.barrier("save_checkpoint")
 
     def restore(
-        self, path: str, task: torch.nn.Module, optimizers: list[torch.optim.Optimizer] | None
+        self,
+        path: str,
+        task: torch.nn.Module,
+        optimizers: list[torch.optim.Optimizer] | None,
+        ckpt: dict[str, Any] | None = None,
+        weights: bool = True,
     ) -> dict[str, Any]:
-        """Load `path` (either form) into the task and, for a full checkpoint, into `optimizers` when given;
-        return the checkpoint dict."""
+        """Load `path` (either form) into the task (unless not `weights`) and, for a full checkpoint, into
+        `optimizers` when given; return the checkpoint dict. `ckpt`: a file's dict already read (and edited
+        by on_load_checkpoint)."""
         path = _existing(path)
         if os.path.isdir(path):
-            return restore_dir(path, task, optimizers)
-        ckpt = load(path, mmap=self.mmap)
-        if getattr(task, "strict_loading", True):  # a task may set strict_loading=False, as in Lightning
+            return restore_dir(path, task, optimizers, weights)
+        if ckpt is None:
+            ckpt = load(path, mmap=self.mmap)
+        if weights and getattr(task, "strict_loading", True):  # strict_loading=False: partial weights
             check_compatible(task, ckpt["state_dict"], path)
         if optimizers is not None and resumable(ckpt):
             _check_count(path, len(ckpt["optimizer_states"]), optimizers)
-        self.load_file(ckpt, task, optimizers if resumable(ckpt) else None)
+        self.load_file(ckpt, task, optimizers if resumable(ckpt) else None, weights)
         return ckpt
 
     def load_file(
-        self, ckpt: dict[str, Any], task: torch.nn.Module, optimizers: list[torch.optim.Optimizer] | None
+        self,
+        ckpt: dict[str, Any],
+        task: torch.nn.Module,
+        optimizers: list[torch.optim.Optimizer] | None,
+        weights: bool = True,
     ) -> None:
         """Load a checkpoint file's states (already checked against the task) into task and optimizers."""
-        task.load_state_dict(ckpt["state_dict"], strict=getattr(task, "strict_loading", True))
+        if weights:
+            task.load_state_dict(ckpt["state_dict"], strict=getattr(task, "strict_loading", True))
         for opt, state in zip(optimizers or [], ckpt.get("optimizer_states", [])):
             opt.load_state_dict(state)
 
@@ -137,13 +149,18 @@ class ShardedCheckpointIO(CheckpointIO):
             write_dir(*dir_payload(ckpt), path, comm)
 
     def load_file(
-        self, ckpt: dict[str, Any], task: torch.nn.Module, optimizers: list[torch.optim.Optimizer] | None
+        self,
+        ckpt: dict[str, Any],
+        task: torch.nn.Module,
+        optimizers: list[torch.optim.Optimizer] | None,
+        weights: bool = True,
     ) -> None:
         """Every rank keeps its own part of the file's whole tensors (the file is memory-mapped)."""
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
         opts = _options(full_state_dict=True)
-        set_model_state_dict(task, ckpt["state_dict"], options=opts)
+        if weights:
+            set_model_state_dict(task, ckpt["state_dict"], options=opts)
         for opt, state in zip(optimizers or [], ckpt.get("optimizer_states", [])):
             set_optimizer_state_dict(task, opt, _by_name(state, _param_names(task, opt)), options=opts)
 
@@ -329,7 +346,7 @@ def read_dir(path: str) -> dict[str, Any]:
 
 
 def restore_dir(
-    path: str, task: torch.nn.Module, optimizers: list[torch.optim.Optimizer] | None
+    path: str, task: torch.nn.Module, optimizers: list[torch.optim.Optimizer] | None, weights: bool = True
 ) -> dict[str, Any]:
     """Load a directory checkpoint into the task as it is now (sharded or whole, any world size) and,
     for a full checkpoint, into `optimizers`; every rank calls this."""
@@ -338,18 +355,20 @@ def restore_dir(
     from trainer.checkpoint import dcp_read
 
     meta, metadata = _read_meta(path)
-    check_compatible(task, _saved_weights(metadata), path)
+    if weights:
+        check_compatible(task, _saved_weights(metadata), path)
     optimizers = optimizers if resumable(meta) else None
     if optimizers is not None:
         _check_count(path, int(meta.get("optimizers", 0)), optimizers)
     model, optims = sharded_states(task, optimizers)
     target = {
-        **_prefixed(MODEL, model),
+        **(_prefixed(MODEL, model) if weights else {}),
         **{k: v for i, o in enumerate(optims) for k, v in _prefixed(f"optim{i}/", o).items()},
     }
     dcp_read.load(target, path, no_dist=not torch.distributed.is_initialized())
-    model = _unprefixed(MODEL, target)
-    set_model_state_dict(task, model)
+    model = _unprefixed(MODEL, target) if weights else model
+    if weights:
+        set_model_state_dict(task, model)
     for i, opt in enumerate(optimizers or []):
         set_optimizer_state_dict(task, opt, _unprefixed(f"optim{i}/", target), options=_flat())
     meta["state_dict"] = model

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import os
 import warnings
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from trainer.checkpoint.find import resolve_path, run_id
 from trainer.checkpoint.format import decode, encode, missing
-from trainer.checkpoint.io import check_compatible, checkpoint_io, load, resumable
+from trainer.checkpoint.io import _existing, _read_meta, check_compatible, checkpoint_io, load, resumable
 from trainer.errors import CheckpointError, ConfigError
+from trainer.loop.hooks import overrides
 from trainer.loop.optim import step_schedulers
 
 if TYPE_CHECKING:
@@ -63,28 +65,57 @@ def _class_name(task: torch.nn.Module) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def restore(t: Trainer, path: str, stage: str) -> None:
-    """Load `path` ("best", "last", a file or a directory) into the task and, for fit, into the whole run."""
-    path = resolve_path(t, path)
+@dataclass
+class Restoring:
+    """A checkpoint read for restoring, after its on_load_checkpoint hooks ran (they may have edited it)."""
+
+    path: str
+    ckpt: dict[
+        str, Any
+    ]  # a file's whole dict; a directory's non-tensor part (its weights stay in the shards)
+
+
+def prepare_restore(t: Trainer, path: str, stage: str) -> Restoring:
+    """Read `path` ("best", "last", a file or a directory) and restore what Lightning restores before the
+    optimizers exist: the task's on_load_checkpoint (which may rename or drop keys of
+    checkpoint["state_dict"]), then the weights, the DataModule's state, the callbacks' on_load_checkpoint
+    and their states (a finetuning callback rebuilds its parameter groups from them in on_fit_start)."""
+    path = _existing(resolve_path(t, path))
     check_same_file_everywhere(t, path)
-    task = t.task
+    task, io = t.task, checkpoint_io(t.strategy)
     assert task is not None
-    io = checkpoint_io(t.strategy)
-    ckpt = io.restore(path, task, t.optimizers if stage == "fit" else None)
+    ckpt = _read_meta(path)[0] if os.path.isdir(path) else load(path, mmap=io.mmap)
+    if overrides(task, "on_load_checkpoint"):
+        task.on_load_checkpoint(ckpt)
+    loaded = io.restore(path, task, None, ckpt)
+    ckpt = {**ckpt, "state_dict": loaded["state_dict"]}
     _warn_hparams(t, ckpt, path)
-    if stage == "fit" and resumable(ckpt):
+    if resumable(ckpt) and t.datamodule is not None and "datamodule" in ckpt:
+        t.datamodule.load_state_dict(ckpt["datamodule"])
+    for cb in t.callbacks:
+        if overrides(cb, "on_load_checkpoint"):
+            cb.on_load_checkpoint(t, task, ckpt)
+    if resumable(ckpt):
+        states = ckpt.get("callbacks", {})
+        for cb in t.callbacks:
+            if cb.state_key in states:
+                cb.load_state_dict(states[cb.state_key])
+    if stage != "fit":
+        t.print(f"Restored from {path} (epoch {ckpt['epoch']}, step {ckpt['global_step']})")
+    return Restoring(path, ckpt)
+
+
+def restore(t: Trainer, restoring: Restoring) -> None:
+    """fit, after on_fit_start (as Lightning): the optimizer, scheduler and loop states of the checkpoint."""
+    path, ckpt, task = restoring.path, restoring.ckpt, t.task
+    assert task is not None
+    if resumable(ckpt):
+        checkpoint_io(t.strategy).restore(path, task, t.optimizers, ckpt, weights=False)
         for cfg, state in zip(t.lr_scheduler_configs, ckpt["lr_schedulers"]):
             cfg.scheduler.load_state_dict(state)
         t.strategy.load_state_dict(ckpt.get("strategy", {}))
         _restore_loop(t, ckpt)
-        for cb in t.callbacks:
-            if cb.state_key in ckpt.get("callbacks", {}):
-                cb.load_state_dict(ckpt["callbacks"][cb.state_key])
-        if t.datamodule is not None and "datamodule" in ckpt:
-            t.datamodule.load_state_dict(ckpt["datamodule"])
-    t.hooks.call("on_load_checkpoint", ckpt)
-    epoch, step = (t.current_epoch, t.global_step) if stage == "fit" else (ckpt["epoch"], ckpt["global_step"])
-    t.print(f"Restored from {path} (epoch {epoch}, step {step})")
+    t.print(f"Restored from {path} (epoch {t.current_epoch}, step {t.global_step})")
 
 
 def _warn_hparams(t: Trainer, ckpt: dict[str, Any], path: str) -> None:
@@ -131,17 +162,14 @@ def check_same_file_everywhere(t: Trainer, path: str) -> None:
 def _restore_loop(t: Trainer, ckpt: dict[str, Any]) -> None:
     task, state = t.task, t.state
     assert task is not None
-    state.load_state_dict(ckpt, t.global_rank)
-    if state.window_grads is not None:  # inside an accumulation window the gradients so far are state too
-        checkpoint_io(t.strategy).set_window_grads(task, state.window_grads)
-        state.window_grads = None
+    state.load_state_dict(ckpt, t.global_rank)  # window_grads go back after fit's zero_grad (loop/fit.py)
     if state.epoch_finished:  # saved during the epoch's end, before its schedulers stepped: finish it
         if task.automatic_optimization:
             t.metric_store.callback_metrics.update(ckpt["loop"].get("callback_metrics", {}))
             # the fresh optimizer has not stepped yet, so torch's order warning does not apply
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
-                step_schedulers(t, "epoch")
+                step_schedulers(t, "epoch", plateau=True)  # the others stepped after the last batch
         state.next_epoch()
 
 
@@ -164,12 +192,12 @@ def rebuild_task(
         )
     task = cls(**{**decode({k: v for k, v in hparams.items() if k not in overrides}), **overrides})
     task.configure_model()  # a task that builds layers lazily needs them before the weights load
+    task.on_load_checkpoint(ckpt)  # before the weights, as Lightning: it may rename or drop their keys
     if strict is None:
         strict = task.strict_loading
     if strict:
         check_compatible(task, ckpt["state_dict"], path)
     task.load_state_dict(ckpt["state_dict"], strict=strict)
-    task.on_load_checkpoint(ckpt)
     if isinstance(map_location, (str, torch.device)):
         task.to(map_location)
     return task

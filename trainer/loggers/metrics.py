@@ -87,17 +87,22 @@ class MetricStore:
         **_: Any,  # Lightning's rarely used options (rank_zero_only, add_dataloader_idx, ...) are accepted
     ) -> None:
         """Record `value` (tensor, number or torchmetrics Metric) under `name`."""
-        if not isinstance(reduce_fx, str):
-            reduce_fx = getattr(reduce_fx, "__name__", str(reduce_fx))
-        check_choice("reduce_fx", reduce_fx, REDUCE_FX)
-        training = self.stage == "train" and not self.in_epoch_hook
-        on_step = training if on_step is None else on_step
-        on_epoch = (not training) if on_epoch is None else on_epoch
-        key = name + self.dataloader_suffix
-        entry = self.entries.get(key)
+        if reduce_fx != "mean":  # the default needs no check (this runs at every step)
+            if not isinstance(reduce_fx, str):
+                reduce_fx = getattr(reduce_fx, "__name__", str(reduce_fx))
+            check_choice("reduce_fx", reduce_fx, REDUCE_FX)
+        if on_step is None or on_epoch is None:
+            training = self.stage == "train" and not self.in_epoch_hook
+            on_step = training if on_step is None else on_step
+            on_epoch = (not training) if on_epoch is None else on_epoch
+        key = name + self.dataloader_suffix if self.dataloader_suffix else name
+        entries = self._stages[self.stage]
+        entry = entries.get(key)
         if entry is None:
-            entry = self.entries[key] = _Entry(key, on_step, on_epoch, prog_bar, logger, sync_dist, reduce_fx)
-        if is_metric(value):
+            entry = entries[key] = _Entry(key, on_step, on_epoch, prog_bar, logger, sync_dist, reduce_fx)
+        if isinstance(value, torch.Tensor) and value.ndim == 0:  # the common case: a loss
+            value = value.detach()
+        elif is_metric(value):
             entry.metric = value
             cached = getattr(value, "_forward_cache", None)
             value = cached if isinstance(cached, torch.Tensor) else None

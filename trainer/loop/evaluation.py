@@ -20,9 +20,16 @@ HOOK_PREFIX = {"val": "validation", "test": "test", "predict": "predict"}  # pha
 
 
 def evaluate(t: Trainer, stage: str) -> Any:
-    """validate(), test() or predict(): one pass over that stage's loaders."""
+    """validate(), test() or predict(): one pass over that stage's loaders. As Lightning: the task's
+    zero_grad() first; with limit_*_batches=0 (or loaders without batches) no loader hook runs at all."""
     t.metric_store.callback_metrics.clear()  # this stage's metrics only, not an earlier fit's
-    out = run_eval(t, {"validate": "val"}.get(stage, stage))
+    t.task.zero_grad()  # type: ignore[union-attr]
+    phase = {"validate": "val"}.get(stage, stage)
+    if getattr(t.config, f"limit_{'val' if phase == 'val' else phase}_batches") == 0:
+        out: Any = []
+    else:
+        t.session.load(phase)  # type: ignore[union-attr]
+        out = run_eval(t, phase) if sum(t.loader_sizes.get(phase, [])) else []
     if stage != "predict":
         finalize_loggers(t, "success")
     return out
@@ -33,19 +40,19 @@ def run_eval(t: Trainer, phase: str, limit: int | None = None) -> Any:
     logged epoch metrics per loader, or for predict the outputs."""
     task, strategy, hooks, store = t.task, t.strategy, t.hooks, t.metric_store
     assert task is not None
-    loaders, sizes = t.loaders.get(phase, []), t.loader_sizes.get(phase, [])
     prefix = HOOK_PREFIX[phase]
     step_name = f"{prefix}_step"
-    was_training, custom = task.training, hooks.custom
+    custom = hooks.custom
+    modes = [(m, m.training) for m in task.modules()]  # every submodule's own mode, restored afterwards
     if f"on_{prefix}_model_eval" in custom:
         getattr(task, f"on_{prefix}_model_eval")()
     else:
         task.eval()
-    if phase == "val" and "on_validation_model_zero_grad" in custom:
-        task.on_validation_model_zero_grad()
     store.reset(phase)
     outer_phase, t.state.phase = t.state.phase, phase
     hooks.call(f"on_{prefix}_start")
+    # after the hook: a BatchSizeFinder may rebuild the loaders in it (Lightning reads them afterwards too)
+    loaders, sizes = t.loaders.get(phase, []), t.loader_sizes.get(phase, [])
     hooks.call(f"on_{prefix}_epoch_start")
     predictions: list[list[Any]] = []
     multi = len(loaders) > 1
@@ -87,8 +94,9 @@ def run_eval(t: Trainer, phase: str, limit: int | None = None) -> Any:
     hooks.call(f"on_{prefix}_end")
     if f"on_{prefix}_model_train" in custom:
         getattr(task, f"on_{prefix}_model_train")()
-    else:
-        task.train(was_training)
+    else:  # as Lightning: each submodule back to its own mode (a frozen BatchNorm stays in eval)
+        for module, training in modes:
+            module.training = training
     store.switch("train")
     t.state.phase = outer_phase
     if phase == "predict":

@@ -178,47 +178,52 @@ def _owner(fn: Any) -> str:
 
 
 class Hooks:
-    """Calls the overridden hooks of a task and its callbacks, in Lightning's order: the plain callbacks,
-    then the task, then the monitoring callbacks (checkpointing, early stopping). Example::
+    """Calls the overridden hooks of a task and its callbacks in Lightning's order: every callback in the
+    Trainer's order (checkpointing last), then the task. A loop that
+    needs Lightning's split (on_train_epoch_end) calls the plain callbacks and the task with
+    ``monitoring=False``, then the monitoring callbacks (checkpointing, early stopping) with ``monitoring=True``.
+    Example::
 
         hooks = Hooks(task, callbacks, trainer); hooks.call("on_train_epoch_start")
     """
 
     def __init__(self, task: Any, callbacks: list[Any], trainer: Any, profiler: Any = None) -> None:
-        self._table: dict[str, tuple[list[Callable[..., Any]], list[Callable[..., Any]]]] = {}
+        # per hook: (all in Lightning's order, the plain callbacks and the task, the monitoring callbacks)
+        self._table: dict[str, tuple[list[Callable[..., Any]], ...]] = {}
         for obj in [task, *callbacks] if task is not None else callbacks:
             refuse_unknown_hooks(obj)
         for hook in HOOKS:
-            plain: list[Callable[..., Any]] = []
-            monitoring: list[Callable[..., Any]] = []
+            cbs: list[tuple[bool, Callable[..., Any]]] = []
             for cb in callbacks:
                 if overrides(cb, hook.name):
                     fn = functools.partial(getattr(cb, hook.name), trainer, task)
-                    (monitoring if getattr(cb, "monitoring", False) else plain).append(fn)
-            if TASK in hook.owners and overrides(task, hook.name):
-                plain.append(getattr(task, hook.name))
+                    cbs.append((bool(getattr(cb, "monitoring", False)), fn))
+            own = [getattr(task, hook.name)] if TASK in hook.owners and overrides(task, hook.name) else []
             if profiler is not None:  # each hook timed under its owner's name
-                plain = [profiler.wrap(f"{_owner(fn)}.{hook.name}", fn) for fn in plain]
-                monitoring = [profiler.wrap(f"{_owner(fn)}.{hook.name}", fn) for fn in monitoring]
-            if plain or monitoring:
-                self._table[hook.name] = (plain, monitoring)
+                cbs = [(m, profiler.wrap(f"{_owner(fn)}.{hook.name}", fn)) for m, fn in cbs]
+                own = [profiler.wrap(f"{_owner(fn)}.{hook.name}", fn) for fn in own]
+            if not cbs and not own:
+                continue
+            every = [fn for _, fn in cbs]
+            plain = [fn for m, fn in cbs if not m] + own
+            self._table[hook.name] = (every + own, plain, [fn for m, fn in cbs if m])
         # the task's own versions of Lightning's overridable methods (optimizer_step, backward, ...)
         self.custom = frozenset(n for n in DEFAULTS if task is not None and overrides(task, n))
+        self.transfer: dict[str, Any] = {}  # who runs each batch-transfer hook (loop/transfer.py), per stage
 
     def __contains__(self, name: str) -> bool:
         return name in self._table
 
     def call(self, name: str, *args: Any, monitoring: bool | None = None) -> Any:
-        """Call every override of hook `name` (only one side when `monitoring` is given); return the last
-        non-None result (the task's -1 from on_train_batch_start)."""
+        """Call every override of hook `name` (with `monitoring` given, only the plain callbacks and the task,
+        or only the monitoring callbacks); return the last non-None result (the task's -1 from
+        on_train_batch_start)."""
         groups = self._table.get(name)
         if groups is None:
             return None
         out = None
-        for side, fns in enumerate(groups):
-            if monitoring is None or monitoring == bool(side):
-                for fn in fns:
-                    result = fn(*args)
-                    if result is not None:
-                        out = result
+        for fn in groups[0 if monitoring is None else 2 if monitoring else 1]:
+            result = fn(*args)
+            if result is not None:
+                out = result
         return out

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -89,20 +88,15 @@ def _check_opts(opts: list[Any]) -> list[torch.optim.Optimizer]:
     return opts
 
 
-def needs_closure(optimizer: torch.optim.Optimizer) -> bool:
-    """True for optimizers such as LBFGS whose step() cannot run without a closure."""
-    try:
-        param = inspect.signature(optimizer.step).parameters.get("closure")
-    except (TypeError, ValueError):
-        return False
-    return param is not None and param.default is inspect.Parameter.empty
-
-
-def step_schedulers(trainer: Trainer, interval: str) -> None:
-    """Step every scheduler of this interval whose frequency divides the step or epoch count."""
+def step_schedulers(trainer: Trainer, interval: str, plateau: bool | None = None) -> None:
+    """Step every scheduler of this interval whose frequency divides the step or epoch count (only the
+    ReduceLROnPlateau ones, or only the others, when `plateau` says which: Lightning steps an epoch's other
+    schedulers after its last batch and its plateau ones after on_train_epoch_end)."""
     count = trainer.state.global_step if interval == "step" else trainer.state.epoch + 1
     for cfg in trainer.lr_scheduler_configs:
         if cfg.interval != interval or count % cfg.frequency:
+            continue
+        if plateau is not None and cfg.is_plateau != plateau:
             continue
         if cfg.is_plateau:
             value = trainer.callback_metrics.get(cfg.monitor)  # type: ignore[arg-type]
@@ -113,12 +107,12 @@ def step_schedulers(trainer: Trainer, interval: str) -> None:
                         f"{sorted(trainer.callback_metrics)}. Log it with self.log or fix 'monitor'."
                     )
                 continue
-            _step_one(trainer, cfg.scheduler, float(value))
+            _step_one(trainer, cfg.scheduler, value)  # the logged value itself, as Lightning passes it
         else:
             _step_one(trainer, cfg.scheduler, None)
 
 
-def _step_one(trainer: Trainer, scheduler: Any, metric: float | None) -> None:
+def _step_one(trainer: Trainer, scheduler: Any, metric: Any) -> None:
     if "lr_scheduler_step" in trainer.hooks.custom:
         trainer.task.lr_scheduler_step(scheduler, metric)  # type: ignore[union-attr]
     elif metric is None:
@@ -134,12 +128,6 @@ def check_optimizers(optimizers: list[torch.optim.Optimizer], automatic: bool, a
             "automatic optimization supports one optimizer; for several set "
             "self.automatic_optimization = False and step them in training_step."
         )
-    closure_opts = [type(o).__name__ for o in optimizers if needs_closure(o)]
-    if automatic and closure_opts:
-        raise TaskError(
-            f"{closure_opts[0]} needs a closure that re-evaluates the loss; set "
-            "self.automatic_optimization = False and call self.optimizers().step(closure) in training_step."
-        )
     if not automatic and accumulate > 1:
         raise TaskError(
             "accumulate_grad_batches applies to automatic optimization only; with "
@@ -150,21 +138,40 @@ def check_optimizers(optimizers: list[torch.optim.Optimizer], automatic: bool, a
 def optimizer_step(
     trainer: Trainer, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None
 ) -> Any:
-    """Final gradients (reduced, unscaled), on_before_optimizer_step, clipping, then the step."""
-    strategy, cfg, hooks = trainer.strategy, trainer.config, trainer.hooks
-    strategy.unscale_gradients(optimizer)
-    hooks.call("on_before_optimizer_step", optimizer)
-    if "configure_gradient_clipping" in hooks.custom:
-        trainer.task.configure_gradient_clipping(
+    """The step through the strategy and precision, with Lightning's order: the closure (this batch's
+    forward and backward) runs first, inside the step; then the gradients are made final (reduced, unscaled),
+    on_before_optimizer_step runs, and (automatic optimization) gradients are clipped; then the update.
+    An optimizer that calls the closure several times gets all of this each time."""
+    strategy, hooks = trainer.strategy, trainer.hooks
+    # Lightning clips only under automatic optimization
+    clips = (trainer.task is None or trainer.task.automatic_optimization) and (
+        "configure_gradient_clipping" in hooks.custom or bool(trainer.config.gradient_clip_val)
+    )
+
+    def step_closure() -> Any:
+        result = closure() if closure is not None else None
+        strategy.unscale_gradients(optimizer)
+        hooks.call("on_before_optimizer_step", optimizer)
+        if clips:
+            _clip(trainer, optimizer)
+        return result
+
+    return strategy.optimizer_step(optimizer, step_closure)
+
+
+def _clip(trainer: Trainer, optimizer: torch.optim.Optimizer) -> None:
+    cfg = trainer.config
+    if "configure_gradient_clipping" in trainer.hooks.custom:
+        trainer.task.configure_gradient_clipping(  # type: ignore[union-attr]
             optimizer, cfg.gradient_clip_val, cfg.gradient_clip_algorithm
-        )  # type: ignore[union-attr]
+        )
     elif cfg.gradient_clip_val:
         clip_gradients(optimizer, cfg.gradient_clip_val, cfg.gradient_clip_algorithm)
-    return strategy.optimizer_step(optimizer, closure)
 
 
-def clip_gradients(optimizer: torch.optim.Optimizer, clip_val: float, algorithm: str = "norm") -> None:
-    """Clip the gradients of the optimizer's parameters by total norm or by value."""
+def clip_gradients(optimizer: torch.optim.Optimizer, clip_val: float, algorithm: str | None = "norm") -> None:
+    """Clip the gradients of the optimizer's parameters by total norm (also for None) or by value."""
+    algorithm = algorithm or "norm"
     params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     if algorithm == "norm":
         torch.nn.utils.clip_grad_norm_(params, clip_val)
@@ -186,16 +193,9 @@ class TaskOptimizer:
         return self._optimizer
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """Step through the strategy. Under automatic optimization the closure (from the loop, through a
-        task's optimizer_step) returns the batch's loss, already computed: it is called once here."""
-        trainer = self._trainer
-        if closure is not None and trainer.task is not None and trainer.task.automatic_optimization:
-            result = closure()  # None: training_step skipped the batch, so there is nothing to step
-            out = result if result is None else optimizer_step(trainer, self._optimizer)
-            out = result if out is None else out
-        else:
-            out = optimizer_step(trainer, self._optimizer, closure)
-        trainer.state.global_step += 1
+        """Step through the strategy (the closure, if any, runs inside it first) and count the step."""
+        out = optimizer_step(self._trainer, self._optimizer, closure)
+        self._trainer.state.global_step += 1
         return out
 
     def zero_grad(self, set_to_none: bool = True) -> None:

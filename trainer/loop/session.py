@@ -16,11 +16,13 @@ from trainer.compiler import apply as apply_compiler
 from trainer.errors import TaskError
 from trainer.loggers import agree_versions
 from trainer.loggers.reporting import finalize_loggers
+from trainer.loop.batch_indices import track_indices
 from trainer.loop.data import num_batches, with_worker_seeding
 from trainer.loop.hooks import Hooks, overrides
 from trainer.loop.optim import TaskOptimizer, check_optimizers, parse_optimizers
 from trainer.loop.reinit import recording_init_args
 from trainer.loop.signals import StopSignals
+from trainer.loop.transfer import transfer_owners
 from trainer.task.base import Task
 
 if TYPE_CHECKING:
@@ -49,6 +51,7 @@ class Session:
         self.signals = StopSignals(trainer) if stage == "fit" else None
         self.uncompile: Callable[[], None] | None = None
         self.recompiles: RecompileWatch | None = None
+        self.restoring: checkpoint.Restoring | None = None
 
     def __enter__(self) -> Session:
         t, task, stage = self.t, self.task, self.stage
@@ -61,9 +64,10 @@ class Session:
             torch.autograd.set_detect_anomaly(True)
         if t.profiler is not None:
             t.profiler.start()
-        if stage == "fit" and overrides(task, "configure_callbacks"):
+        if overrides(task, "configure_callbacks"):  # every stage, first of all (as Lightning)
             t.callbacks = merge_callbacks(t.callbacks, task.configure_callbacks())
         t.hooks = Hooks(task, t.callbacks, t, t.profiler)  # only the overridden hooks, once per stage
+        t.hooks.transfer = transfer_owners(task, self.dm)
         if self.signals is not None:
             self.signals.install()
         try:
@@ -88,55 +92,87 @@ class Session:
         if "configure_model" in t.hooks.custom:
             task.configure_model()
         t.strategy.setup(task)
-        self._load_data()
+        t.loaders, t.loader_sizes = {}, {}
+        self._check_data()
+        path = self.ckpt_path
+        if path is None and stage == "fit" and t.config.resume == "auto":
+            path = t.strategy.comm.broadcast(checkpoint.find_last(t))  # every rank loads the same file
+        # the weights and callback states now; for fit the optimizer and loop states after on_fit_start
+        self.restoring = checkpoint.prepare_restore(t, path, stage) if path is not None else None
         if stage == "fit":
             t.optimizers, t.lr_scheduler_configs = parse_optimizers(task.configure_optimizers())
             check_optimizers(t.optimizers, task.automatic_optimization, t.config.accumulate_grad_batches)
+            if not task.automatic_optimization and t.config.gradient_clip_val:  # Lightning refuses it too
+                raise TaskError(
+                    "gradient_clip_val clips under automatic optimization only; with "
+                    "self.automatic_optimization = False call self.clip_gradients(opt, ...) before opt.step()."
+                )
             task._optimizers = [TaskOptimizer(o, t) for o in t.optimizers]
         if self.compiler is not None:  # after the strategy moved, wrapped or sharded the plain module
             self.uncompile = t.strategy.compile(
                 task, functools.partial(apply_compiler, compiler=self.compiler)
             )
             self.recompiles = RecompileWatch()
-        path = self.ckpt_path
-        if path is None and stage == "fit" and t.config.resume == "auto":
-            path = t.strategy.comm.broadcast(checkpoint.find_last(t))  # every rank loads the same file
-        if path is not None:
-            checkpoint.restore(t, path, stage)
+
+    @property
+    def val_enabled(self) -> bool:
+        """Whether fit validates: validation_step defined, limit_val_batches not 0, and data to validate on."""
+        return (
+            self.stage == "fit"
+            and overrides(self.task, "validation_step")
+            and self.t.config.limit_val_batches != 0
+            and (self.evals is not None or self._has_source("val_dataloader"))
+        )
+
+    def load(self, phase: str) -> list[Any]:
+        """`phase`'s loaders, asked for once, when the loop first needs them (as Lightning asks)."""
+        t = self.t
+        if phase not in t.loaders:
+            if phase == "train":
+                self._load_train()
+            else:
+                self._load_eval(phase)
+        return t.loaders[phase]
 
     def reload(self) -> None:
         """Ask the task's or datamodule's *_dataloader() again (reload_dataloaders_every_n_epochs)."""
-        self._load_data()
+        loaded = list(self.t.loaders)
+        self.t.loaders, self.t.loader_sizes = {}, {}
+        for phase in loaded:
+            self.load(phase)
 
-    def _load_data(self) -> None:
-        t, stage = self.t, self.stage
-        t.loaders, t.loader_sizes = {}, {}
-        if stage == "fit":
-            train = self.train if self.train is not None else self._source("train_dataloader")
-            if train is None:
-                raise TaskError(
-                    "fit() needs training data: pass train_dataloaders, a datamodule, or define "
-                    "train_dataloader() on the task."
-                )
-            if t.config.overfit_batches:  # the same first batches every epoch: no shuffling
-                train = _unshuffled(train)
-            self._add("train", [train])
+    def _check_data(self) -> None:
+        """Refuse at once a stage without data (the loaders themselves are asked for later)."""
+        stage = self.stage
+        if stage == "fit" and self.train is None and not self._has_source("train_dataloader"):
+            raise TaskError(
+                "fit() needs training data: pass train_dataloaders, a datamodule, or define "
+                "train_dataloader() on the task."
+            )
         phase = PHASE[stage]
-        step = {"val": "validation_step", "test": "test_step"}.get(phase)
-        if stage == "fit" and not overrides(
-            self.task, "validation_step"
-        ):  # Lightning runs no validation then
-            self._add(phase, [])
-            return
-        evals = self.evals if self.evals is not None else self._source(f"{phase}_dataloader")
-        if evals is None and stage != "fit":
+        if stage != "fit" and self.evals is None and not self._has_source(f"{phase}_dataloader"):
             raise TaskError(
                 f"{stage}() needs data: pass dataloaders, a datamodule, or define {phase}_dataloader() on the task."
             )
-        if step is not None and evals is not None and not overrides(self.task, step):
+        step = {"val": "validation_step", "test": "test_step"}.get(phase)
+        if stage != "fit" and step is not None and not overrides(self.task, step):
             raise TaskError(
                 f"{stage}() needs {type(self.task).__name__}.{step}(self, batch, batch_idx); define it."
             )
+
+    def _load_train(self) -> None:
+        train = self.train if self.train is not None else self._source("train_dataloader")
+        if train is None:
+            raise TaskError("train_dataloader() returned None; return a DataLoader.")
+        if self.t.config.overfit_batches:  # the same first batches every epoch: no shuffling
+            train = _unshuffled(train)
+        self._add("train", [train])
+
+    def _load_eval(self, phase: str) -> None:
+        if self.stage == "fit" and not self.val_enabled:  # Lightning runs no validation then
+            self._add(phase, [])
+            return
+        evals = self.evals if self.evals is not None else self._source(f"{phase}_dataloader")
         self._add(
             phase, [] if evals is None else list(evals) if isinstance(evals, (list, tuple)) else [evals]
         )
@@ -144,22 +180,29 @@ class Session:
     def _add(self, phase: str, loaders: list[Any]) -> None:
         t = self.t
         prepared = [with_worker_seeding(t.strategy.process_dataloader(dl, phase)) for dl in loaders]
+        if phase == "predict":  # each batch's sample indices, for prediction writers (as Lightning)
+            prepared = [track_indices(dl) for dl in prepared]
         limit = getattr(t.config, LIMIT[phase])
         t.loaders[phase], t.loader_sizes[phase] = prepared, [num_batches(dl, limit) for dl in prepared]
 
     def _source(self, name: str) -> Any:
         for owner in (self.dm, self.task):
-            fn = getattr(owner, name, None)
-            if callable(fn) and not getattr(fn, "_tandem_default", False):  # Task's default: not defined
+            fn = _defined(owner, name)
+            if fn is not None:
                 with recording_init_args():  # so that a DataLoader subclass can be rebuilt with a sampler
                     return fn()
         return None
+
+    def _has_source(self, name: str) -> bool:
+        return any(_defined(owner, name) is not None for owner in (self.dm, self.task))
 
     def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> None:
         t = self.t
         try:
             if error is not None:
                 t.hooks.call("on_exception", error)
+                if self.dm is not None and overrides(self.dm, "on_exception"):
+                    self.dm.on_exception(error)
                 finalize_loggers(t, "failed")
         finally:
             if self.signals is not None:
@@ -171,15 +214,22 @@ class Session:
                 if error is None and self.recompiles is not None:
                     self.recompiles.check(f"by the end of {self.stage}")
                 self.uncompile()
-            t.hooks.call("teardown", self.stage)
-            if self.dm is not None:
-                self.dm.teardown(self.stage)
+            if error is None:  # as Lightning: after an exception only on_exception runs, not teardown
+                if self.dm is not None:
+                    self.dm.teardown(self.stage)
+                t.hooks.call("teardown", self.stage)
             t.strategy.teardown()
+
+
+def _defined(owner: Any, name: str) -> Any:
+    """`owner`'s own `name` method (a *_dataloader), not Tandem's default that only raises, or None."""
+    fn = getattr(owner, name, None) if owner is not None else None
+    return fn if callable(fn) and not getattr(fn, "_tandem_default", False) else None
 
 
 def merge_callbacks(callbacks: list[Any], extra: Any) -> list[Any]:
     """configure_callbacks(): its callbacks replace the Trainer's of the same type; checkpointing stays last."""
-    from callbacks.base import Callback
+    from callbacks.base import Callback, check_state_keys
 
     extra = list(extra) if isinstance(extra, (list, tuple)) else [extra] if extra else []
     for cb in extra:
@@ -187,6 +237,7 @@ def merge_callbacks(callbacks: list[Any], extra: Any) -> list[Any]:
             raise TaskError(f"configure_callbacks returned {type(cb).__name__}; return Callback instances.")
     kinds = {type(cb) for cb in extra}
     merged = [cb for cb in callbacks if type(cb) not in kinds] + extra
+    check_state_keys(merged)  # two stateful callbacks under one key: refused (as in Lightning)
     return [cb for cb in merged if not hasattr(cb, "best_model_path")] + [
         cb for cb in merged if hasattr(cb, "best_model_path")
     ]

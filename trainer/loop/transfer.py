@@ -1,25 +1,51 @@
-"""Moving a batch to the device, through the task's batch-transfer hooks where it overrides them."""
+"""Moving a batch to the device, through the batch-transfer hooks of the DataModule or the task where one
+overrides them (the DataModule's first, as in Lightning)."""
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any
+
+from trainer.loop.hooks import overrides
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
+TRANSFER = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
+
+
+def transfer_owners(task: Any, dm: Any) -> dict[str, Any]:
+    """Who runs each overridden transfer hook: the DataModule where it overrides it (Lightning warns when
+    both do and uses the DataModule's), else the task."""
+    owners = {}
+    for name in TRANSFER:
+        if dm is not None and overrides(dm, name):
+            if task is not None and overrides(task, name):
+                warnings.warn(
+                    f"{name} is overridden in both {type(task).__name__} and {type(dm).__name__}; the "
+                    f"DataModule's runs (as in Lightning).",
+                    UserWarning,
+                    stacklevel=3,
+                )
+            owners[name] = dm
+        elif task is not None and overrides(task, name):
+            owners[name] = task
+    return owners
+
 
 def to_device(t: Trainer, batch: Any, dataloader_idx: int = 0) -> Any:
     """on_before_batch_transfer, transfer_batch_to_device (else the strategy's move), on_after_batch_transfer."""
-    task, custom, strategy = t.task, t.hooks.custom, t.strategy
-    if not custom:
+    owners, strategy = t.hooks.transfer, t.strategy
+    if not owners:
         return strategy.batch_to_device(batch)
-    assert task is not None
-    if "on_before_batch_transfer" in custom:
-        batch = task.on_before_batch_transfer(batch, dataloader_idx)
-    if "transfer_batch_to_device" in custom:
-        batch = task.transfer_batch_to_device(batch, strategy.root_device, dataloader_idx)
+    if "on_before_batch_transfer" in owners:
+        batch = owners["on_before_batch_transfer"].on_before_batch_transfer(batch, dataloader_idx)
+    if "transfer_batch_to_device" in owners:
+        batch = owners["transfer_batch_to_device"].transfer_batch_to_device(
+            batch, strategy.root_device, dataloader_idx
+        )
     else:
         batch = strategy.batch_to_device(batch)
-    if "on_after_batch_transfer" in custom:
-        batch = task.on_after_batch_transfer(batch, dataloader_idx)
+    if "on_after_batch_transfer" in owners:
+        batch = owners["on_after_batch_transfer"].on_after_batch_transfer(batch, dataloader_idx)
     return batch

@@ -1,5 +1,5 @@
 """The rest of LightningModule's public surface on Task: properties (dtype, on_gpu, strict_loading, ...),
-helpers (freeze, toggled_optimizer, to_torchscript, to_onnx) and the names Tandem refuses, each with an
+helpers (toggled_optimizer; export is trainer/task/export.py) and the names Tandem refuses, each with an
 error that names it and says what to do. tests/test_attributes.py walks Lightning's list of names."""
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ class LightningAttributes:
 
     # (defaults without annotations: TorchScript would try to resolve them when scripting the task)
     _trainer = None
-    _example_input_array = None
     _strict_loading = None
 
     train_dataloader = _no_loader("train_dataloader")
@@ -63,15 +62,6 @@ class LightningAttributes:
         return self.device.type == "cuda"  # type: ignore[attr-defined]
 
     @property
-    def example_input_array(self) -> Any:
-        """An input for forward() (ModelSummary, to_onnx, to_torchscript); None unless set."""
-        return self._example_input_array
-
-    @example_input_array.setter
-    def example_input_array(self, example: Any) -> None:
-        self._example_input_array = example
-
-    @property
     def strict_loading(self) -> bool:
         """Whether checkpoints load with load_state_dict(strict=True) (set False to load partial weights)."""
         return self._strict_loading in (None, True)
@@ -92,18 +82,6 @@ class LightningAttributes:
         return None if trainer is None else getattr(trainer.strategy, "device_mesh", None)
 
     # ----- helpers ------------------------------------------------------------------------------
-    def freeze(self) -> None:
-        """No gradients for any parameter, and eval mode."""
-        for p in self.parameters():  # type: ignore[attr-defined]
-            p.requires_grad = False
-        self.eval()  # type: ignore[attr-defined]
-
-    def unfreeze(self) -> None:
-        """Gradients for every parameter again, and train mode."""
-        for p in self.parameters():  # type: ignore[attr-defined]
-            p.requires_grad = True
-        self.train()  # type: ignore[attr-defined]
-
     @contextlib.contextmanager
     def toggled_optimizer(self, optimizer: Any) -> Iterator[None]:
         """toggle_optimizer(optimizer) inside the block, untoggle_optimizer after it."""
@@ -112,52 +90,6 @@ class LightningAttributes:
             yield
         finally:
             self.untoggle_optimizer(optimizer)  # type: ignore[attr-defined]
-
-    def _example(self, given: Any, method: str) -> Any:
-        example = given if given is not None else self.example_input_array
-        if example is None:
-            raise TaskError(f"{method} needs an input: pass it, or set self.example_input_array in __init__.")
-        return example
-
-    @contextlib.contextmanager
-    def _exporting(self) -> Iterator[None]:
-        """Eval mode, and `trainer` readable (None) without a Trainer, while TorchScript/ONNX inspect the task;
-        the mode it was in is restored."""
-        mode = self.training  # type: ignore[attr-defined]
-        self.eval()  # type: ignore[attr-defined]
-        self.__dict__["_jit_is_scripting"] = True
-        try:
-            yield
-        finally:
-            self.__dict__["_jit_is_scripting"] = False
-            self.train(mode)  # type: ignore[attr-defined]
-
-    @torch.no_grad()
-    def to_torchscript(
-        self, file_path: str | None = None, method: str = "script", example_inputs: Any = None, **kwargs: Any
-    ) -> Any:
-        """torch.jit.script (or "trace" with `example_inputs`) of the task in eval mode; saved when
-        `file_path` is given. The mode it was in is restored."""
-        with self._exporting():
-            if method == "script":
-                scripted = torch.jit.script(self, **kwargs)
-            elif method == "trace":
-                example = self._example(example_inputs, "to_torchscript(method='trace')")
-                inputs = example if isinstance(example, tuple) else (example,)
-                scripted = torch.jit.trace(self, example_inputs=inputs, **kwargs)
-            else:
-                raise TaskError(f"to_torchscript(method={method!r}): use 'script' or 'trace'.")
-        if file_path is not None:
-            torch.jit.save(scripted, file_path)
-        return scripted
-
-    @torch.no_grad()
-    def to_onnx(self, file_path: Any = None, input_sample: Any = None, **kwargs: Any) -> Any:
-        """torch.onnx.export of the task in eval mode, on `input_sample` or example_input_array."""
-        example = self._example(input_sample, "to_onnx")
-        with self._exporting():
-            inputs = example if isinstance(example, tuple) else (example,)
-            return torch.onnx.export(self, inputs, file_path, **kwargs)
 
     def to_tensorrt(self, *args: Any, **kwargs: Any) -> Any:
         """Refused: TensorRT needs torch_tensorrt and a CUDA device."""
@@ -170,6 +102,4 @@ class LightningAttributes:
     def configure_sharded_model(self) -> Any:
         """Refused when read: Lightning 2.1 renamed it configure_model (a subclass defining it is refused
         when a stage starts). Not an AttributeError, which Python would turn into "no attribute"."""
-        if self.__dict__.get("_jit_is_scripting", False):  # TorchScript reads every name while exporting
-            return None
         raise TaskError("configure_sharded_model() was renamed configure_model() in Lightning 2.1; use that.")

@@ -11,13 +11,14 @@ from trainer.errors import TaskError
 from trainer.loop.hooks import TASK, add_hook_stubs, default
 from trainer.task.attributes import LightningAttributes
 from trainer.task.defaults import TaskDefaults
+from trainer.task.export import ExportMixin
 from trainer.task.hparams import HyperparametersMixin
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 
-class Task(LightningAttributes, TaskDefaults, torch.nn.Module, HyperparametersMixin):
+class Task(LightningAttributes, TaskDefaults, ExportMixin, torch.nn.Module, HyperparametersMixin):
     """A torch Module that knows how to train itself.
 
     Example::
@@ -64,7 +65,7 @@ class Task(LightningAttributes, TaskDefaults, torch.nn.Module, HyperparametersMi
     # ----- what the Trainer provides ------------------------------------------------------------
     @property
     def trainer(self) -> Trainer:
-        if self._trainer is None and not self.__dict__.get("_jit_is_scripting", False):
+        if self._trainer is None:
             raise TaskError(
                 f"{type(self).__name__} is not attached to a Trainer; call trainer.fit(task) first."
             )
@@ -177,5 +178,3 @@ class Task(LightningAttributes, TaskDefaults, torch.nn.Module, HyperparametersMi
 add_hook_stubs(
     Task, TASK
 )  # on_fit_start, on_train_batch_end, ... as documented no-ops (trainer/loop/hooks.py)
-# TorchScript leaves these alone (it would read every property while compiling the task)
-Task.__jit_unused_properties__ = sorted(n for n in dir(Task) if isinstance(getattr(Task, n, None), property))

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import torch
+
+from strategies.batch import move_to_device
+from trainer.errors import CheckpointError, TaskError
 from trainer.loop.hooks import default
 from trainer.task.hparams import HyperparametersMixin
 
@@ -37,3 +41,49 @@ class DataModule(HyperparametersMixin):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what state_dict returned."""
+
+    # ----- batch transfer (used instead of the task's when overridden here, as in Lightning) -------
+    @default
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Change the batch before it is moved to the device."""
+        return batch
+
+    @default
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Move the batch to `device` (tensors in lists, tuples, dicts and dataclasses)."""
+        return move_to_device(batch, device)
+
+    @default
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Change the batch after it was moved to the device."""
+        return batch
+
+    @default
+    def on_exception(self, exception: BaseException) -> None:
+        """Called when fit/validate/test/predict raises."""
+
+    @classmethod
+    def load_from_checkpoint(
+        cls, checkpoint_path: str, map_location: Any = None, hparams_file: str | None = None, **kwargs: Any
+    ) -> Any:
+        """A new DataModule of this class from a Trainer checkpoint: built from the saved DataModule
+        hyperparameters (updated by `kwargs`), with its saved state loaded. Plain data only, as every load."""
+        from trainer.checkpoint.format import decode, missing
+        from trainer.checkpoint.io import load
+
+        if hparams_file is not None:
+            raise TaskError(
+                "load_from_checkpoint(hparams_file=...) is not supported; pass the values as keywords."
+            )
+        ckpt = load(checkpoint_path, map_location if map_location is not None else "cpu")
+        hparams = ckpt.get("datamodule_hyper_parameters") or {}
+        absent = {k: v for k, v in missing(hparams).items() if k not in kwargs}
+        if absent:
+            raise CheckpointError(
+                f"checkpoint {checkpoint_path!r} could not store DataModule hyperparameters {absent}; pass them: "
+                f"{cls.__name__}.load_from_checkpoint(path, {', '.join(f'{k}=...' for k in absent)})"
+            )
+        dm = cls(**{**decode({k: v for k, v in hparams.items() if k not in kwargs}), **kwargs})
+        if ckpt.get("datamodule"):  # Lightning loads the state only when one was saved
+            dm.load_state_dict(ckpt["datamodule"])
+        return dm

@@ -129,7 +129,7 @@ class TaskDefaults:
     @default
     def on_validation_model_zero_grad(self) -> None:
         """Drop gradients before validation starts (they are not needed there)."""
-        self.zero_grad(set_to_none=True)  # type: ignore[attr-defined]
+        self.zero_grad()  # type: ignore[attr-defined]
 
     @default
     def on_test_model_eval(self) -> None:

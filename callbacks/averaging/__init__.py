@@ -1,0 +1,1 @@
+"""Weight averaging: StochasticWeightAveraging (epoch-wise SWA with SWALR) and WeightAveraging / EMAWeightAveraging."""

@@ -1,0 +1,1 @@
+"""The Tuner's callbacks: LearningRateFinder and BatchSizeFinder (the work is in trainer/tuner/)."""
