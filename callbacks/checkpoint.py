@@ -65,7 +65,6 @@ class ModelCheckpoint(Checkpoint):
         every_n_epochs: int | None = None,
         save_on_train_epoch_end: bool | None = None,
         enable_version_counter: bool = True,
-        save_on_exception: bool = False,
     ) -> None:
         self._monitor = Monitor("ModelCheckpoint", monitor, mode)
         if not isinstance(save_top_k, int) or save_top_k < -1:
@@ -90,7 +89,6 @@ class ModelCheckpoint(Checkpoint):
         self.save_weights_only = save_weights_only
         self.auto_insert_metric_name = auto_insert_metric_name
         self.enable_version_counter = enable_version_counter
-        self.save_on_exception = save_on_exception
         self._save_on_train_epoch_end = save_on_train_epoch_end
         self._fields = parse_template(filename)
         # state
@@ -197,17 +195,6 @@ class ModelCheckpoint(Checkpoint):
     def on_train_epoch_end(self, trainer: Trainer, task: Task) -> None:
         if not self._skip(trainer) and self._on_epoch_end(trainer):
             self._save(trainer, topk=self._schedule.epoch_due(trainer), last_always=False)
-
-    def on_exception(self, trainer: Trainer, task: Task, exception: BaseException) -> None:
-        """save_on_exception: a checkpoint of the moment (and last.ckpt), unless this step is saved already."""
-        if not self.save_on_exception or self._skip(trainer) or trainer.sanity_checking:
-            return
-        candidates = self._candidates(trainer)
-        values = {n: float(candidates[n]) for n, _ in self._fields if n in candidates}
-        path = self._unique_path(self.format_checkpoint_name(values, trainer), "")
-        self._write(trainer, path)
-        self._save_last(trainer, candidates)
-        trainer.print(f"{type(exception).__name__} raised ({exception}); saved checkpoint to {path}")
 
     def on_train_end(self, trainer: Trainer, task: Task) -> None:
         """save_last and nothing saved in this fit (save_top_k=0, or no save point reached): last.ckpt now."""
