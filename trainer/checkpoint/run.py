@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer.checkpoint.find import resolve_path, run_id
-from trainer.checkpoint.format import decode, encode, missing
+from trainer.checkpoint.format import decode_for, encode, missing
 from trainer.checkpoint.io import check_compatible, checkpoint_io, load, resumable
 from trainer.errors import CheckpointError, ConfigError
 from trainer.loop.optim import step_schedulers
@@ -162,7 +162,9 @@ def rebuild_task(
             f"checkpoint {path!r} could not store hyperparameters {absent}; pass them: "
             f"{cls.__name__}.load_from_checkpoint(path, {', '.join(f'{k}=...' for k in absent)})"
         )
-    task = cls(**{**decode({k: v for k, v in hparams.items() if k not in overrides}), **overrides})
+    task = cls(
+        **{**decode_for(cls, {k: v for k, v in hparams.items() if k not in overrides}, path), **overrides}
+    )
     task.configure_model()  # a task that builds layers lazily needs them before the weights load
     if strict:
         check_compatible(task, ckpt["state_dict"], path)
