@@ -151,6 +151,11 @@ def read(
     path: str, map_location: Any = "cpu", weights_only: bool = True, mmap: bool = False
 ) -> dict[str, Any]:
     """torch.load with weights_only=True; a file that needs more is a CheckpointError naming the global."""
+    from trainer.checkpoint.checks import check_file
+
+    check_file(
+        os.fspath(path), weights_only
+    )  # a regular file whose records fit in it, before torch allocates
     try:
         return torch.load(path, map_location=map_location, weights_only=weights_only, mmap=mmap)
     except pickle.UnpicklingError as e:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer.checkpoint.checks import FORMAT_VERSION
 from trainer.checkpoint.find import resolve_path, run_id
 from trainer.checkpoint.format import decode_for, encode, missing
 from trainer.checkpoint.io import check_compatible, checkpoint_io, load, resumable
@@ -17,8 +18,6 @@ from trainer.loop.optim import step_schedulers
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
-
-FORMAT_VERSION = 2
 
 
 def save(t: Trainer, path: str, weights_only: bool = False) -> None:
