@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer.checkpoint.checks import check_contents, regular_file
 from trainer.checkpoint.format import read
 from trainer.errors import CheckpointError
 from trainer.fileio import atomic_write
@@ -211,20 +212,17 @@ def load(
     path = _existing(os.fspath(path))
     if os.path.isdir(path):
         return read_dir(path)
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         raise CheckpointError(
             f"checkpoint {path!r} does not exist; pass an existing file or ckpt_path='last'."
         )
     try:
-        ckpt = read(path, map_location, weights_only, mmap)
+        ckpt = read(path, map_location, weights_only, mmap)  # checks the file's kind and sizes first
     except CheckpointError:
         raise
     except Exception as e:
         raise CheckpointError(f"checkpoint {path!r} could not be read ({type(e).__name__}: {e}).") from e
-    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
-        raise CheckpointError(
-            f"{path!r} is not a Tandem checkpoint (no 'state_dict'); save one with trainer.save_checkpoint."
-        )
+    check_contents(ckpt, path)
     return ckpt
 
 
@@ -311,14 +309,16 @@ def _read_meta(path: str) -> tuple[dict[str, Any], Any]:
     from trainer.checkpoint import dcp_read
 
     try:
+        regular_file(os.path.join(path, META), "checkpoint part", follow=False)
         meta = read(os.path.join(path, META), "cpu")
-        metadata = dcp_read.read_metadata(path)
+        metadata = dcp_read.read_metadata(path)  # its declared sizes checked against the files
     except CheckpointError:
         raise
     except Exception as e:
         raise CheckpointError(
             f"{path!r} is not a complete Tandem checkpoint directory ({type(e).__name__}: {e})."
         ) from e
+    check_contents(meta, path, directory=True)
     return meta, metadata
 
 

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer.checkpoint.checks import FORMAT_VERSION
 from trainer.checkpoint.find import resolve_path, run_id
-from trainer.checkpoint.format import decode, encode, missing
+from trainer.checkpoint.format import decode_for, encode, missing
 from trainer.checkpoint.io import _existing, _read_meta, check_compatible, checkpoint_io, load, resumable
 from trainer.errors import CheckpointError, ConfigError
 from trainer.loop.hooks import overrides
@@ -19,8 +20,6 @@ from trainer.loop.optim import step_schedulers
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
-
-FORMAT_VERSION = 2
 
 
 def save(t: Trainer, path: str, weights_only: bool = False) -> None:
@@ -190,7 +189,9 @@ def rebuild_task(
             f"checkpoint {path!r} could not store hyperparameters {absent}; pass them: "
             f"{cls.__name__}.load_from_checkpoint(path, {', '.join(f'{k}=...' for k in absent)})"
         )
-    task = cls(**{**decode({k: v for k, v in hparams.items() if k not in overrides}), **overrides})
+    task = cls(
+        **{**decode_for(cls, {k: v for k, v in hparams.items() if k not in overrides}, path), **overrides}
+    )
     task.configure_model()  # a task that builds layers lazily needs them before the weights load
     task.on_load_checkpoint(ckpt)  # before the weights, as Lightning: it may rename or drop their keys
     if strict is None:
