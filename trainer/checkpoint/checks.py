@@ -209,3 +209,35 @@ def _check_resumable(ckpt: dict[str, Any], loop: dict[str, Any], bad: Any, direc
     for key in ("callbacks", "strategy", "hyper_parameters"):
         if key in ckpt and not isinstance(ckpt[key], dict):
             raise bad(f"has a {type(ckpt[key]).__name__} as {key!r}, not a dict")
+
+
+def check_compatible(model: torch.nn.Module, state_dict: dict[str, Any], path: str) -> None:
+    """Raise CheckpointError listing what differs when the checkpoint belongs to another model."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in own]
+    mismatched = [
+        f"{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(v.shape)}"
+        for k, v in own.items()
+        if k in state_dict and isinstance(v, torch.Tensor) and tuple(state_dict[k].shape) != tuple(v.shape)
+    ]
+    if missing or unexpected or mismatched:
+        parts = []
+        if missing:
+            parts.append(f"missing keys {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+        if unexpected:
+            parts.append(f"unexpected keys {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
+        if mismatched:
+            parts.append(f"shape mismatches {mismatched[:5]}")
+        raise CheckpointError(
+            f"checkpoint {path!r} was saved from a different model: "
+            + "; ".join(parts)
+            + ". Load it into the model it was saved from, or start without ckpt_path."
+        )
+
+
+def _check_count(path: str, saved: int, optimizers: list[torch.optim.Optimizer]) -> None:
+    if saved != len(optimizers):
+        raise CheckpointError(
+            f"checkpoint {path!r} has {saved} optimizer(s) but configure_optimizers returned {len(optimizers)}."
+        )

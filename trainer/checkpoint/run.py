@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.checkpoint.checks import FORMAT_VERSION
+from trainer.checkpoint.checks import FORMAT_VERSION, check_compatible
 from trainer.checkpoint.find import resolve_path, run_id
 from trainer.checkpoint.format import decode_for, encode, missing
-from trainer.checkpoint.io import _existing, _read_meta, check_compatible, checkpoint_io, load, resumable
+from trainer.checkpoint.io import _existing, _read_meta, checkpoint_io, load, resumable
 from trainer.errors import CheckpointError, ConfigError
 from trainer.loop.hooks import overrides
 from trainer.loop.optim import step_schedulers
