@@ -32,7 +32,10 @@ class ModelCheckpoint(Checkpoint):
     With `monitor`, keeps the `save_top_k` best by that metric (`mode` "min" or "max") and deletes the files
     that fall out; without it, keeps the latest (save_top_k=1) or all (-1). `filename` is a template over
     ``epoch``, ``step`` and logged keys: ``"{epoch}-{val/loss:.3f}"`` gives ``epoch=3-val_loss=0.123.ckpt``
-    ('/' in a key becomes '_'). `save_last` also keeps ``last.ckpt`` for ``fit(ckpt_path="last")``.
+    ('/' in a key becomes '_'). `save_last` also keeps ``last.ckpt`` for ``fit(ckpt_path="last")``, written
+    when Lightning writes it: with every step- or time-triggered save, at an epoch's save point only when a
+    top-k checkpoint was saved at that step, and at the end of training only if nothing was saved at all;
+    ``save_last="link"`` makes it a symbolic link to the newest checkpoint instead of a copy.
     Saving happens every `every_n_epochs` epochs (default 1), or every `every_n_train_steps` optimizer steps,
     or every `train_time_interval`. The default `dirpath` is ``<logger's log_dir>/checkpoints``, or
     ``<default_root_dir>/checkpoints`` without a logger. Example::
@@ -51,7 +54,7 @@ class ModelCheckpoint(Checkpoint):
         filename: str | None = None,
         monitor: str | None = None,
         verbose: bool = False,
-        save_last: bool | None = None,
+        save_last: bool | str | None = None,
         save_top_k: int = 1,
         save_on_exception: bool = False,
         save_weights_only: bool = False,
@@ -70,6 +73,10 @@ class ModelCheckpoint(Checkpoint):
             raise ConfigError(
                 f"ModelCheckpoint(save_top_k={save_top_k}) needs monitor=...: without a metric "
                 "there is no 'top'; use save_top_k=-1 to keep every checkpoint."
+            )
+        if save_last not in (None, True, False, "link"):
+            raise ConfigError(
+                f"ModelCheckpoint(save_last=...) takes True, False, None or 'link'; got {save_last!r}."
             )
         self._schedule = SaveSchedule(every_n_train_steps, train_time_interval, every_n_epochs)
         self.dirpath = os.path.abspath(os.fspath(dirpath)) if dirpath is not None else None
@@ -94,6 +101,7 @@ class ModelCheckpoint(Checkpoint):
         self.last_model_path = ""
         self._carried: tuple[str, float] | None = None  # best of a resumed run that saved elsewhere
         self._last_global_step_saved = 0  # nothing to save before the first step
+        self._last_checkpoint_saved = ""  # the newest file this callback wrote in this run (save_last="link")
         self._experiment_roots: list[str] = []
 
     @property
@@ -177,46 +185,50 @@ class ModelCheckpoint(Checkpoint):
         self, trainer: Trainer, task: Task, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if self._schedule.per_step and not self._skip(trainer) and self._schedule.step_due(trainer):
-            self._save(trainer, epoch_trigger=True)
+            self._save(trainer, topk=True, last_always=True)
 
     def on_validation_end(self, trainer: Trainer, task: Task) -> None:
         self._monitor.validation_ended(trainer)
         if not self._skip(trainer) and not self._on_epoch_end(trainer):
-            self._save(trainer, epoch_trigger=self._schedule.epoch_due(trainer))
+            self._save(trainer, topk=self._schedule.epoch_due(trainer), last_always=False)
 
     def on_train_epoch_end(self, trainer: Trainer, task: Task) -> None:
         if not self._skip(trainer) and self._on_epoch_end(trainer):
-            self._save(trainer, epoch_trigger=self._schedule.epoch_due(trainer))
-
-    def on_exception(self, trainer: Trainer, task: Task, exception: BaseException) -> None:
-        """save_on_exception: a checkpoint of the moment (and last.ckpt), unless this step is saved already."""
-        if not self.save_on_exception or self._skip(trainer) or trainer.sanity_checking:
-            return
-        candidates = self._candidates(trainer)
-        values = {n: float(candidates[n]) for n, _ in self._fields if n in candidates}
-        path = self._unique_path(self.format_checkpoint_name(values, trainer), "")
-        self._write(trainer, path)
-        self._save_last(trainer, candidates)
-        trainer.print(f"{type(exception).__name__} raised ({exception}); saved checkpoint to {path}")
+            self._save(trainer, topk=self._schedule.epoch_due(trainer), last_always=False)
 
     def on_train_end(self, trainer: Trainer, task: Task) -> None:
-        """Bring last.ckpt up to date when training stopped between two saves (max_steps, a stop request)."""
-        if (
-            self.save_last
-            and trainer.global_step != self._last_global_step_saved
-            and not trainer.config.fast_dev_run
-        ):
+        """save_last and nothing saved in this fit (save_top_k=0, or no save point reached): last.ckpt now."""
+        if self.save_last and not self._last_checkpoint_saved and not trainer.config.fast_dev_run:
             self._save_last(trainer, self._candidates(trainer))
+
+    def on_exception(self, trainer: Trainer, task: Task, exception: BaseException) -> None:
+        """save_on_exception: a checkpoint (and last.ckpt) of the moment training failed."""
+        if (
+            self.save_on_exception
+            and not trainer.config.fast_dev_run
+            and not trainer.sanity_checking
+            and self._last_global_step_saved != trainer.global_step
+        ):
+            candidates = self._candidates(trainer)
+            values = {
+                n: float(candidates.get(n, 0)) for n, _ in self._fields
+            }  # not logged yet: 0, as Lightning
+            self._write(trainer, self._unique_path(self.format_checkpoint_name(values, trainer), ""))
+            self._save_last(trainer, candidates)
 
     # ----- saving -------------------------------------------------------------------------------
     def _candidates(self, trainer: Trainer) -> dict[str, Any]:
         return {"epoch": trainer.current_epoch, "step": trainer.global_step, **trainer.callback_metrics}
 
-    def _save(self, trainer: Trainer, epoch_trigger: bool) -> None:
+    def _save(self, trainer: Trainer, topk: bool, last_always: bool) -> None:
+        """A save point: the top k, then last.ckpt (at an epoch's save point only if a file was just written,
+        or to re-link it)."""
         candidates = self._candidates(trainer)
-        if epoch_trigger and self.save_top_k != 0:
+        if topk and self.save_top_k != 0:
             self._save_topk(trainer, candidates)
-        self._save_last(trainer, candidates)
+        saved_now = self._last_global_step_saved == trainer.global_step
+        if last_always or saved_now or (self.save_last == "link" and self._last_checkpoint_saved):
+            self._save_last(trainer, candidates)
 
     def _values(
         self, trainer: Trainer, candidates: dict[str, Any], names: list[str]
@@ -298,13 +310,30 @@ class ModelCheckpoint(Checkpoint):
         path = os.path.join(self.dirpath or "", self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION)
         path = self._unique_path(path, self.last_model_path)
         previous, self.last_model_path = self.last_model_path, path
-        self._write(trainer, path)
+        if self.save_last == "link" and self._last_checkpoint_saved and self.save_top_k != 0:
+            self._link(trainer, self._last_checkpoint_saved, path)
+        else:
+            self._write(trainer, path)
         if previous and previous != path:
             self._remove(trainer, previous)
 
     def _write(self, trainer: Trainer, path: str) -> None:
         self._last_global_step_saved = trainer.global_step
+        self._last_checkpoint_saved = path
         trainer.save_checkpoint(path, weights_only=self.save_weights_only)  # atomic; rank 0 writes, all wait
+
+    def _link(self, trainer: Trainer, target: str, link: str) -> None:
+        """save_last="link": `link` becomes a relative symbolic link to `target` (a copy where links fail)."""
+        if trainer.is_global_zero and os.path.abspath(target) != os.path.abspath(link):
+            if os.path.islink(link) or os.path.isfile(link):
+                os.remove(link)
+            elif os.path.isdir(link):
+                shutil.rmtree(link)
+            try:
+                os.symlink(os.path.relpath(target, os.path.dirname(link)), link)
+            except OSError:  # a file system without links
+                shutil.copytree(target, link) if os.path.isdir(target) else shutil.copy(target, link)
+        trainer.strategy.comm.barrier("last checkpoint link")
 
     def _remove(self, trainer: Trainer, path: str) -> None:
         """Delete a checkpoint that fell out of the top k (rank 0; never the last checkpoint or another run's)."""

@@ -77,6 +77,7 @@ def resolve_strategy(
                 "use strategy='ddp' (or 'dp' for several devices in one process)."
             )
     strategy.use_distributed_sampler = options.get("use_distributed_sampler", True)
+    strategy._overfit_batches = options.get("overfit_batches", 0)  # distributed samplers do not shuffle then
     strategy.root_device  # noqa: B018 (a missing accelerator is a ConfigError now, not at fit)
     return strategy
 

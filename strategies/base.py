@@ -46,6 +46,7 @@ class Strategy:
         self._precision = None if precision is None else Precision.of(precision)
         self._root_device: torch.device | None = None  # chosen on first use, from the accelerator
         self.use_distributed_sampler = True
+        self._overfit_batches: int | float = 0  # (set by resolve_strategy) samplers do not shuffle then
         self.comm: Comm = Comm()
 
     # ----- where we are -------------------------------------------------------------------------

@@ -9,12 +9,10 @@ import gc
 import os
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DistributedSampler, RandomSampler, Sampler
 
 from strategies import attempt, fork, launch, slurm
 from strategies.base import pick_device
@@ -24,9 +22,9 @@ from strategies.heartbeat import Heartbeat
 from strategies.multinode import bind_gloo_interface, is_multinode
 from strategies.parallel import ParallelStrategy
 from strategies.precision import Precision
+from strategies.sharding import ShardSampler, shard_loader  # noqa: F401 (ShardSampler: re-exported)
 from strategies.syncbn import convert_sync_batchnorm
 from trainer.errors import ConfigError
-from trainer.loop.data import rebuild, rebuildable
 
 LINGER_S = 0.5  # see _destroy_group
 
@@ -74,20 +72,6 @@ def _attempt_store(timeout: datetime.timedelta) -> tuple[dist.Store, str] | None
     token = attempt.agree(store, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), timeout)
     prefix = f"{attempt.KEY}/{token}"
     return dist.PrefixStore(prefix, store), prefix
-
-
-class ShardSampler(Sampler[int]):
-    """Evaluation sampler: rank r takes every world_size-th index from r, no padding and no repeats,
-    so metrics over all ranks count each sample exactly once (ranks may get one batch more or less)."""
-
-    def __init__(self, length: int, rank: int, world_size: int) -> None:
-        self.indices = range(rank, length, world_size)
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.indices)
-
-    def __len__(self) -> int:
-        return len(self.indices)
 
 
 def check_start_method(method: str) -> None:
@@ -257,22 +241,10 @@ class ProcessGroupStrategy(ParallelStrategy):
 
     # ----- data ---------------------------------------------------------------------------------
     def process_dataloader(self, loader: Any, stage: str) -> Any:
-        """Give each rank its shard: DistributedSampler for training, an unpadded shard for evaluation."""
-        world, rank = self.comm.world_size, self.comm.rank
-        if not self.use_distributed_sampler or world == 1 or not rebuildable(loader):
+        """Give each rank its shard (strategies/sharding.py): a DistributedSampler for training, an unpadded
+        shard for evaluation, in any DataLoader class; in a group of one process too, as Lightning."""
+        if not self.use_distributed_sampler:
             return loader
-        sampler = loader.sampler
-        if isinstance(sampler, (DistributedSampler, ShardSampler)) or loader.batch_size is None:
-            return loader  # the user already shards, or batches with a custom batch_sampler
-        if stage == "train":
-            sampler = DistributedSampler(
-                loader.dataset,
-                num_replicas=world,
-                rank=rank,
-                shuffle=isinstance(sampler, RandomSampler),
-                seed=int(os.environ.get("TANDEM_GLOBAL_SEED", 0)),
-                drop_last=loader.drop_last,
-            )
-        else:
-            sampler = ShardSampler(len(loader.dataset), rank, world)
-        return rebuild(loader, sampler=sampler)
+        seed = int(os.environ.get("TANDEM_GLOBAL_SEED", 0))
+        overfit = bool(self._overfit_batches)
+        return shard_loader(loader, stage, self.comm.rank, self.comm.world_size, seed, overfit)

@@ -82,6 +82,25 @@ class TypedTask(Task):
         self.backbone, self.make_opt, self.loss_fn, self.blocks = backbone, make_opt, loss_fn, blocks
 
 
+class SGDFactory:
+    """A class whose instances build an optimizer: its __call__ says so, so a Callable[..., Optimizer] takes it."""
+
+    def __init__(self, lr: float = 0.1) -> None:
+        self.lr = lr
+
+    def __call__(self, params: Any) -> torch.optim.Optimizer:
+        return torch.optim.SGD(params, lr=self.lr)
+
+
+class HeadsTask(TinyTask):
+    """A TinyTask whose `head` is a mapping of optimizer factories (or lists of ints)."""
+
+    def __init__(
+        self, width: int = 4, head: dict[str, Callable[..., torch.optim.Optimizer] | list[int]] | None = None
+    ) -> None:
+        super().__init__(width=width, head=head)
+
+
 def base(tmp_path: Any = None, **trainer: Any) -> dict[str, Any]:
     """A quiet config of TinyTask on TinyData for 2 steps; `trainer` keywords go to its trainer section."""
     quiet = dict(

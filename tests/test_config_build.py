@@ -38,7 +38,7 @@ def test_instantiate_nested_partial_and_colon_paths():
     node = C.validate(
         {
             "task": {
-                "_target_": f"{HERE}:TinyTask",
+                "_target_": f"{HERE}:HeadsTask",
                 "width": 3,
                 "head": {"opt": {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.5}, "xs": [1, 2]},
             }

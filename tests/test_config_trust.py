@@ -131,21 +131,89 @@ def test_nested_entries_that_the_annotation_refuses(key, entry, message):
         C.resolve({**base(), "task": {"_target_": f"{HERE}.TypedTask", key: entry}})
 
 
-def test_a_parameter_without_a_type_takes_no_built_object_but_may_take_a_partial(tmp_path):
-    # TinyTask.head is `Any`: nothing says which classes may be built there, so none is
+def test_a_parameter_without_a_type_takes_no_built_object_and_no_partial(tmp_path):
+    # TinyTask.head is `Any`: nothing says which classes may be built or passed there, so none is
     with pytest.raises(
         ConfigError, match=r"task.head: _target_ 'torch.nn.Linear' fills a parameter with no type"
     ):
         C.resolve(
             {**base(), "task": {"_target_": f"{HERE}.TinyTask", "head": {"_target_": "torch.nn.Linear"}}}
         )
-    raw = {
-        **base(),
-        "task": {"_target_": f"{HERE}.TinyTask", "head": {"_target_": "torch.nn.ReLU", "_partial_": True}},
-    }
-    assert C.build(raw).task.head.func is torch.nn.ReLU  # passed uncalled: the task decides what to call
+    for target in ("torch.nn.ReLU", "os.system"):
+        partial = {"_target_": target, "_partial_": True}
+        with pytest.raises(
+            ConfigError, match=rf"task.head: _partial_: true passes '{target}' uncalled into a "
+        ):
+            C.resolve({**base(), "task": {"_target_": f"{HERE}.TinyTask", "head": partial}})
     with pytest.raises(ConfigError, match=r"task: _partial_: true passes .* but task takes trainer.Task"):
         C.resolve({**base(), "task": {"_target_": f"{HERE}.TinyTask", "_partial_": True}})
+
+
+# ----- issue 24: a Callable parameter takes only what is known to build what it asks for --------------------
+def gadget(marker: str) -> dict[str, Any]:
+    """The issue's chain: a standard-library class with __call__ whose constructor calls its argument."""
+    return {
+        "_target_": "contextlib._GeneratorContextManager",
+        "func": {"_target_": "os.system", "_partial_": True},
+        "args": [f"touch {marker}"],
+        "kwds": {},
+    }
+
+
+def test_the_gadget_runs_a_command_when_built_unchecked(tmp_path):
+    """The control: the chain is real (its constructor runs the command), so refusing it matters."""
+    import contextlib
+
+    marker = tmp_path / "marker"
+    contextlib._GeneratorContextManager(functools.partial(os.system), [f"touch {marker}"], {})
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("key", ["make_opt", "loss_fn"])  # Callable[..., Optimizer] and a bare Callable
+def test_a_callable_parameter_refuses_a_class_that_only_defines_call(key, tmp_path):
+    marker = str(tmp_path / "marker")
+    raw = {**base(tmp_path), "task": {"_target_": f"{HERE}.TypedTask", key: gadget(marker)}}
+    message = rf"task.{key}: _target_ 'contextlib._GeneratorContextManager' is the class .* not known to give"
+    with pytest.raises(ConfigError, match=message):
+        C.resolve(raw)
+    with pytest.raises(ConfigError, match=message):
+        C.build(raw)
+    with pytest.raises(ConfigError, match=message):  # the builder's own check, without the schema's
+        C.instantiate(raw["task"], "task", expected=slot_types()["task"])
+    assert not os.path.exists(marker)
+    cli = main(["fit", "--print-config", f"task={{_target_: {HERE}.TypedTask, {key}: {gadget(marker)}}}"])
+    assert cli == 2 and not os.path.exists(marker)
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"_target_": "os.system", "_partial_": True},
+        {"_target_": "subprocess.Popen", "_partial_": True},
+        {"_target_": "functools.partial", "func": {"_target_": "os.system", "_partial_": True}},
+        {"_target_": "operator.methodcaller", "name": "system"},
+    ],
+    ids=["os.system", "Popen", "partial-class", "methodcaller"],
+)
+def test_a_bare_callable_takes_only_the_stated_known_callables(entry):
+    raw = {**base(), "task": {"_target_": f"{HERE}.TypedTask", "loss_fn": entry}}
+    with pytest.raises(ConfigError, match=r"task.loss_fn: .*torch.nn.functional"):
+        C.resolve(raw)
+
+
+def test_callable_parameters_take_what_is_known_to_build_their_kind():
+    node = {
+        "_target_": f"{HERE}.TypedTask",
+        "make_opt": {"_target_": f"{HERE}.SGDFactory", "lr": 0.25},  # __call__ annotated -> Optimizer
+        "loss_fn": {"_target_": "torch.nn.MSELoss"},  # a Module: a known callable
+    }
+    task = C.build({**base(), "task": node}).task
+    opt = task.make_opt(torch.nn.Linear(2, 1).parameters())
+    assert isinstance(opt, torch.optim.SGD) and opt.defaults["lr"] == 0.25
+    assert isinstance(task.loss_fn, torch.nn.MSELoss)
+    bad = {"_target_": f"{HERE}.TypedTask", "make_opt": {"_target_": "torch.nn.MSELoss"}}  # forward -> Tensor
+    with pytest.raises(ConfigError, match=r"task.make_opt: .*torch.nn.MSELoss.* not known to give"):
+        C.resolve({**base(), "task": bad})
 
 
 def test_print_config_builds_nothing(tmp_path, capsys):

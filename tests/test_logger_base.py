@@ -128,9 +128,10 @@ def _fit(task: Task, logger: Memory) -> Trainer:
 def test_a_custom_logger_gets_floats_at_each_step_then_hparams_and_success():
     logger = Memory()
     trainer = _fit(Linear(), logger)
-    assert [step for step, _ in logger.rows] == [1, 2, 3, 4]
+    assert [step for step, _ in logger.rows] == [0, 1, 2, 3]  # Lightning's: the steps before the logged one
     for _, metrics in logger.rows:
-        assert all(type(v) is float for v in metrics.values())
+        assert all(type(v) is float for k, v in metrics.items() if k != "epoch")
+        assert type(metrics["epoch"]) is int  # as Lightning adds it
     assert logger.rows[-1][1]["loss"] == pytest.approx(float(trainer.callback_metrics["loss"]))
     assert logger.hparams == [
         ({"lr": 0.1, "fail_at": -1}, {"loss": pytest.approx(logger.rows[-1][1]["loss"])})
@@ -142,7 +143,7 @@ def test_a_failed_run_finalizes_its_logger_as_failed():
     logger = Memory()
     with pytest.raises(RuntimeError, match="deliberate"):
         _fit(Linear(fail_at=2), logger)
-    assert [step for step, _ in logger.rows] == [1, 2]
+    assert [step for step, _ in logger.rows] == [0, 1]
     assert logger.events == ["failed", "save"]
 
 

@@ -94,16 +94,17 @@ def test_event_files_hold_each_tag_with_the_right_steps_and_values(tmp_path):
     assert trainer.log_dir == log_dir
     scalars = read_events(log_dir)
     assert {"train/loss_step", "train/loss_epoch", "val/loss", "epoch"} <= set(scalars)
-    # step values every log_every_n_steps=2 optimizer steps, each the loss of that very step
+    # every log_every_n_steps=2 optimizer steps, each the loss of that very step, at Lightning's step:
+    # the steps taken before it (global_step - 1)
     steps = [s for s, _ in scalars["train/loss_step"]]
-    assert steps == [2, 4, 6]
+    assert steps == [1, 3, 5]
     for step, value in scalars["train/loss_step"]:
-        assert value == pytest.approx(task.steps[step], rel=1e-6)
+        assert value == pytest.approx(task.steps[step + 1], rel=1e-6)
     # epoch means: batch-size-weighted over 4, 4, 2 (and 3, 3, 1), at the step that ends the epoch
-    assert [s for s, _ in scalars["train/loss_epoch"]] == [3, 6]
+    assert [s for s, _ in scalars["train/loss_epoch"]] == [2, 5]
     for epoch, (_, value) in enumerate(scalars["train/loss_epoch"]):
         assert value == pytest.approx(weighted_mean(task.train_batches[epoch]), rel=1e-6)
-    assert [s for s, _ in scalars["val/loss"]] == [3, 6]
+    assert [s for s, _ in scalars["val/loss"]] == [2, 5]
     for epoch, (_, value) in enumerate(scalars["val/loss"]):
         assert value == pytest.approx(weighted_mean(task.val_batches[epoch]), rel=1e-6)
 
@@ -133,9 +134,8 @@ def test_csv_and_tensorboard_agree(tmp_path):
     tb = read_events(loggers[0].log_dir)
     table = read_csv(os.path.join(loggers[1].log_dir, "metrics.csv"))
     assert set(tb) == set(table)
-    for tag in tb:  # the CSV holds one row per step ('epoch' is written with both train and val values)
+    for tag in tb:  # the CSV holds one row per log call, as Lightning's (so 'epoch' repeats at a step)
         assert dict(tb[tag]) == pytest.approx(dict(table[tag]), rel=1e-6), tag  # event files hold float32
-        assert len(table[tag]) == len(dict(table[tag]))
     for epoch in range(3):
         assert table["train/loss_epoch"][epoch][1] == pytest.approx(
             weighted_mean(task.train_batches[epoch]), rel=1e-6
@@ -144,20 +144,26 @@ def test_csv_and_tensorboard_agree(tmp_path):
         assert yaml.safe_load(f) == {"lr": 0.1, "hidden": 8}
 
 
-def test_csv_rows_merge_per_step_append_and_rewrite_on_new_columns(tmp_path):
+def test_csv_rows_one_per_call_append_and_rewrite_on_new_columns(tmp_path):
     logger = CSVLogger(str(tmp_path), flush_logs_every_n_steps=1)
     logger.log_metrics({"a": 1.0}, step=1)
     logger.log_metrics({"a": 2.0}, step=2)
-    logger.log_metrics({"b": 5.0}, step=2)  # same step, new key: joins the row
+    logger.log_metrics({"b": 5.0}, step=2)  # same step: its own row, as Lightning's; a new column
     logger.log_metrics({"a": 3.0}, step=3)
     logger.finalize("success")
     with open(logger.metrics_file) as f:
         rows = list(csv.DictReader(f))
     assert rows == [
-        {"step": "1", "a": "1.0", "b": ""},
-        {"step": "2", "a": "2.0", "b": "5.0"},
-        {"step": "3", "a": "3.0", "b": ""},
+        {"a": "1.0", "step": "1", "b": ""},
+        {"a": "2.0", "step": "2", "b": ""},
+        {"a": "", "step": "2", "b": "5.0"},
+        {"a": "3.0", "step": "3", "b": ""},
     ]
+    again = CSVLogger(str(tmp_path), version=logger.version, flush_logs_every_n_steps=1)  # a resume
+    again.log_metrics({"c": 7.0}, step=4)
+    again.finalize("success")
+    with open(logger.metrics_file) as f:
+        assert [r["step"] for r in csv.DictReader(f)] == ["1", "2", "2", "3", "4"]  # nothing lost
 
 
 def test_versions_count_up_and_default_logger_is_tensorboard_under_logs(tmp_path):
@@ -182,5 +188,5 @@ def test_failed_run_still_flushes_the_csv(tmp_path):
     with pytest.raises(RuntimeError, match="boom"):
         trainer.fit(Boom(), DataLoader(data(10), batch_size=4))
     table = read_csv(logger.metrics_file)
-    assert [s for s, _ in table["train/loss_step"]] == [1, 2, 3]
+    assert [s for s, _ in table["train/loss_step"]] == [0, 1, 2]
     assert all(math.isfinite(v) for _, v in table["train/loss_step"])

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -36,7 +38,11 @@ class _Payload:
 class HpTask(Task):
     """A small regression task whose optimizer and a class come in as hyperparameters."""
 
-    def __init__(self, optimizer: Any = ADAM, kind: Any = torch.optim.SGD) -> None:
+    def __init__(
+        self,
+        optimizer: Callable[..., torch.optim.Optimizer] = ADAM,
+        kind: type[torch.optim.Optimizer] = torch.optim.SGD,
+    ) -> None:
         super().__init__()
         self.save_hyperparameters()
         torch.manual_seed(0)
@@ -194,3 +200,82 @@ def test_load_from_checkpoint_rebuilds_the_partial_and_the_class(tmp_path):
     sgd = task.hparams.kind(task.parameters(), lr=0.5)  # the class, callable as before
     assert isinstance(sgd, torch.optim.SGD) and sgd.defaults["lr"] == 0.5
     assert task.configure_optimizers().defaults == opt.defaults
+
+
+# ----- issue 24: hyperparameters are rebuilt only into what the task's signature declares -------------------
+class ActTask(Task):
+    """Ordinary code that calls a hyperparameter: `activation` builds the hidden layer's activation."""
+
+    def __init__(self, activation: Any = torch.nn.ReLU) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = torch.nn.Sequential(torch.nn.Linear(3, 1), self.hparams.activation())
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return F.mse_loss(self.net(batch[0]), batch[1])
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class TypedActTask(ActTask):
+    def __init__(self, activation: Callable[..., torch.nn.Module] = torch.nn.ReLU) -> None:
+        super().__init__(activation)
+
+
+def _crafted(tmp_path, task: Task, hparams: dict[str, Any]) -> str:
+    """A genuine checkpoint of `task` whose stored hyperparameters were replaced (plain data, no pickle)."""
+    path = str(tmp_path / "genuine.ckpt")
+    trainer = Trainer(max_steps=1, default_root_dir=str(tmp_path), enable_checkpointing=False, **FAST)
+    trainer.fit(task, _loader())
+    trainer.save_checkpoint(path)
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["hyper_parameters"] = hparams
+    torch.save(ckpt, str(tmp_path / "crafted.ckpt"))
+    return str(tmp_path / "crafted.ckpt")
+
+
+def _spawn(marker: str) -> dict[str, Any]:
+    return {"_target_": "os.system", "_partial_": True, "_args_": [f"touch {marker}"]}
+
+
+@pytest.mark.parametrize("cls", [ActTask, TypedActTask], ids=["Any", "Callable[..., Module]"])
+def test_load_from_checkpoint_never_hands_the_task_a_process_spawning_partial(tmp_path, cls):
+    marker = str(tmp_path / "PWNED")
+    path = _crafted(tmp_path, cls(), {"activation": _spawn(marker)})
+    with pytest.warns(UserWarning, match=r"hyper_parameters.activation: .*'os.system'.* Kept as plain data"):
+        with pytest.raises(TypeError, match="'dict' object is not callable"):  # the task got the plain dict
+            cls.load_from_checkpoint(path)
+    assert not os.path.exists(marker)
+
+
+def test_nested_arguments_of_a_rebuilt_partial_are_checked_too(tmp_path):
+    marker = str(tmp_path / "PWNED")
+    hp = {
+        "optimizer": {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.1, "foreach": _spawn(marker)}
+    }
+    path = _crafted(tmp_path, HpTask(), hp)
+    with pytest.warns(UserWarning, match=r"hyper_parameters.optimizer.foreach: .*'os.system'"):
+        task = HpTask.load_from_checkpoint(path)
+    assert task.hparams.optimizer.func is torch.optim.SGD  # the declared part is rebuilt
+    assert task.hparams.optimizer.keywords["foreach"] == _spawn(marker)  # the rest stays data
+    assert not os.path.exists(marker)
+
+
+def test_a_class_outside_the_declared_type_stays_plain_data(tmp_path):
+    path = _crafted(tmp_path, HpTask(), {"kind": {"_target_": "subprocess.Popen", "_partial_": True}})
+    with pytest.warns(UserWarning, match=r"hyper_parameters.kind: .*'subprocess.Popen'"):
+        task = HpTask.load_from_checkpoint(path)
+    assert task.hparams.kind == {"_target_": "subprocess.Popen", "_partial_": True}
+
+
+def test_declared_hyperparameters_rebuild_without_a_warning(tmp_path):
+    path = _crafted(
+        tmp_path,
+        TypedActTask(torch.nn.Tanh),
+        {"activation": {"_target_": "torch.nn.Tanh", "_partial_": True}},
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        task = TypedActTask.load_from_checkpoint(path)
+    assert isinstance(task.net[1], torch.nn.Tanh)

@@ -76,24 +76,6 @@ def test_save_hyperparameters_with_kwargs():
     assert T(lr=0.2, depth=3, act="relu").hparams == {"lr": 0.2, "depth": 3, "act": "relu"}
 
 
-def test_save_hyperparameters_called_in_a_parent_init():
-    class Parent(Base):
-        def __init__(self, lr=0.1, hidden=8) -> None:
-            super().__init__()
-            self.save_hyperparameters()
-
-    class Child(Parent):
-        def __init__(self, **kwargs) -> None:
-            super().__init__(**kwargs)
-
-    class ChildWithArgs(Parent):
-        def __init__(self, dropout=0.5, *args, **kwargs) -> None:
-            super().__init__(*args, **kwargs)
-
-    assert Child(hidden=4).hparams == {"lr": 0.1, "hidden": 4}
-    assert ChildWithArgs(0.2, 0.3).hparams == {"lr": 0.3, "hidden": 8}
-
-
 def test_hparams_survive_pickle_and_go_into_checkpoints(tmp_path):
     class T(Base):
         def __init__(self, lr=0.1, tag="a") -> None:

@@ -23,6 +23,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
+from trainer.checkpoint.checks import check_storage, check_zip, regular_file
 from trainer.checkpoint.format import refused_global, unsafe
 from trainer.errors import CheckpointError
 
@@ -82,19 +83,31 @@ class SafeReader(dcp.FileSystemReader):
         try:
             return self._read_metadata(os.fspath(self._get_metadata_path(kwargs.get("rank"))))
         except CheckpointError as e:
-            self.refused = e
+            self.refused = self.refused or e
             raise
 
     def _read_metadata(self, path: str) -> Metadata:
+        if os.path.lexists(path):  # (a missing one is DCP's to report: it looks for per-rank metadata too)
+            regular_file(path, "checkpoint metadata", follow=False)  # a named pipe would block the open
         with self.fs.create_stream(path, "rb") as f:
             metadata = _MetadataUnpickler(f, path).load()
         if not isinstance(metadata, Metadata):
             raise CheckpointError(f"{path!r} is not DCP metadata (it holds a {type(metadata).__name__}).")
         _check_inside(metadata, path)
+        check_storage(metadata, os.path.dirname(path), f"checkpoint metadata {path!r}")
         if metadata.storage_meta is None:  # written by an older torch
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+    def _slice_file(self, file: Any, sinfo: Any) -> Any:
+        """An item's bytes, checked first: each is a torch.save zip whose records must fit in it."""
+        where = (
+            f"item at bytes {sinfo.offset}.. of {os.path.join(str(self.path), str(sinfo.relative_path))!r}"
+        )
+        file.seek(sinfo.offset)
+        check_zip(file, sinfo.length, f"checkpoint {where}")
+        return super()._slice_file(file, sinfo)
 
 
 def _check_inside(metadata: Metadata, path: str) -> None:

@@ -1,6 +1,9 @@
 """What a checkpoint file may hold: plain data that `torch.load(weights_only=True)` reads without running
 code. Hyperparameters that are not plain data (a `functools.partial` of an optimizer class, a class) are
-stored as import paths in the config layer's `_target_` form and rebuilt, never called, on load."""
+stored as import paths in the config layer's `_target_` form and rebuilt, never called, on load, and only
+into what the task's signature declares for them (the config's rule); anything else stays plain data.
+Example: ``optimizer: Callable[..., Optimizer]`` gets ``partial(Adam, lr=0.01)`` back; ``optimizer: Any`` gets
+the dict ``{"_target_": "torch.optim.Adam", "_partial_": True, "lr": 0.01}`` and a warning."""
 
 from __future__ import annotations
 
@@ -9,6 +12,8 @@ import os
 import pickle
 import re
 import sys
+import warnings
+from types import UnionType as _UnionType
 from typing import Any
 
 import torch
@@ -52,18 +57,77 @@ def _path(obj: Any, where: str) -> str:
     return path
 
 
-def decode(value: Any) -> Any:
-    """Rebuild what `encode` wrote: `_target_` dicts become functools.partial objects (nothing is called)."""
-    if isinstance(value, list):
-        return [decode(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(decode(v) for v in value)
-    if isinstance(value, dict):
-        if value.get(PARTIAL) is True and isinstance(value.get(TARGET), str):
-            kwargs = {k: decode(v) for k, v in value.items() if k not in (TARGET, PARTIAL, ARGS)}
-            return functools.partial(resolve_loaded(value[TARGET]), *decode(value.get(ARGS, [])), **kwargs)
-        return {k: decode(v) for k, v in value.items()}
-    return value
+def decode_for(cls: type, hparams: dict[str, Any], path: str) -> dict[str, Any]:
+    """`hparams` rebuilt for ``cls(**hparams)``: each ``_target_`` dict only into what the annotation of the
+    parameter it fills declares (the config's rule, trainer/config/types.py), else kept as plain data."""
+    from trainer.config.types import annotations
+
+    named, rest = annotations(cls)
+    return {k: decode(v, named.get(k, rest), f"hyper_parameters.{k}", path) for k, v in hparams.items()}
+
+
+def decode(value: Any, expected: Any = Any, where: str = "hyper_parameters", path: str = "") -> Any:
+    """Rebuild what `encode` wrote, checked against `expected` (the annotation of the parameter it fills):
+    a `_target_` dict becomes a functools.partial (a class, for a ``type[X]`` parameter) only where that
+    annotation takes it; nothing is called. Refused ones stay plain dicts, with a warning."""
+    from trainer.config.types import narrow
+
+    if isinstance(value, (list, tuple)):
+        items = [decode(v, narrow(expected, i), f"{where}[{i}]", path) for i, v in enumerate(value)]
+        return items if isinstance(value, list) else tuple(items)
+    if not isinstance(value, dict):
+        return value
+    if value.get(PARTIAL) is True and isinstance(value.get(TARGET), str):
+        return _rebuild(value, expected, where, path)
+    return {k: decode(v, narrow(expected, str(k)), f"{where}.{k}", path) for k, v in value.items()}
+
+
+def _rebuild(value: dict[str, Any], expected: Any, where: str, path: str) -> Any:
+    from trainer.config.types import annotations, check, describe
+    from trainer.errors import ConfigError
+
+    target = value[TARGET]
+    try:
+        obj = resolve_loaded(target)
+        kind = _class_of(expected)
+        if (
+            kind is not None
+            and isinstance(obj, type)
+            and issubclass(obj, kind)
+            and value.keys() <= {TARGET, PARTIAL}
+        ):
+            return obj  # a type[X] parameter: the class itself
+        check(obj, target, expected, True, where)
+    except (ConfigError, AttributeError) as e:
+        reason = str(e) if isinstance(e, ConfigError) else f"{target!r} does not exist ({e})"
+        warnings.warn(
+            f"checkpoint {path!r}: {reason}. Kept as plain data, not rebuilt: a checkpoint's hyperparameters "
+            f"are rebuilt only into what the task's signature declares ({describe(expected)} here); pass the "
+            "value to load_from_checkpoint by name to replace it.",
+            UserWarning,
+            stacklevel=4,
+        )
+        return value
+    named, rest = annotations(obj)
+    args = [decode(a, Any, f"{where}._args_[{i}]", path) for i, a in enumerate(value.get(ARGS, []))]
+    kwargs = {
+        k: decode(v, named.get(k, rest), f"{where}.{k}", path)
+        for k, v in value.items()
+        if k not in (TARGET, PARTIAL, ARGS)
+    }
+    return functools.partial(obj, *args, **kwargs)
+
+
+def _class_of(expected: Any) -> type | None:
+    """X of a ``type[X]`` annotation (or of a ``type[X] | None``), else None."""
+    import typing
+
+    for m in (
+        typing.get_args(expected) if typing.get_origin(expected) in (typing.Union, _UnionType) else [expected]
+    ):
+        if typing.get_origin(m) is type and typing.get_args(m) and isinstance(typing.get_args(m)[0], type):
+            return typing.get_args(m)[0]
+    return None
 
 
 def resolve_loaded(path: str) -> Any:
@@ -79,7 +143,7 @@ def resolve_loaded(path: str) -> Any:
         )
     obj: Any = sys.modules[module_name]
     for part in name.split("."):
-        obj = getattr(obj, part)
+        obj = getattr(obj, part)  # AttributeError: the caller keeps the value as plain data
     return obj
 
 
@@ -87,6 +151,11 @@ def read(
     path: str, map_location: Any = "cpu", weights_only: bool = True, mmap: bool = False
 ) -> dict[str, Any]:
     """torch.load with weights_only=True; a file that needs more is a CheckpointError naming the global."""
+    from trainer.checkpoint.checks import check_file
+
+    check_file(
+        os.fspath(path), weights_only
+    )  # a regular file whose records fit in it, before torch allocates
     try:
         return torch.load(path, map_location=map_location, weights_only=weights_only, mmap=mmap)
     except pickle.UnpicklingError as e:

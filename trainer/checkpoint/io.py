@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer.checkpoint.checks import _check_count, check_compatible, check_contents, regular_file
 from trainer.checkpoint.format import read
 from trainer.errors import CheckpointError
 from trainer.fileio import atomic_write
@@ -82,7 +83,7 @@ class CheckpointIO:
             return restore_dir(path, task, optimizers, weights)
         if ckpt is None:
             ckpt = load(path, mmap=self.mmap)
-        if weights:
+        if weights and getattr(task, "strict_loading", True):  # strict_loading=False: partial weights
             check_compatible(task, ckpt["state_dict"], path)
         if optimizers is not None and resumable(ckpt):
             _check_count(path, len(ckpt["optimizer_states"]), optimizers)
@@ -98,7 +99,7 @@ class CheckpointIO:
     ) -> None:
         """Load a checkpoint file's states (already checked against the task) into task and optimizers."""
         if weights:
-            task.load_state_dict(ckpt["state_dict"])
+            task.load_state_dict(ckpt["state_dict"], strict=getattr(task, "strict_loading", True))
         for opt, state in zip(optimizers or [], ckpt.get("optimizer_states", [])):
             opt.load_state_dict(state)
 
@@ -211,53 +212,18 @@ def load(
     path = _existing(os.fspath(path))
     if os.path.isdir(path):
         return read_dir(path)
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         raise CheckpointError(
             f"checkpoint {path!r} does not exist; pass an existing file or ckpt_path='last'."
         )
     try:
-        ckpt = read(path, map_location, weights_only, mmap)
+        ckpt = read(path, map_location, weights_only, mmap)  # checks the file's kind and sizes first
     except CheckpointError:
         raise
     except Exception as e:
         raise CheckpointError(f"checkpoint {path!r} could not be read ({type(e).__name__}: {e}).") from e
-    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
-        raise CheckpointError(
-            f"{path!r} is not a Tandem checkpoint (no 'state_dict'); save one with trainer.save_checkpoint."
-        )
+    check_contents(ckpt, path)
     return ckpt
-
-
-def check_compatible(model: torch.nn.Module, state_dict: dict[str, Any], path: str) -> None:
-    """Raise CheckpointError listing what differs when the checkpoint belongs to another model."""
-    own = model.state_dict()
-    missing = [k for k in own if k not in state_dict]
-    unexpected = [k for k in state_dict if k not in own]
-    mismatched = [
-        f"{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(v.shape)}"
-        for k, v in own.items()
-        if k in state_dict and isinstance(v, torch.Tensor) and tuple(state_dict[k].shape) != tuple(v.shape)
-    ]
-    if missing or unexpected or mismatched:
-        parts = []
-        if missing:
-            parts.append(f"missing keys {missing[:5]}{' ...' if len(missing) > 5 else ''}")
-        if unexpected:
-            parts.append(f"unexpected keys {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
-        if mismatched:
-            parts.append(f"shape mismatches {mismatched[:5]}")
-        raise CheckpointError(
-            f"checkpoint {path!r} was saved from a different model: "
-            + "; ".join(parts)
-            + ". Load it into the model it was saved from, or start without ckpt_path."
-        )
-
-
-def _check_count(path: str, saved: int, optimizers: list[torch.optim.Optimizer]) -> None:
-    if saved != len(optimizers):
-        raise CheckpointError(
-            f"checkpoint {path!r} has {saved} optimizer(s) but configure_optimizers returned {len(optimizers)}."
-        )
 
 
 # ----- directories --------------------------------------------------------------------------------
@@ -311,14 +277,16 @@ def _read_meta(path: str) -> tuple[dict[str, Any], Any]:
     from trainer.checkpoint import dcp_read
 
     try:
+        regular_file(os.path.join(path, META), "checkpoint part", follow=False)
         meta = read(os.path.join(path, META), "cpu")
-        metadata = dcp_read.read_metadata(path)
+        metadata = dcp_read.read_metadata(path)  # its declared sizes checked against the files
     except CheckpointError:
         raise
     except Exception as e:
         raise CheckpointError(
             f"{path!r} is not a complete Tandem checkpoint directory ({type(e).__name__}: {e})."
         ) from e
+    check_contents(meta, path, directory=True)
     return meta, metadata
 
 

@@ -10,17 +10,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer.checkpoint.checks import FORMAT_VERSION, check_compatible
 from trainer.checkpoint.find import resolve_path, run_id
-from trainer.checkpoint.format import decode, encode, missing
-from trainer.checkpoint.io import _existing, _read_meta, check_compatible, checkpoint_io, load, resumable
+from trainer.checkpoint.format import decode_for, encode, missing
+from trainer.checkpoint.io import _existing, _read_meta, checkpoint_io, load, resumable
 from trainer.errors import CheckpointError, ConfigError
 from trainer.loop.hooks import overrides
 from trainer.loop.optim import step_schedulers
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
-
-FORMAT_VERSION = 2
 
 
 def save(t: Trainer, path: str, weights_only: bool = False) -> None:
@@ -177,7 +176,7 @@ def rebuild_task(
     cls: type,
     path: str,
     map_location: Any,
-    strict: bool,
+    strict: bool | None,
     overrides: dict[str, Any],
     weights_only: bool = True,
 ) -> Any:
@@ -190,9 +189,13 @@ def rebuild_task(
             f"checkpoint {path!r} could not store hyperparameters {absent}; pass them: "
             f"{cls.__name__}.load_from_checkpoint(path, {', '.join(f'{k}=...' for k in absent)})"
         )
-    task = cls(**{**decode({k: v for k, v in hparams.items() if k not in overrides}), **overrides})
+    task = cls(
+        **{**decode_for(cls, {k: v for k, v in hparams.items() if k not in overrides}, path), **overrides}
+    )
     task.configure_model()  # a task that builds layers lazily needs them before the weights load
     task.on_load_checkpoint(ckpt)  # before the weights, as Lightning: it may rename or drop their keys
+    if strict is None:
+        strict = task.strict_loading
     if strict:
         check_compatible(task, ckpt["state_dict"], path)
     task.load_state_dict(ckpt["state_dict"], strict=strict)

@@ -2,8 +2,10 @@
 
 A slot (``task``, ``data``, ``callbacks``, ``logger``, ``trainer.strategy``) takes subclasses of its type; a
 nested entry takes what the annotation of the parameter it fills says. Only classes are called to build a
-value; a function is allowed only with ``_partial_: true`` where the parameter takes a callable (then it is
-passed, not called). Example::
+value. Where the parameter is ``Callable[..., R]``, what is passed must be known to give an R: uncalled
+(``_partial_: true``) a subclass of R or a function annotated ``-> R``, built a class whose ``__call__`` (a
+Module's ``forward``) is annotated ``-> R``. A bare ``Callable`` takes only `KNOWN_CALLABLES`; a parameter
+with no annotation takes nothing built and no partial. Example::
 
     check(os.system, "os.system", Task, False, "task")  # ConfigError: ... is a builtin function, not a ...
 """
@@ -80,16 +82,24 @@ def check(obj: Any, target: str, expected: Any, partial: bool, where: str) -> No
     """Refuse (ConfigError) a target that `where` may not build, before it is called."""
     members = [m for m in _members(expected) if m is not type(None)]
     wants = " or ".join(describe(m) for m in members) or "nothing built"
+    untyped = any(_is_any(m) for m in members) or not members
     if partial:
         for m in members:
-            if _is_any(m):
-                return
             returns = _callable_returns(m)
-            if returns is not None and (_is_any(returns) or _builds(obj, returns)):
+            if returns is not None and (_known(obj) if _is_any(returns) else _builds(obj, returns)):
                 return
+        if untyped:
+            raise ConfigError(
+                f"{where}: _partial_: true passes {target!r} uncalled into a parameter with no type to check "
+                f"it against ({describe(expected)}); annotate that parameter Callable[..., X] with the class "
+                "X the callable must build"
+            )
+        bare = any(_is_any(_callable_returns(m)) for m in members if _callable_returns(m) is not None)
+        allowed = f" (a bare Callable takes only {KNOWN_TEXT})" if bare else ""
         raise ConfigError(
             f"{where}: _partial_: true passes {target!r} uncalled, but {where} takes {wants}, not a callable "
-            f"that builds one; remove _partial_ or name a class the slot takes"
+            f"known to build one{allowed}; remove _partial_, name a class the slot takes, or annotate the "
+            "parameter Callable[..., X] with the class X it builds"
         )
     if not inspect.isclass(obj):
         hint = "; to pass it uncalled add _partial_: true" if any(_takes_callable(m) for m in members) else ""
@@ -98,12 +108,20 @@ def check(obj: Any, target: str, expected: Any, partial: bool, where: str) -> No
             f"objects of the classes a slot takes and calls no functions{hint}"
         )
     for m in members:
-        if _subclass(obj, m) or (_callable_returns(m) is not None and _defines_call(obj)):
+        returns = _callable_returns(m)
+        if _subclass(obj, m) or (returns is not None and _instances_build(obj, returns)):
             return
-    if any(_is_any(m) for m in members) or not members:
+    if untyped:
         raise ConfigError(
             f"{where}: _target_ {target!r} fills a parameter with no type to check it against "
             f"({describe(expected)}); annotate that parameter with the class it takes"
+        )
+    if any(_takes_callable(m) for m in members):
+        raise ConfigError(
+            f"{where}: _target_ {target!r} is the class {describe(obj)}, whose instances are not known to "
+            f"give what {where} takes ({wants}): its __call__ (a Module's forward) must be annotated to return "
+            "it (a bare Callable takes only " + KNOWN_TEXT + "); or pass a class or function that builds it "
+            "with _partial_: true"
         )
     raise ConfigError(f"{where}: _target_ {target!r} is the class {describe(obj)}, not a subclass of {wants}")
 
@@ -134,7 +152,46 @@ def _callable_returns(ann: Any) -> Any:
 
 
 def _takes_callable(ann: Any) -> bool:
-    return _is_any(ann) or _callable_returns(ann) is not None
+    return _callable_returns(ann) is not None
+
+
+# What a bare ``Callable`` (or ``Callable[..., Any]``) takes: functions of these modules, and (uncalled or
+# built) subclasses of these classes. Each only computes on tensors or builds torch objects.
+KNOWN_MODULES = ("torch.nn.functional", "torch.nn.init")
+KNOWN_CLASSES = ("torch.nn.Module", "torch.optim.Optimizer", "torch.optim.lr_scheduler.LRScheduler")
+KNOWN_TEXT = "functions of torch.nn.functional or torch.nn.init, or subclasses of " + ", ".join(KNOWN_CLASSES)
+
+
+def _known(obj: Any) -> bool:
+    """Is `obj` one of `KNOWN_MODULES`' functions or a subclass of one of `KNOWN_CLASSES`?"""
+    if inspect.isclass(obj):
+        import torch
+
+        bases = (torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)
+        return issubclass(obj, bases)
+    name = getattr(obj, "__name__", None)
+    return any(
+        isinstance(name, str) and getattr(sys.modules.get(m), name, None) is obj for m in KNOWN_MODULES
+    )
+
+
+def _instances_build(cls: Any, returns: Any) -> bool:
+    """Do the instances of class `cls`, called, give a `returns`: by the return annotation of their
+    ``__call__`` (a Module's ``forward``); for Any, is `cls` a known class? Defining ``__call__`` is not enough."""
+    if not inspect.isclass(cls):
+        return False
+    if _is_any(returns):
+        return _known(cls)
+    import torch
+
+    method = getattr(cls, "forward" if issubclass(cls, torch.nn.Module) else "__call__", None)
+    if method is None or not any("__call__" in vars(k) for k in cls.__mro__ if k is not object):
+        return False
+    try:
+        result = typing.get_type_hints(method).get("return", Any)
+    except Exception:
+        return False
+    return any(_subclass(r, want) for r in _members(result) for want in _members(returns))
 
 
 def _builds(obj: Any, returns: Any) -> bool:
@@ -149,18 +206,14 @@ def _builds(obj: Any, returns: Any) -> bool:
 
 
 def _subclass(obj: Any, ann: Any) -> bool:
-    if _is_any(ann) or not inspect.isclass(obj):
+    # a Callable annotation is no class to subclass: any class with __call__ "is" one (see _instances_build)
+    if _is_any(ann) or not inspect.isclass(obj) or _callable_returns(ann) is not None:
         return False
     cls = typing.get_origin(ann) or ann
     try:
         return inspect.isclass(cls) and issubclass(obj, cls)
     except TypeError:  # a Protocol that is not runtime-checkable, say
         return False
-
-
-def _defines_call(cls: type) -> bool:
-    """Are the instances of `cls` callable (``__call__`` in its own MRO, not type's)?"""
-    return any("__call__" in vars(k) for k in cls.__mro__ if k is not object)
 
 
 def _kind(obj: Any) -> str:

@@ -1,4 +1,5 @@
-"""CSV metrics: metrics.csv with one row per step and a column per key seen, and hparams.yaml."""
+"""CSV metrics: metrics.csv with one row per log_metrics call and a column per key seen (Lightning's layout),
+and hparams.yaml. A run resumed into its own version directory appends: the rows already there stay."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ class CSVLogger(Logger):
     """Writes save_dir/name/version_N/metrics.csv (and hparams.yaml).
 
     Rows are appended every `flush_logs_every_n_steps` steps and at the end; the file is rewritten only
-    when a new column appears. Example: ``Trainer(logger=CSVLogger("runs"))``.
+    when a new column appears. Rows found in the file when the logger first writes (a resumed run in
+    the same version) are kept in front. Example: ``Trainer(logger=CSVLogger("runs"))``.
     """
 
     def __init__(
@@ -30,21 +32,15 @@ class CSVLogger(Logger):
         self.rows: list[dict[str, Any]] = []
         self._columns: list[str] = []
         self._written = 0  # rows already in the file
-        self._rewrite = False  # a written row changed: rewrite the whole file
         self._last_flush_step = 0
+        self._opened = False  # whether the file's earlier rows (a resumed run) were read
 
     @property
     def metrics_file(self) -> str:
         return os.path.join(self.log_dir, "metrics.csv")
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        last = self.rows[-1] if self.rows else None
-        # values written at the same step (train epoch means, then validation) share one row
-        if last is not None and last["step"] == step and all(last.get(k, v) == v for k, v in metrics.items()):
-            last.update(metrics)
-            self._rewrite = self._rewrite or len(self.rows) <= self._written
-        else:
-            self.rows.append({"step": step, **metrics})
+        self.rows.append({**metrics, "step": step})  # one row per call, as Lightning's
         if step - self._last_flush_step >= self.flush_logs_every_n_steps:
             self._last_flush_step = step
             self.save()
@@ -57,14 +53,17 @@ class CSVLogger(Logger):
         )
 
     def save(self) -> None:
-        """Append the new rows; rewrite the file when a column was added or a written row changed."""
-        if len(self.rows) == self._written and not self._rewrite:
+        """Append the new rows; rewrite the file when a column was added."""
+        path = self.metrics_file
+        if not self._opened:
+            self._opened = True
+            self._read_existing(path)
+        if len(self.rows) == self._written:
             return
         os.makedirs(self.log_dir, exist_ok=True)
         new = self.rows[self._written :]
-        added = [k for row in (self.rows if self._rewrite else new) for k in row if k not in self._columns]
-        path = self.metrics_file
-        if added or self._rewrite or not os.path.exists(path):
+        added = [k for row in new for k in row if k not in self._columns]
+        if added or not os.path.exists(path):
             self._columns.extend(dict.fromkeys(added))
             text = io.StringIO(newline="")
             writer = csv.DictWriter(text, fieldnames=self._columns)
@@ -74,4 +73,15 @@ class CSVLogger(Logger):
         else:  # cheap, and a crash can tear at most the rows of this append, never earlier ones
             with open(path, "a", newline="", encoding="utf-8") as f:
                 csv.DictWriter(f, fieldnames=self._columns).writerows(new)
-        self._written, self._rewrite = len(self.rows), False
+        self._written = len(self.rows)
+
+    def _read_existing(self, path: str) -> None:
+        """Keep the rows of an earlier run in this version directory (a resume): nothing is lost."""
+        if not os.path.isfile(path):
+            return
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            earlier = [{k: v for k, v in row.items() if v != ""} for row in reader]
+            self._columns = list(reader.fieldnames or [])
+        self.rows[:0] = earlier
+        self._written = len(earlier)

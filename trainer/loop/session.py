@@ -20,6 +20,7 @@ from trainer.loop.batch_indices import track_indices
 from trainer.loop.data import num_batches, with_worker_seeding
 from trainer.loop.hooks import Hooks, overrides
 from trainer.loop.optim import TaskOptimizer, check_optimizers, parse_optimizers
+from trainer.loop.reinit import recording_init_args
 from trainer.loop.signals import StopSignals
 from trainer.loop.transfer import transfer_owners
 from trainer.task.base import Task
@@ -81,8 +82,8 @@ class Session:
         agree_versions(t.loggers, t.strategy.comm)  # every rank's log_dir is rank 0's claimed version_N
         owners = [o for o in (dm, task) if o is not None and overrides(o, "prepare_data")]
         if owners:
-            if t.local_rank == 0:  # once per node, as Lightning's default prepare_data_per_node=True
-                for owner in owners:
+            for owner in owners:  # once per node, or once in all with prepare_data_per_node=False
+                if (t.local_rank if getattr(owner, "prepare_data_per_node", True) else t.global_rank) == 0:
                     owner.prepare_data()
             t.strategy.comm.barrier("prepare_data")
         if dm is not None:
@@ -186,15 +187,14 @@ class Session:
 
     def _source(self, name: str) -> Any:
         for owner in (self.dm, self.task):
-            fn = getattr(owner, name, None)
-            if callable(fn):
-                return fn()
+            fn = _defined(owner, name)
+            if fn is not None:
+                with recording_init_args():  # so that a DataLoader subclass can be rebuilt with a sampler
+                    return fn()
         return None
 
     def _has_source(self, name: str) -> bool:
-        return any(
-            callable(getattr(owner, name, None)) for owner in (self.dm, self.task) if owner is not None
-        )
+        return any(_defined(owner, name) is not None for owner in (self.dm, self.task))
 
     def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> None:
         t = self.t
@@ -219,6 +219,12 @@ class Session:
                     self.dm.teardown(self.stage)
                 t.hooks.call("teardown", self.stage)
             t.strategy.teardown()
+
+
+def _defined(owner: Any, name: str) -> Any:
+    """`owner`'s own `name` method (a *_dataloader), not Tandem's default that only raises, or None."""
+    fn = getattr(owner, name, None) if owner is not None else None
+    return fn if callable(fn) and not getattr(fn, "_tandem_default", False) else None
 
 
 def merge_callbacks(callbacks: list[Any], extra: Any) -> list[Any]:

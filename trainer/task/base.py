@@ -9,6 +9,7 @@ import torch
 
 from trainer.errors import TaskError
 from trainer.loop.hooks import TASK, add_hook_stubs, default
+from trainer.task.attributes import LightningAttributes
 from trainer.task.defaults import TaskDefaults
 from trainer.task.export import ExportMixin
 from trainer.task.hparams import HyperparametersMixin
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 
-class Task(TaskDefaults, ExportMixin, torch.nn.Module, HyperparametersMixin):
+class Task(LightningAttributes, TaskDefaults, ExportMixin, torch.nn.Module, HyperparametersMixin):
     """A torch Module that knows how to train itself.
 
     Example::
@@ -153,12 +154,13 @@ class Task(TaskDefaults, ExportMixin, torch.nn.Module, HyperparametersMixin):
         checkpoint_path: str,
         map_location: Any = None,
         hparams_file: str | None = None,
-        strict: bool = True,
+        strict: bool | None = None,
         weights_only: bool = True,
         **kwargs: Any,
     ) -> Task:
         """A new task of this class built from the checkpoint's hyperparameters (updated by `kwargs`),
-        with its weights loaded (`strict` as in torch's load_state_dict); `map_location` as torch.load's."""
+        with its weights loaded (`strict` as in torch's load_state_dict; None: the task's strict_loading);
+        `map_location` as torch.load's."""
         from trainer.checkpoint.run import rebuild_task
 
         if hparams_file is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Mapping, Sequence
 from types import FrameType
@@ -21,22 +22,50 @@ class AttributeDict(dict):
         self[key] = value
 
 
-def init_arguments(frame: FrameType, owner: object) -> dict[str, Any]:
-    """The arguments of the __init__ running in `frame` (a parent's too, when a subclass calls super()),
-    without `self` and private names; **kwargs are included."""
-    code = frame.f_code
-    n_args = code.co_argcount + code.co_kwonlyargcount
+def _frozen_copy(values: AttributeDict) -> AttributeDict:
+    """A deep copy (Lightning's), or a shallow one where a value cannot be deep-copied (a generator)."""
+    try:
+        return copy.deepcopy(values)
+    except Exception:  # noqa: BLE001 (any copy failure: fall back rather than fail save_hyperparameters)
+        return AttributeDict(values)
+
+
+_NOT_HPARAMS = ("__class__", "frame", "frame_args")  # names Lightning leaves out as well
+
+
+def _frame_arguments(frame: FrameType, cls: type) -> dict[str, Any]:
+    """The values of `cls.__init__`'s parameters in `frame` (the __init__ of `cls` running), **kwargs merged,
+    without self and *args."""
+    params = list(inspect.signature(cls.__init__).parameters.values())  # type: ignore[misc]
     local = frame.f_locals
+    skip = {params[0].name} if params else set()
+    skip |= {p.name for p in params if p.kind is p.VAR_POSITIONAL}
+    var_kw = next((p.name for p in params if p.kind is p.VAR_KEYWORD), None)
     args = {
-        k: local[k]
-        for k in code.co_varnames[:n_args]
-        if k in local and local[k] is not owner and not k.startswith("_")
+        p.name: local[p.name] for p in params if p.name in local and p.name not in skip and p.name != var_kw
     }
-    if code.co_flags & inspect.CO_VARKEYWORDS:
-        var_kw = local.get(code.co_varnames[n_args + bool(code.co_flags & inspect.CO_VARARGS)])
-        if isinstance(var_kw, Mapping):
-            args.update(var_kw)
-    return args
+    if var_kw is not None and isinstance(local.get(var_kw), Mapping):
+        args.update(local[var_kw])
+    return {k: v for k, v in args.items() if k not in _NOT_HPARAMS}
+
+
+def init_arguments(frame: FrameType, mixin: type) -> dict[str, Any]:
+    """The arguments of every __init__ of the super().__init__ chain that reached `frame`, as Lightning
+    collects them: from `frame` outwards, each frame of a method of a `mixin` subclass (one that calls
+    super(), so it has `__class__`) until the first frame that is not; a subclass's values win."""
+    chain: list[dict[str, Any]] = []
+    current: FrameType | None = frame
+    while current is not None and current.f_back is not None:
+        cls = current.f_locals.get("__class__")
+        if isinstance(cls, type) and issubclass(cls, mixin):
+            chain.append(_frame_arguments(current, cls))
+        elif chain:  # past the outermost __init__ of the chain
+            break
+        current = current.f_back
+    values: dict[str, Any] = {}
+    for args in chain:  # the innermost (the parent's) first: a child's value of the same name wins
+        values.update(args)
+    return values
 
 
 class HyperparametersMixin:
@@ -50,6 +79,16 @@ class HyperparametersMixin:
         if "_hparams" not in self.__dict__:
             object.__setattr__(self, "_hparams", AttributeDict())
         return self.__dict__["_hparams"]
+
+    @property
+    def hparams_initial(self) -> AttributeDict:
+        """A copy of the hyperparameters as save_hyperparameters() recorded them (later edits not included)."""
+        return _frozen_copy(self.__dict__.get("_hparams_initial", AttributeDict()))
+
+    def remove_ignored_hparams(self, ignore_list: Sequence[str]) -> None:
+        """Drop hyperparameters a parent class saved (a subclass's own `ignore`)."""
+        for key in ignore_list:
+            self.hparams.pop(key, None)
 
     def save_hyperparameters(
         self,
@@ -70,9 +109,10 @@ class HyperparametersMixin:
             given = args[0]
             values = dict(given) if isinstance(given, Mapping) else dict(vars(given))
         else:
-            values = init_arguments(frame, self) if frame is not None else {}
+            values = init_arguments(frame, HyperparametersMixin) if frame is not None else {}
             if args:
                 values = {k: v for k, v in values.items() if k in args}
         ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
         self.hparams.update({k: v for k, v in values.items() if k not in ignored})
+        object.__setattr__(self, "_hparams_initial", _frozen_copy(self.hparams))
         object.__setattr__(self, "_log_hyperparams", logger)
