@@ -76,27 +76,38 @@ class ForkStart:
         from strategies.launch import _free_port
 
         ctx = mp.get_context("fork")
-        receive, send = ctx.Pipe(duplex=False)
+        # one pipe per worker: rank 0's report is larger than a pipe's atomic write, and two workers writing
+        # to one pipe at once interleaved their bytes (UnpicklingError in the notebook)
+        pipes = [ctx.Pipe(duplex=False) for _ in range(self.nprocs)]
+        sends = [send for _, send in pipes]
         port = _free_port()
         workers = [
             ctx.Process(
-                target=self._worker, args=(rank, port, trainer, stage, send), name=f"tandem-rank{rank}"
+                target=self._worker, args=(rank, port, trainer, stage, sends), name=f"tandem-rank{rank}"
             )
             for rank in range(self.nprocs)
         ]
         for w in workers:
             w.start()
-        send.close()
+        for send in sends:
+            send.close()
         try:
-            reports = _wait(workers, receive)
+            reports = _wait(workers, [receive for receive, _ in pipes])
         except KeyboardInterrupt:  # the notebook's interrupt: each worker checkpoints and stops, as on Ctrl-C
             _stop(workers, signal.SIGINT)
             raise
         finally:
-            receive.close()
+            for receive, _ in pipes:
+                receive.close()
         return _take_over(trainer, task, reports)
 
-    def _worker(self, rank: int, port: int, trainer: Trainer, stage: Callable[[], Any], send: Any) -> None:
+    def _worker(
+        self, rank: int, port: int, trainer: Trainer, stage: Callable[[], Any], sends: list[Any]
+    ) -> None:
+        for other, conn in enumerate(sends):
+            if other != rank:
+                conn.close()
+        send = sends[rank]
         n = str(self.nprocs)
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=n, LOCAL_WORLD_SIZE=n)
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -116,22 +127,24 @@ class ForkStart:
         os._exit(0 if report[0] == "ok" else 1)  # no interpreter shutdown: the parent's atexit is not ours
 
 
-def _wait(workers: list[Any], receive: Any) -> dict[int, tuple[str, Any]]:
-    """Every worker's report; the first failure stops the others and is raised here."""
+def _wait(workers: list[Any], receivers: list[Any]) -> dict[int, tuple[str, Any]]:
+    """Every worker's report (one pipe each); the first failure stops the others and is raised here."""
     reports: dict[int, tuple[str, Any]] = {}
     while len(reports) < len(workers):
-        if receive.poll(0.1):
+        ready = [r for r, conn in enumerate(receivers) if r not in reports and conn.poll(0.05)]
+        for r in ready:
             try:
-                kind, rank, payload = pickle.loads(receive.recv_bytes())
+                kind, rank, payload = pickle.loads(receivers[r].recv_bytes())
             except EOFError:
-                kind, rank, payload = "error", -1, None
+                kind, rank, payload = "error", r, None
             if kind != "ok":
                 _stop(workers, signal.SIGTERM)
                 _raise(kind, rank, payload, workers)
             reports[rank] = (kind, payload)
+        if ready:
             continue
         dead = [(r, w.exitcode) for r, w in enumerate(workers) if r not in reports and w.exitcode is not None]
-        if dead and not receive.poll(0.5):  # gone without a report (killed): its report cannot come now
+        if dead and not receivers[dead[0][0]].poll(0.5):  # gone without a report (killed): none can come now
             _stop(workers, signal.SIGTERM)
             rank, code = dead[0]
             raise DistributedError(
