@@ -48,13 +48,7 @@ def expected(name: str) -> dict[str, object]:
         "every_3_steps",
         "top0",
         "link",
-        pytest.param(
-            "max_steps_mid_epoch",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="needs on_train_epoch_end when max_steps stops mid-epoch (issue 19's loop part)",
-            ),
-        ),
+        "max_steps_mid_epoch",
     ],
 )
 def test_last_ckpt_is_written_when_lightning_writes_it(tmp_path, name):

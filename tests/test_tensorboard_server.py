@@ -85,12 +85,13 @@ def test_tensorboard_server_serves_the_logged_scalars(tmp_path):
         assert "train/loss_step" in tags.get(run, {}), f"runs served: {tags}"
         query = urllib.parse.urlencode({"run": run, "tag": "train/loss_step"})
         points = get_json(f"{base}/data/plugin/scalars/scalars?{query}")  # [[wall_time, step, value], ...]
-        assert [p[1] for p in points] == sorted(task.steps)  # type: ignore[index]
+        # Lightning's step: the optimizer steps taken before the logged one
+        assert [p[1] + 1 for p in points] == sorted(task.steps)  # type: ignore[index]
         for _, step, value in points:  # type: ignore[misc]
-            assert value == pytest.approx(task.steps[step], rel=1e-6)
+            assert value == pytest.approx(task.steps[step + 1], rel=1e-6)
         query = urllib.parse.urlencode({"run": run, "tag": "val/loss"})
         points = get_json(f"{base}/data/plugin/scalars/scalars?{query}")
-        assert [p[1] for p in points] == [3, 6]  # type: ignore[index]
+        assert [p[1] for p in points] == [2, 5]  # type: ignore[index]
         assert points[-1][2] == pytest.approx(float(trainer.callback_metrics["val/loss"]), rel=1e-6)  # type: ignore[index]
     finally:
         proc.kill()

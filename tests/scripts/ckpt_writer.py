@@ -11,12 +11,14 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from trainer.checkpoint import atomic_save  # noqa: E402
+from trainer.checkpoint.checks import FORMAT_VERSION  # noqa: E402
 
 path, plain = sys.argv[1], "--plain" in sys.argv
 start = int(os.environ.get("GENERATION", "0"))
 weights = torch.randn(10_000_000)
 for generation in range(start, start + 1000):
-    obj = {"state_dict": {"w": weights}, "generation": generation}
+    obj = {"tandem_version": FORMAT_VERSION, "state_dict": {"w": weights}, "epoch": 0, "global_step": 0}
+    obj["generation"] = generation
     if plain:
         torch.save(obj, path)
     else:
