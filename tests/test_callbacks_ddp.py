@@ -95,8 +95,15 @@ class SpikeOnRankOne(Regress):
         return loss * 1000 if batch_idx == 5 and self.global_rank == 1 else loss
 
 
-def _spike(rank: int, world: int) -> str:
-    trainer = Trainer(max_epochs=1, callbacks=[SpikeDetection(rtol=20.0)], strategy="ddp", devices=2, **FAST)
+def _spike(rank: int, world: int, root: str) -> str:
+    trainer = Trainer(
+        max_epochs=1,
+        callbacks=[SpikeDetection(rtol=20.0)],
+        strategy="ddp",
+        devices=2,
+        default_root_dir=root,  # skip_batches.json goes there, not into the working directory
+        **FAST,
+    )
     try:
         trainer.fit(SpikeOnRankOne(), DataLoader(dataset(), batch_size=4))
     except TrainingSpikeException as e:
@@ -104,8 +111,8 @@ def _spike(rank: int, world: int) -> str:
     return "no spike"
 
 
-def test_a_spike_on_one_rank_stops_both(dist_run):
-    assert dist_run(_spike) == ["Training spike detected in batch 5"] * 2
+def test_a_spike_on_one_rank_stops_both(dist_run, tmp_path):
+    assert dist_run(_spike, str(tmp_path)) == ["Training spike detected in batch 5"] * 2
 
 
 def _fsdp_refusals(rank: int, world: int) -> list[str]:
