@@ -1,0 +1,160 @@
+"""W&B and MLflow loggers in real fits, read back through each tracker's own client: offline W&B run files
+(``wandb leet inspect``), MLflow file stores and a local ``mlflow server`` (``MlflowClient``). Metrics at
+their steps equal the CSVLogger's of the same run; a resumed fit continues the same run with the losses of
+an uninterrupted one; ddp x2 makes one run holding rank 0's metrics. Slow: each fit starts a tracker."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from callbacks import ModelCheckpoint
+from tests.conftest import free_port
+from tests.helpers.trackers import (
+    QUIET,
+    Small,
+    loaders,
+    mlflow_history,
+    needs_mlflow,
+    needs_wandb,
+    read_csv,
+    wandb_config,
+    wandb_env,
+    wandb_files,
+    wandb_history,
+    wandb_records,
+)
+from trainer import Trainer
+from trainer.loggers import CSVLogger, MLFlowLogger, WandbLogger
+
+pytestmark = pytest.mark.slow
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture
+def offline_wandb(tmp_path, monkeypatch):
+    """W&B offline, everything under tmp_path; the run is closed after the test."""
+    for k, v in wandb_env(str(tmp_path)).items():
+        monkeypatch.setenv(k, v)
+    yield str(tmp_path)
+    import wandb
+
+    wandb.finish()
+
+
+@pytest.fixture
+def file_store(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # mlflow 3 keeps the file store behind this switch
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return str(tmp_path / "mlruns")
+
+
+def _fit(tmp_path, loggers, epochs: int, ckpt_path: str | None = None, **kwargs) -> Trainer:
+    trainer = Trainer(max_epochs=epochs, logger=loggers, default_root_dir=str(tmp_path), **QUIET, **kwargs)
+    trainer.fit(Small(lr=0.05), *loaders(), ckpt_path=ckpt_path)
+    return trainer
+
+
+def _csv(tmp_path, name: str = "csv") -> CSVLogger:
+    return CSVLogger(str(tmp_path), name=name)
+
+
+# ----- W&B -----------------------------------------------------------------------------------------
+@needs_wandb
+def test_wandb_offline_run_holds_the_metrics_at_their_steps_and_the_config(tmp_path, offline_wandb):
+    import wandb
+
+    wl, csv_logger = WandbLogger(project="digits", name="first", save_dir=str(tmp_path)), _csv(tmp_path)
+    trainer = _fit(tmp_path, [wl, csv_logger], epochs=2)
+    run_id = wl.version
+    wandb.finish()
+    assert trainer.checkpoint_callback.dirpath == os.path.join(str(tmp_path), "digits", run_id, "checkpoints")
+    (path,) = wandb_files(str(tmp_path), run_id)
+    records = wandb_records(path)
+    history = wandb_history(records)
+    assert set(history) == {"train/loss", "val/loss", "rank", "epoch"}
+    assert history == read_csv(csv_logger.metrics_file)  # same values at the same steps
+    assert [s for s, _ in history["train/loss"]] == list(range(6))  # 3 steps an epoch
+    assert [s for s, _ in history["val/loss"]] == [2, 5]
+    assert wandb_config(records) == {"lr": 0.05, "hidden": 8}
+    run = next(r["run"] for r in records if r["type"] == "run")
+    assert (run["project"], run["run_id"], run["display_name"]) == ("digits", run_id, "first")
+
+
+def _artifacts(records: list[dict]) -> list[tuple[int, dict]]:
+    """(how many history rows came before it, artifact record) for each logged artifact."""
+    out, rows = [], 0
+    for r in records:
+        rows += r["type"] == "history"
+        if r["type"] == "artifact":
+            out.append((rows, r["artifact"]))
+    return out
+
+
+@needs_wandb
+@pytest.mark.parametrize("log_model", [True, "all"])
+def test_wandb_log_model_uploads_checkpoints_as_lightning_does(tmp_path, offline_wandb, log_model):
+    """True: the best and last checkpoints once, at the end; "all": each one right after it is saved."""
+    import wandb
+
+    wl = WandbLogger(project="digits", save_dir=str(tmp_path), log_model=log_model)
+    ckpt = ModelCheckpoint(monitor="val/loss", save_last=True)
+    trainer = _fit(tmp_path, [wl], epochs=2, callbacks=[ckpt])
+    run_id = wl.version
+    wandb.finish()
+    records = wandb_records(wandb_files(str(tmp_path), run_id)[0])
+    artifacts = _artifacts(records)
+    rows = sum(r["type"] == "history" for r in records)
+    for _, art in artifacts:
+        assert (art["name"], art["type"], art["run_id"]) == (f"model-{run_id}", "model", run_id)
+        (entry,) = art["manifest"]["contents"]
+        assert entry["path"] == "model.ckpt"
+        meta = json.loads(art["metadata"])
+        assert meta["ModelCheckpoint"]["monitor"] == "val/loss"
+        original = os.path.join(ckpt.dirpath, meta["original_filename"])
+        if os.path.exists(original):  # (a top-1 file replaced later is gone)
+            assert int(entry["size"]) == os.path.getsize(original)
+    names = [json.loads(a["metadata"])["original_filename"] for _, a in artifacts]
+    best = os.path.basename(trainer.checkpoint_callback.best_model_path)
+    if log_model is True:  # at the end, after every metric row
+        assert sorted(names) == sorted(["last.ckpt", best]) and all(n == rows for n, _ in artifacts)
+    else:  # epoch 0: its file and last; epoch 1: its file (if better) and last again
+        assert names[:2] == ["epoch=0-step=3.ckpt", "last.ckpt"] and names[-1] == "last.ckpt"
+        assert artifacts[0][0] < rows
+    best_aliases = [a["aliases"] for _, a in artifacts if json.loads(a["metadata"])["original_filename"] == best]
+    assert {"latest", "best"} in [set(a) for a in best_aliases]
+
+
+@needs_wandb
+def test_wandb_resume_continues_the_same_run_with_an_uninterrupted_runs_losses(tmp_path, offline_wandb):
+    import wandb
+
+    reference = _csv(tmp_path, "reference")
+    _fit(tmp_path / "ref", [reference], epochs=2)  # the uninterrupted run
+    first = WandbLogger(project="digits", save_dir=str(tmp_path))
+    trainer = _fit(tmp_path, [first], epochs=1, callbacks=[ModelCheckpoint(save_last=True)])
+    run_id, last = first.version, trainer.checkpoint_callback.last_model_path
+    wandb.finish()
+    time.sleep(1.1)  # W&B names a run's directory by the second it started
+    second = WandbLogger(project="digits", save_dir=str(tmp_path), id=run_id)  # Lightning's way: the id
+    _fit(tmp_path, [second], epochs=2, ckpt_path=last, callbacks=[ModelCheckpoint(save_last=True)])
+    assert second.version == run_id
+    wandb.finish()
+    files = wandb_files(str(tmp_path), run_id)
+    assert len(files) == 2  # one transaction log per start, both of run `run_id` (wandb sync joins them)
+    before, after = (wandb_history(wandb_records(f)) for f in files)
+    assert [s for s, _ in before["train/loss"]] == [0, 1, 2]
+    assert [s for s, _ in after["train/loss"]] == [3, 4, 5]
+    expected = read_csv(reference.metrics_file)["train/loss"]
+    resumed = before["train/loss"] + after["train/loss"]
+    assert [s for s, _ in resumed] == [s for s, _ in expected]
+    assert [v for _, v in resumed] == pytest.approx([v for _, v in expected], rel=1e-6)
+    for f in files:
+        run = next(r["run"] for r in wandb_records(f) if r["type"] == "run")
+        assert run["run_id"] == run_id
