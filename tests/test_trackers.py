@@ -61,7 +61,12 @@ class _Saved:
     def __init__(self, save_top_k: int) -> None:
         self.save_top_k, self.monitor, self.mode = save_top_k, "val/loss", "min"
         self.best_k_models: dict[str, torch.Tensor] = {}
-        self.best_model_path, self.best_model_score, self.last_model_path, self.current_score = "", None, "", None
+        self.best_model_path, self.best_model_score, self.last_model_path, self.current_score = (
+            "",
+            None,
+            "",
+            None,
+        )
 
 
 def _save(tmp_path, cb: _Saved, name: str, score: float, mtime: float) -> None:
@@ -90,15 +95,21 @@ def test_log_model_uploads_what_lightning_uploads(tmp_path, log_model, save_top_
     for i, (name, score) in enumerate(saves):
         _save(tmp_path, cb, name, score, now + i)
         uploads.after_save(cb, lambda p, aliases, meta: ours.append((os.path.basename(p), aliases)))
-        if log_model == "all" or (log_model is True and save_top_k == -1):  # Lightning's after_save_checkpoint
+        if log_model == "all" or (
+            log_model is True and save_top_k == -1
+        ):  # Lightning's after_save_checkpoint
             for t, p, _, _ in _scan_checkpoints(cb, lightning_logged):
-                theirs.append((os.path.basename(p), ["latest", "best"] if p == cb.best_model_path else ["latest"]))
+                theirs.append(
+                    (os.path.basename(p), ["latest", "best"] if p == cb.best_model_path else ["latest"])
+                )
                 lightning_logged[p] = t
         elif log_model is True:
             held = cb
     uploads.at_end(lambda p, aliases, meta: ours.append((os.path.basename(p), aliases)))
     if held is not None:  # Lightning's finalize
-        for t, p, _, _ in _scan_checkpoints(held, lightning_logged):
-            theirs.append((os.path.basename(p), ["latest", "best"] if p == held.best_model_path else ["latest"]))
+        for _t, p, _, _ in _scan_checkpoints(held, lightning_logged):
+            theirs.append(
+                (os.path.basename(p), ["latest", "best"] if p == held.best_model_path else ["latest"])
+            )
     assert ours == theirs
     assert bool(ours) == bool(log_model)
