@@ -305,3 +305,26 @@ def test_ddp_two_processes_make_one_run_with_rank_zeros_metrics(tmp_path, monkey
     assert run.info.run_id == ids["mlflow"] and run.info.status == "FINISHED"
     for key in ("train/loss", "rank"):
         assert mlflow_history(client, run.info.run_id, key) == reference[key]
+
+
+@needs_mlflow
+def test_mlflow_says_what_to_change(tmp_path, monkeypatch):
+    """A file store this mlflow refuses, and params a resumed run would change (MLflow keeps them)."""
+    from trainer.errors import ConfigError
+
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    import mlflow
+
+    if int(mlflow.__version__.split(".")[0]) >= 3:  # the file store refusal came with mlflow 3
+        with pytest.raises(ConfigError, match="tracking_uri='sqlite:///mlflow.db'.*MLFLOW_ALLOW_FILE_STORE"):
+            MLFlowLogger(save_dir=str(tmp_path / "refused")).experiment  # noqa: B018
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    ml = MLFlowLogger(save_dir=str(tmp_path / "mlruns"))
+    ml.log_hyperparams({"lr": 0.1, "model": {"hidden": 8}})
+    with pytest.warns(UserWarning, match=r"keeps lr: '0.1' \(now '0.2'\)"):
+        MLFlowLogger(save_dir=str(tmp_path / "mlruns"), run_id=ml.run_id).log_hyperparams(
+            {"lr": 0.2, "seed": 1}
+        )
+    params = ml.experiment.get_run(ml.run_id).data.params
+    assert params == {"lr": "0.1", "model/hidden": "8", "seed": "1"}

@@ -143,8 +143,19 @@ class MLFlowLogger(Logger):
         from mlflow.entities import Param
         from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
 
-        flat = [Param(k, str(v)[:MAX_PARAM_VAL_LENGTH]) for k, v in flatten(dict(params)).items()]
         client = self.experiment
+        wanted = {k: str(v)[:MAX_PARAM_VAL_LENGTH] for k, v in flatten(dict(params)).items()}
+        logged = client.get_run(self.run_id).data.params  # a resumed run has them already
+        changed = {k: (logged[k], v) for k, v in wanted.items() if k in logged and logged[k] != v}
+        if changed:
+            shown = ", ".join(f"{k}: {old!r} (now {new!r})" for k, (old, new) in changed.items())
+            warnings.warn(
+                f"MLflow keeps a run's params fixed; run {self.run_id} keeps {shown}. Start a new run "
+                "(no run_id) to record other values.",
+                UserWarning,
+                stacklevel=2,
+            )
+        flat = [Param(k, v) for k, v in wanted.items() if k not in logged]
         for i in range(0, len(flat), 100):  # MLflow takes at most 100 params per batch
             client.log_batch(run_id=self.run_id, params=flat[i : i + 100], **self._batch_kwargs)
 
