@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from tests.helpers.trackers import needs_wandb
+from tests.helpers.trackers import needs_mlflow, needs_wandb
 from trainer.errors import ConfigError
 from trainer.loggers import MLFlowLogger, WandbLogger
 from trainer.loggers.trackers import ModelUploads, NoOpExperiment
@@ -42,6 +42,7 @@ def test_wandb_arguments_mean_what_they_mean_in_lightning(tmp_path, monkeypatch)
 
 
 @needs_wandb
+@needs_mlflow
 def test_ranks_other_than_zero_create_and_write_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
@@ -53,6 +54,23 @@ def test_ranks_other_than_zero_create_and_write_nothing(tmp_path, monkeypatch):
         lg.finalize("success")
         assert lg.version is None
     assert os.listdir(tmp_path) == []  # no run directory, no tracking store
+
+
+@needs_wandb
+@needs_mlflow
+def test_a_config_builds_both_trackers_with_their_arguments(tmp_path):
+    from trainer.config.build import build_trainer
+
+    wandb_node = {"_target_": "trainer.loggers.WandbLogger", "project": "p", "save_dir": str(tmp_path)}
+    mlflow_node = {"_target_": "trainer.loggers.MLFlowLogger", "experiment_name": "e", "log_model": True}
+    wandb_node.update(log_model="all", tags=["a"])
+    mlflow_node.update(tracking_uri=f"sqlite:///{tmp_path}/m.db", tags={"k": "v"})
+    trainer = build_trainer({"trainer": {"max_epochs": 1}, "logger": [wandb_node, mlflow_node]})
+    wl, ml = trainer.loggers
+    assert isinstance(wl, WandbLogger) and isinstance(ml, MLFlowLogger)
+    assert (wl.name, wl._uploads.log_model, wl._init["tags"]) == ("p", "all", ["a"])
+    assert (ml._experiment_name, ml._uploads.log_model, ml.tags, ml.save_dir) == ("e", True, {"k": "v"}, None)
+    assert os.listdir(tmp_path) == []  # nothing started before fit
 
 
 class _Saved:
