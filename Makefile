@@ -21,9 +21,10 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -m "not slow"
 
-# multi-process Lightning ports and the two-node network lab (root + iproute2; skipped with a reason otherwise)
+# multi-process Lightning ports, the two-node network lab (root + iproute2; skipped with a reason otherwise),
+# and the W&B / MLflow loggers against their real clients (offline W&B, a local mlflow server)
 test-slow: $(STAMP)
-	$(PY) -m pip install -q -e ".[notebook]"
+	$(PY) -m pip install -q -e ".[notebook,trackers]"
 	$(PY) -m pytest -m slow
 
 bench: $(STAMP)

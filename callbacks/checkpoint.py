@@ -159,11 +159,8 @@ class ModelCheckpoint(Checkpoint):
             base = trainer.log_dir if trainer.loggers else trainer.default_root_dir
             self.dirpath = os.path.abspath(rank_zero_decides(trainer, os.path.join(base, "checkpoints")))
         # earlier starts of this experiment wrote into its other version_N directories
-        self._experiment_roots = (
-            [lg.root_dir for lg in trainer.loggers if hasattr(lg, "root_dir")]
-            if self._default_dirpath
-            else []
-        )
+        roots = [lg.root_dir for lg in trainer.loggers if getattr(lg, "root_dir", "")]
+        self._experiment_roots = roots if self._default_dirpath else []
 
     def on_train_start(self, trainer: Trainer, task: Task) -> None:
         self._schedule.restart()
@@ -321,6 +318,8 @@ class ModelCheckpoint(Checkpoint):
         self._last_global_step_saved = trainer.global_step
         self._last_checkpoint_saved = path
         trainer.save_checkpoint(path, weights_only=self.save_weights_only)  # atomic; rank 0 writes, all wait
+        for logger in trainer.loggers if trainer.is_global_zero else []:  # trackers upload it (log_model)
+            logger.after_save_checkpoint(self)
 
     def _link(self, trainer: Trainer, target: str, link: str) -> None:
         """save_last="link": `link` becomes a relative symbolic link to `target` (a copy where links fail)."""

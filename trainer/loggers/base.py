@@ -55,7 +55,7 @@ def align_versions(loggers: list[Logger]) -> list[Logger]:
     """
     groups: dict[str, list[Logger]] = {}
     for lg in loggers:
-        if lg._version is None:
+        if lg._version is None and lg.numbered_versions:
             groups.setdefault(os.path.abspath(lg.root_dir), []).append(lg)
     for group in groups.values():
         if len(group) > 1:
@@ -86,6 +86,9 @@ class Logger:
     Example: ``Trainer(logger=[TensorBoardLogger("runs"), CSVLogger("runs")])`` writes both
     ``runs/logs/version_0/events.out.tfevents.*`` and ``runs/logs/version_0/metrics.csv``.
     """
+
+    #: whether versions are numbered version_N directories (False: a tracker's run id, e.g. W&B, MLflow)
+    numbered_versions = True
 
     def __init__(
         self, save_dir: str = ".", name: str | None = "logs", version: int | str | None = None
@@ -119,6 +122,9 @@ class Logger:
 
     def log_hyperparams(self, params: dict[str, Any], metrics: dict[str, float] | None = None) -> None:
         """Record the run's hyperparameters (with final metrics when given)."""
+
+    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
+        """Called on rank 0 after a ModelCheckpoint wrote a file (trackers upload it with log_model)."""
 
     def save(self) -> None:
         """Flush what was written."""
