@@ -19,13 +19,13 @@ run: $(STAMP)
 	$(PY) examples/digits.py
 
 test: $(STAMP)
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -m "not slow and not trackers"
 
 # multi-process Lightning ports, the two-node network lab (root + iproute2; skipped with a reason otherwise),
 # and the W&B / MLflow loggers against their real clients (offline W&B, a local mlflow server)
 test-slow: $(STAMP)
 	$(PY) -m pip install -q -e ".[notebook,trackers]"
-	$(PY) -m pytest -m slow
+	$(PY) -m pytest -m "slow or trackers"
 
 bench: $(STAMP)
 	$(PY) -m pip install -q -e ".[bench]"

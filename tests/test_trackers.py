@@ -15,6 +15,9 @@ from trainer.errors import ConfigError
 from trainer.loggers import MLFlowLogger, WandbLogger
 from trainer.loggers.trackers import ModelUploads, NoOpExperiment
 
+# wandb and mlflow come with the `trackers` extra, installed by `make test-slow`, which runs these
+pytestmark = pytest.mark.trackers
+
 
 @pytest.mark.parametrize("name", ["CometLogger", "NeptuneLogger", "LitLogger"])
 def test_other_lightning_loggers_are_refused_naming_what_works(name):
