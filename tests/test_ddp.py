@@ -170,13 +170,15 @@ def test_plain_script_and_torchrun_give_single_process_weights(tmp_path):
 
 
 def test_a_failing_rank_ends_the_job_with_its_traceback(tmp_path):
-    start = time.monotonic()
     out = _run(
-        [sys.executable, SCRIPT, str(tmp_path / "x.pt"), "--fail-rank", "1", "--fail-step", "3"], timeout=60
+        [sys.executable, SCRIPT, str(tmp_path / "x.pt"), "--fail-rank", "1", "--fail-step", "3"], timeout=90
     )
-    elapsed = time.monotonic() - start
+    ended = time.time()
     assert out.returncode != 0
-    assert elapsed < 30, f"took {elapsed:.1f}s"
+    # from the failure to the end of the job (start-up time, which a loaded machine stretches, not counted):
+    # the other rank must not wait for a collective that will never come
+    elapsed = ended - float((tmp_path / "x.pt.failed_at").read_text())
+    assert elapsed < 20, f"the job ended {elapsed:.1f} s after rank 1 failed"
     assert "deliberate failure on rank 1 at step 3" in out.stderr
     assert "worker rank 1 failed" in out.stderr
     assert not (tmp_path / "x.pt").exists()

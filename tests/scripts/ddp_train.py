@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -22,14 +23,17 @@ def make_data(n: int = 64) -> TensorDataset:
 
 
 class Net(Task):
-    def __init__(self, fail_rank: int = -1, fail_step: int = -1) -> None:
+    def __init__(self, fail_rank: int = -1, fail_step: int = -1, failed_at: str = "") -> None:
         super().__init__()
+        self.failed_at = failed_at  # where the failing rank writes the wall time of its failure
         torch.manual_seed(1)
         self.net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
         self.fail_rank, self.fail_step = fail_rank, fail_step
 
     def training_step(self, batch, batch_idx):
         if self.global_rank == self.fail_rank and self.global_step == self.fail_step:
+            with open(self.failed_at, "w") as f:
+                f.write(repr(time.time()))
             raise RuntimeError(f"deliberate failure on rank {self.global_rank} at step {self.global_step}")
         x, y = batch
         return F.cross_entropy(self.net(x), y)
@@ -50,7 +54,7 @@ def main() -> None:
     threads = lambda: len(os.listdir("/proc/self/task"))  # noqa: E731
     before = threads()
     seed_everything(0)
-    task = Net(args.fail_rank, args.fail_step)
+    task = Net(args.fail_rank, args.fail_step, args.out + ".failed_at")
     trainer = Trainer(
         strategy="ddp",
         accelerator="cpu",
