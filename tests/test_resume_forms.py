@@ -17,6 +17,7 @@ from callbacks import Callback, ModelCheckpoint
 from callbacks import checkpoint_names as names
 from strategies.fsdp import FSDPStrategy
 from trainer import Trainer
+from trainer.errors import CheckpointError
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts"))
 from fsdp_train import Tower, make_data  # noqa: E402
@@ -133,3 +134,10 @@ def test_a_directory_link_out_of_the_directory_and_other_names_are_not_taken(tmp
     for stray in ("last.ckpt.tmp-0123456789ab", "last.ckpt.old-xyz", "last-v1.ckpt.bak"):
         os.mkdir(ckpts / stray)
     assert names.newest_last([str(ckpts)]) is None
+
+
+def test_a_last_directory_that_is_no_checkpoint_is_an_error_not_a_fresh_start(tmp_path):
+    """It is this run's last.ckpt by name and place: a broken one is reported, as a broken file is."""
+    os.makedirs(tmp_path / "ckpts" / "last.ckpt")
+    with pytest.raises(CheckpointError, match=r"ckpts/last\.ckpt/tandem\.pt' does not exist"):
+        fit(tmp_path, 2, resume="auto")
