@@ -9,7 +9,7 @@ import re
 from trainer.errors import ConfigError
 
 _FIELD = re.compile(r"\{([^{}:]+)(?::([^{}]*))?\}")
-_LAST = re.compile(r"last(-v\d+)?\.ckpt")
+_LAST = re.compile(r"(last(?:-v\d+)?\.ckpt)(\.old-[0-9a-f]{12})?")
 _VERSION = re.compile(r"version_\d+")
 
 
@@ -54,24 +54,49 @@ def unique_path(path: str, replaceable: str) -> str:
 
 
 def last_files(directory: str) -> list[tuple[float, str]]:
-    """(mtime, path) of each last.ckpt / last-vN.ckpt directly in `directory` (one level, no recursion).
+    """(mtime, path) of each last.ckpt / last-vN.ckpt directly in `directory` (one level, no recursion), in
+    every form Tandem writes: a file (or save_last="link"'s link to one), a sharded directory (FSDP), a link
+    to a sharded directory beside it (save_last="link" under FSDP; a directory link elsewhere is not
+    followed), and a sharded directory a crash left moved aside as ``last.ckpt.old-*`` (the save that
+    replaces a directory renames the old one aside first; trainer/checkpoint/io.py reads it from there).
 
-    A file deleted while the directory is listed (a run cleaning up beside this one) is skipped.
+    An entry deleted while the directory is listed (a run cleaning up beside this one) is skipped.
     """
-    found: list[tuple[float, str]] = []
+    own: dict[str, tuple[float, str]] = {}  # by name: last.ckpt, last-v1.ckpt, ...
+    aside: dict[str, tuple[float, str]] = {}  # the newest copy moved aside, by the name it stands for
     try:
         with os.scandir(directory) as entries:
             for e in entries:
-                if not _LAST.fullmatch(e.name):
-                    continue
+                m = _LAST.fullmatch(e.name)
                 try:
-                    if e.is_file():
-                        found.append((e.stat().st_mtime, e.path))
+                    if m is None or not _is_checkpoint(e, moved_aside=m.group(2) is not None):
+                        continue
+                    entry = (e.stat().st_mtime, e.path)
                 except OSError:  # vanished, or a broken / looping link
                     continue
+                if m.group(2) is None:
+                    own[m.group(1)] = entry
+                else:
+                    aside[m.group(1)] = max(aside.get(m.group(1), entry), entry)
     except OSError:  # no such directory (yet), not a directory, not readable
         return []
-    return found
+    moved = [v for k, v in aside.items() if not os.path.lexists(os.path.join(directory, k))]
+    return [*own.values(), *moved]
+
+
+def _is_checkpoint(e: os.DirEntry[str], moved_aside: bool) -> bool:
+    """A checkpoint file (through a link), or a directory that is one: a real directory, or a link to a
+    directory in the same place (what save_last="link" makes). Raises OSError for a vanished entry."""
+    if moved_aside:  # what a save renamed aside itself: never a link
+        return e.is_dir(follow_symlinks=False) or e.is_file(follow_symlinks=False)
+    if e.is_file():
+        return True
+    if not e.is_dir():
+        return False
+    if not e.is_symlink():
+        return True
+    parent = os.path.realpath(os.path.dirname(e.path))
+    return os.path.dirname(os.path.realpath(e.path)) == parent
 
 
 def version_checkpoint_dirs(root: str) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from tests.conftest import free_port
 from trainer import Task, Trainer
 from trainer.checkpoint import load
 from trainer.errors import TaskError
@@ -49,6 +51,64 @@ def test_sigkilled_rank_restarts_and_ends_bit_identical(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     assert "Signals.SIGKILL" in run.stderr or "SIGKILL" in run.stderr or "-9" in run.stderr
     a, b = torch.load(ref_out), torch.load(run_out)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def _starts(stdout: str) -> dict[tuple[int, int], tuple[int, int]]:
+    """(rank, attempt) -> (global step at on_train_start, at the first training_step), from ft_train.py."""
+    found: dict[tuple[int, int], dict[str, int]] = {}
+    for rank, attempt, what, step in re.findall(
+        r"rank (\d+) attempt (\d+): (starts at|first) step (\d+)", stdout
+    ):
+        found.setdefault((int(rank), int(attempt)), {})[what] = int(step)
+    return {k: (v.get("starts at", -1), v.get("first", -1)) for k, v in found.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["single", "ddp", "fsdp"])
+def test_torchrun_restart_resumes_at_the_saved_step(tmp_path, strategy):
+    """A rank SIGKILLed at step 5 under torchrun --max-restarts=1: the restarted attempt must begin at step 4
+    (the last.ckpt saved every 2 steps), not at 0, and end bit-identical to an uninterrupted run. Before the
+    lookup took directories, FSDP's attempt 1 began at step 0 (its sharded last.ckpt is a directory) and
+    wrote last-v1.ckpt beside it; its final weights matched anyway (a fresh seeded run does)."""
+    flags = {"single": ["--single"], "ddp": [], "fsdp": ["--fsdp"]}[strategy]
+    ranks = 1 if strategy == "single" else 2
+    ref, ref_out = _ft(tmp_path, "ref", *flags)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    out = str(tmp_path / "killed.pt")
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={ranks}",
+        "--max-restarts=1",
+    ]
+    torchrun += ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}"]
+    killed = subprocess.run(
+        [
+            *torchrun,
+            FT,
+            out,
+            str(tmp_path / "killed"),
+            *flags,
+            "--kill-rank",
+            str(ranks - 1),
+            "--kill-step",
+            "5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_env(),
+    )
+    assert killed.returncode == 0, killed.stderr[-3000:]
+    assert "SIGKILL" in killed.stderr or "-9" in killed.stderr  # the kill did happen
+    expected = {(r, a): (0, 0) if a == 0 else (4, 4) for r in range(ranks) for a in (0, 1)}
+    assert _starts(killed.stdout) == expected, killed.stdout[-3000:]
+    assert sorted(os.listdir(tmp_path / "killed" / "ckpts")) == ["last.ckpt"]  # replaced, no last-v1.ckpt
+    a, b = torch.load(ref_out), torch.load(out)
+    assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
 

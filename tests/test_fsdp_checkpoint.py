@@ -27,8 +27,10 @@ from fsdp_train import Block, Tower, full_state, make_data  # noqa: E402
 GLOBAL_BATCH = 12  # 48 samples: 4 steps per epoch at 1, 2 and 3 processes
 
 
-def _fit(world: int, ckpt_path: str | None = None, save_full: bool = False, callbacks=(), **kwargs):
-    task = Tower(opt="adam")
+def _fit(
+    world: int, ckpt_path: str | None = None, save_full: bool = False, callbacks=(), opt="adam", **kwargs
+):
+    task = Tower(opt=opt)
     options = {**FAST, "enable_checkpointing": any(isinstance(c, ModelCheckpoint) for c in callbacks)}
     trainer = Trainer(
         strategy=FSDPStrategy(wrap=[Block], save_full=save_full),
@@ -54,6 +56,15 @@ class SaveInsideWindow(Callback):
                 trainer.save_checkpoint(self.path)
             except CheckpointError as e:
                 self.error = str(e)
+
+
+class StartStep(Callback):
+    """The global step training starts (or resumes) at."""
+
+    step = -1
+
+    def on_train_start(self, trainer, task):
+        self.step = trainer.global_step
 
 
 def _save_at_2(rank: int, world: int, root: str) -> dict[str, object]:
@@ -146,6 +157,26 @@ def test_a_checkpoint_of_2_processes_resumes_on_1_and_on_3(saved, world):
             assert r[f"{name}_steps"] == 8
             for k, v in uninterrupted.items():  # the same global batches, reduced over another world size
                 torch.testing.assert_close(r[name][k], v, atol=1e-6, rtol=0, msg=f"{name} {k}")
+
+
+def _plain_sgd_full_file(rank: int, world: int, root: str) -> dict[str, object]:
+    """save_full=True with SGD without momentum: the gathered optimizer state has no per-parameter entries."""
+    out: dict[str, object] = {"uninterrupted": full_state(_fit(world, opt="plain-sgd")[0])}
+    _, trainer = _fit(world, save_full=True, opt="plain-sgd", max_steps=3)
+    path = os.path.join(root, "plain.ckpt")
+    trainer.save_checkpoint(path)
+    start = StartStep()
+    task, trainer = _fit(world, ckpt_path=path, save_full=True, opt="plain-sgd", callbacks=[start])
+    out["resumed"], out["steps"], out["started_at"] = full_state(task), trainer.global_step, start.step
+    return out
+
+
+@pytest.mark.slow
+def test_a_gathered_file_of_an_optimizer_without_state_resumes_like_uninterrupted(tmp_path):
+    for r in run_distributed(_plain_sgd_full_file, str(tmp_path), world_size=2, timeout=300):
+        assert (r["started_at"], r["steps"]) == (3, 8)  # resumed at the saved step, not from 0
+        for k, v in r["uninterrupted"].items():
+            assert torch.equal(r["resumed"][k], v), k
 
 
 def _run(cmd: list[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:

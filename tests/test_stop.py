@@ -156,9 +156,11 @@ def test_sigterm_under_fsdp_saves_a_sharded_checkpoint_and_resumes_exactly(tmp_p
     ref = _run(tmp_path, "ref", "--fsdp")
     assert ref.returncode == 0, ref.stderr[-3000:]
     code, out, err = _interrupt(tmp_path, "steps", "STEP 2", "launcher", "--step-sleep", "3", "--fsdp")
-    ckpt = _check(tmp_path, "steps", code, err, torch.load(tmp_path / "ref.pt"), "--fsdp")[0]
+    ckpt, resumed = _check(tmp_path, "steps", code, err, torch.load(tmp_path / "ref.pt"), "--fsdp")
     assert os.path.isdir(tmp_path / "steps" / "ckpts" / "last.ckpt")
     assert 3 <= ckpt["global_step"] < 6 and f"STEP {ckpt['global_step']}" not in out
+    for rank in (0, 1):  # the resumed run starts at the saved step (before 2026-11-26: at 0, from scratch)
+        assert f"rank {rank} attempt 0: starts at step {ckpt['global_step']}" in resumed, resumed[-2000:]
 
 
 @pytest.mark.slow

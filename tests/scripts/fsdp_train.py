@@ -40,7 +40,8 @@ class Block(torch.nn.Module):
 
 
 class Tower(Task):
-    """Input layer, DEPTH blocks, a head; `opt` is "sgd" (with momentum) or "adam"."""
+    """Input layer, DEPTH blocks, a head; `opt` is "sgd" (with momentum), "plain-sgd" (no optimizer state)
+    or "adam"."""
 
     def __init__(
         self, opt: str = "adam", lr: float = 0.01, dropout: float = 0.0, kill: tuple[int, int] = (-1, -1)
@@ -76,6 +77,8 @@ class Tower(Task):
         self.log("test/loss", F.cross_entropy(self(x), y), on_epoch=True, sync_dist=True)
 
     def configure_optimizers(self):
+        if self.opt == "plain-sgd":
+            return torch.optim.SGD(self.parameters(), lr=self.lr)
         if self.opt == "sgd":
             return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
         return torch.optim.Adam(self.parameters(), lr=self.lr)

@@ -8,7 +8,9 @@ python ft_train.py OUT ROOT [--kill-rank R --kill-step S] [--max-restarts N] [--
 --val-sleep adds a validation set at each epoch's end whose batches last S seconds ("VAL i"). Neither
 changes the arithmetic, so a run with them ends bit-identical to one without.
 
-Rank 0 saves the final weights to OUT. Checkpoints go to ROOT/ckpts every 2 steps; resume="auto".
+Rank 0 saves the final weights to OUT. Checkpoints go to ROOT/ckpts every 2 steps; resume="auto". Each
+rank prints "rank R attempt A: starts at step S" at on_train_start and "rank R attempt A: first step S" at its
+first training_step (A: torchrun's TORCHELASTIC_RESTART_COUNT).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from callbacks import ModelCheckpoint  # noqa: E402
+from callbacks import Callback, ModelCheckpoint  # noqa: E402
 from strategies.ddp import DDPStrategy  # noqa: E402
 from strategies.fsdp import FSDPStrategy  # noqa: E402
 from trainer import Task, Trainer, seed_everything  # noqa: E402
@@ -41,9 +43,13 @@ class Net(Task):
             torch.nn.Linear(6, 32), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(32, 3)
         )
         self.args = args
+        self.first_step_reported = False
 
     def training_step(self, batch, batch_idx):
         a, restart = self.args, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        if not self.first_step_reported:  # which step this attempt trains first (a resume: the saved one)
+            print(f"rank {self.global_rank} attempt {restart}: first step {self.global_step}", flush=True)
+            self.first_step_reported = True
         if self.global_rank == a.kill_rank and self.global_step == a.kill_step and restart == 0:
             os.kill(os.getpid(), signal.SIGKILL)  # a preempted node: no cleanup, no traceback
         if self.global_rank == a.stall_rank and self.global_step == 3:
@@ -68,6 +74,16 @@ class Net(Task):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+
+class StartReport(Callback):
+    """Prints the global step each attempt's training starts at (after a resume: the checkpoint's)."""
+
+    def on_train_start(self, trainer, task):
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        print(
+            f"rank {trainer.global_rank} attempt {restart}: starts at step {trainer.global_step}", flush=True
+        )
 
 
 class Stream(IterableDataset):
@@ -133,7 +149,8 @@ def main() -> None:
         callbacks=[
             ModelCheckpoint(
                 dirpath=os.path.join(args.root, "ckpts"), every_n_train_steps=2, save_last=True, save_top_k=0
-            )
+            ),
+            StartReport(),
         ],
     )
     task = Net(args)

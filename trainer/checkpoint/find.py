@@ -67,6 +67,8 @@ def _other_run(t: Trainer, path: str) -> str | None:
     try:  # memory-mapped: only the small header entries are read here, restore reads the tensors
         ckpt = torch.load(head, map_location="cpu", weights_only=True, mmap=True)
     except OSError:
+        if os.path.lexists(path):  # a directory without its metadata: restore says what is wrong
+            return None
         return "it was removed while resuming"
     except Exception:
         return None  # restore reports what is wrong with the file

@@ -163,7 +163,10 @@ class ShardedCheckpointIO(CheckpointIO):
         if weights:
             set_model_state_dict(task, ckpt["state_dict"], options=opts)
         for opt, state in zip(optimizers or [], ckpt.get("optimizer_states", [])):
-            set_optimizer_state_dict(task, opt, _by_name(state, _param_names(task, opt)), options=opts)
+            # torch shards a whole state onto the device of this rank's own state tensors; a state without
+            # any (plain SGD, an optimizer that never stepped) has only its param_groups: loaded as they are
+            whole = opts if _has_tensor_state(state) else None
+            set_optimizer_state_dict(task, opt, _by_name(state, _param_names(task, opt)), options=whole)
 
 
 def _param_names(task: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
@@ -176,6 +179,16 @@ def _param_names(task: torch.nn.Module, optimizer: torch.optim.Optimizer) -> lis
             "an optimizer holds a tensor that is not a parameter of the task; optimize only the task's "
             "parameters (self.parameters()) to checkpoint it."
         ) from e
+
+
+def _has_tensor_state(state: dict[str, Any]) -> bool:
+    """Whether an optimizer state holds a per-parameter tensor of at least one dimension (what torch's
+    full-state loading shards), not only hyperparameters and scalars."""
+    return any(
+        isinstance(v, torch.Tensor) and v.dim() > 0
+        for per_param in state.get("state", {}).values()
+        for v in per_param.values()
+    )
 
 
 def _by_index(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
