@@ -120,6 +120,10 @@ class Logger:
     def log_hyperparams(self, params: dict[str, Any], metrics: dict[str, float] | None = None) -> None:
         """Record the run's hyperparameters (with final metrics when given)."""
 
+    def resumed_at(self, step: int) -> None:
+        """fit restored a checkpoint: the run goes on from logged step `step`; what an earlier run logged at
+        `step` or later (after that checkpoint, before it stopped) is superseded by what comes now."""
+
     def save(self) -> None:
         """Flush what was written."""
 
