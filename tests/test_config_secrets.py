@@ -130,6 +130,8 @@ def test_short_and_unset_values_are_no_secrets(monkeypatch):
     cfg = C.load({"a": "${oc.env:FLAG}", "b": "${oc.env:UNSET_FOR_TEST,default-value}", "c": "${oc.env:KEY}"})
     found = env_values(cfg)
     assert found == {SECRET: "${oc.env:KEY}"}
+    monkeypatch.setenv("RUNS", "/data/runs")  # with a default: the saved text keeps it
+    assert env_values(C.load({"root": "${oc.env:RUNS,runs}/digits"})) == {"/data/runs": "${oc.env:RUNS,runs}"}
     assert redact({"x": [f"a{SECRET}b", 1, (SECRET,)]}, found) == {
         "x": ["a${oc.env:KEY}b", 1, ("${oc.env:KEY}",)]
     }

@@ -3,7 +3,8 @@
 The run itself gets the values; everything written (config.yaml, ``--print-config``, each checkpoint's
 "config" and hyperparameters, the loggers' hyperparameters) holds the interpolation text instead: every
 occurrence of such a value in a string, also inside a longer string or where another key interpolates
-it, becomes ``${oc.env:NAME}``. Reading config.yaml back interpolates it again from the environment.
+it, becomes ``${oc.env:NAME}`` (with the config's default, ``${oc.env:NAME,default}``, when it has a plain
+one). Reading config.yaml back interpolates it again from the environment.
 Values shorter than MIN_LENGTH characters (a flag, a count) are not treated as secrets, nor values that
 are not strings once resolved (``${oc.decode:${oc.env:N}}``). Example::
 
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 
 MIN_LENGTH = 4
 _ENV = re.compile(r"\$\{\s*oc\.env\s*:\s*([A-Za-z_][A-Za-z0-9_]*)")
+_WHOLE = re.compile(r"\$\{\s*oc\.env\s*:\s*[A-Za-z_][A-Za-z0-9_]*\s*(?:,[^{}$]*)?\}")  # a plain default
 
 
 def env_values(cfg: DictConfig) -> dict[str, str]:
@@ -32,13 +34,19 @@ def env_values(cfg: DictConfig) -> dict[str, str]:
     set now (the unset ones resolve to the config's own default, which is no secret)."""
     from omegaconf import OmegaConf  # only the config layer calls this: the Trainer never imports omegaconf
 
-    names: set[str] = set()
-    _walk(OmegaConf.to_container(cfg, resolve=False), lambda s: names.update(_ENV.findall(s)))
+    texts: dict[str, str] = {}  # name -> its first interpolation text, with its default when it has one
+
+    def visit(text: str) -> None:
+        for m in _ENV.finditer(text):
+            whole = _WHOLE.match(text, m.start())
+            texts.setdefault(m.group(1), whole.group(0) if whole else "${oc.env:" + m.group(1) + "}")
+
+    _walk(OmegaConf.to_container(cfg, resolve=False), visit)
     found: dict[str, str] = {}
-    for name in sorted(names):
+    for name in sorted(texts):
         value = os.environ.get(name)
         if value is not None and len(value) >= MIN_LENGTH:
-            found.setdefault(value, "${oc.env:" + name + "}")
+            found.setdefault(value, texts[name])
     return found
 
 
