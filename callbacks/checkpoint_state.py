@@ -46,7 +46,8 @@ def state_dict(cb: ModelCheckpoint) -> dict[str, Any]:
 
 def load_state_dict(cb: ModelCheckpoint, state: dict[str, Any]) -> None:
     """Restore the top k when resuming into the same directory (only this run's files, see the module
-    docstring); otherwise remember the best only, which is never deleted (it is not inside dirpath)."""
+    docstring); otherwise remember the best only, a reference that is never deleted (a deletion needs
+    the file to be inside dirpath and this run's)."""
     score = state.get("best_model_score")
     cb._best_score = None if score is None else float(score)
     cb.best_model_path = str(state.get("best_model_path") or "")
