@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from callbacks import checkpoint_state
 from callbacks.base import Checkpoint
 from callbacks.checkpoint_names import (
     format_name,
-    newest_last,
+    newest_lasts,
     parse_template,
     unique_path,
     version_checkpoint_dirs,
@@ -103,6 +104,8 @@ class ModelCheckpoint(Checkpoint):
         self._last_global_step_saved = 0  # nothing to save before the first step
         self._last_checkpoint_saved = ""  # the newest file this callback wrote in this run (save_last="link")
         self._experiment_roots: list[str] = []
+        self._token = checkpoint_state.new_token()  # this run's; adopted from the state it resumes
+        self._written: set[str] = set()  # the files this process wrote (deletable without reading them)
 
     @property
     def monitor(self) -> str | None:
@@ -305,7 +308,8 @@ class ModelCheckpoint(Checkpoint):
         if not self.save_last:
             return
         path = os.path.join(self.dirpath or "", self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION)
-        path = self._unique_path(path, self.last_model_path)
+        ours = self.last_model_path or (path if checkpoint_state.owned(self, path) else "")  # a stop's
+        path = self._unique_path(path, ours)
         previous, self.last_model_path = self.last_model_path, path
         if self.save_last == "link" and self._last_checkpoint_saved and self.save_top_k != 0:
             self._link(trainer, self._last_checkpoint_saved, path)
@@ -317,6 +321,7 @@ class ModelCheckpoint(Checkpoint):
     def _write(self, trainer: Trainer, path: str) -> None:
         self._last_global_step_saved = trainer.global_step
         self._last_checkpoint_saved = path
+        self._written.add(path)
         trainer.save_checkpoint(path, weights_only=self.save_weights_only)  # atomic; rank 0 writes, all wait
         for logger in trainer.loggers if trainer.is_global_zero else []:  # trackers upload it (log_model)
             logger.after_save_checkpoint(self)
@@ -335,10 +340,20 @@ class ModelCheckpoint(Checkpoint):
         trainer.strategy.comm.barrier("last checkpoint link")
 
     def _remove(self, trainer: Trainer, path: str) -> None:
-        """Delete a checkpoint that fell out of the top k (rank 0; never the last checkpoint or another run's)."""
+        """Delete a checkpoint that fell out of the top k (rank 0; never the last checkpoint, never a file
+        outside dirpath or of another run: see callbacks/checkpoint_state.py)."""
         keep = {self.last_model_path, self.best_model_path, *self.best_k_models}
         inside = os.path.dirname(os.path.abspath(path)) == self.dirpath
-        if trainer.is_global_zero and path not in keep and inside and os.path.exists(path):
+        if (
+            trainer.is_global_zero
+            and path not in keep
+            and inside
+            and os.path.lexists(path)
+            and checkpoint_state.owned(self, path)
+        ):
+            if os.path.islink(path):
+                os.remove(path)
+                return
             shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)  # a directory: sharded (FSDP)
 
     def _unique_path(self, path: str, replaceable: str) -> str:
@@ -360,38 +375,23 @@ class ModelCheckpoint(Checkpoint):
         experiment's place is ``<save_dir>/<name>``: only its ``version_*/checkpoints`` directories are
         searched, one level each, never other experiments or other files under default_root_dir.
         """
-        if self.dirpath is None:
-            return None
-        own = newest_last([self.dirpath])
-        if own is not None:
-            return own
-        return newest_last([d for root in self._experiment_roots for d in version_checkpoint_dirs(root)])
+        paths = self.last_checkpoint_paths()
+        return paths[0] if paths else None
 
-    # ----- checkpoint state ---------------------------------------------------------------------
+    def last_checkpoint_paths(self) -> list[str]:
+        """Every last*.ckpt that last_checkpoint_path considers, in its order of preference (newest first)."""
+        if self.dirpath is None:
+            return []
+        own = newest_lasts([self.dirpath])
+        return own or newest_lasts(
+            [d for root in self._experiment_roots for d in version_checkpoint_dirs(root)]
+        )
+
+    # ----- checkpoint state (callbacks/checkpoint_state.py) --------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "monitor": self.monitor,
-            "mode": self.mode,
-            "dirpath": self.dirpath,
-            "best_model_score": self._best_score,
-            "best_model_path": self.best_model_path,
-            "current_score": self.current_score,
-            "best_k_models": dict(self.best_k_models),
-            "kth_best_model_path": self.kth_best_model_path,
-            "kth_value": self.kth_value,
-            "last_model_path": self.last_model_path,
-        }
+        return checkpoint_state.state_dict(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the top k when resuming into the same directory; otherwise remember the best only."""
-        score = state.get("best_model_score")
-        self._best_score = None if score is None else float(score)
-        self.best_model_path = state.get("best_model_path", "")
-        if state.get("dirpath") == self.dirpath:
-            self.best_k_models = {k: float(v) for k, v in state.get("best_k_models", {}).items()}
-            self.kth_best_model_path = state.get("kth_best_model_path", "")
-            self.kth_value = state.get("kth_value")
-            self.current_score = state.get("current_score")
-            self.last_model_path = state.get("last_model_path", "")
-        elif self.best_model_path and self._best_score is not None:
-            self._carried = (self.best_model_path, self._best_score)
+        """Restore the top k when resuming into the same directory, keeping only this run's own files;
+        otherwise remember the best only."""
+        checkpoint_state.load_state_dict(self, state)

@@ -120,5 +120,10 @@ def version_checkpoint_dirs(root: str) -> list[str]:
 
 def newest_last(dirs: list[str]) -> str | None:
     """The newest last.ckpt / last-vN.ckpt directly inside any of `dirs`, or None."""
-    found = [f for d in dirs for f in last_files(d)]
-    return max(found)[1] if found else None
+    found = newest_lasts(dirs)
+    return found[0] if found else None
+
+
+def newest_lasts(dirs: list[str]) -> list[str]:
+    """Every last.ckpt / last-vN.ckpt directly inside any of `dirs`, newest first."""
+    return [path for _, path in sorted((f for d in dirs for f in last_files(d)), reverse=True)]

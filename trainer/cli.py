@@ -94,10 +94,12 @@ def _cwd_last() -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from trainer import config
+    from trainer.secrets import env_values
 
     check_choice("command", args.command, COMMANDS)
     if args.print_config:
-        print(config.to_yaml(config.resolve(args.config, args.overrides)), end="")
+        raw = config.load(args.config, args.overrides)  # environment values shown as ${oc.env:NAME}
+        print(config.to_yaml(config.resolve(raw), env_values(raw)), end="")
         return 0
     if not args.config and not args.overrides:
         raise ConfigError(

@@ -41,6 +41,8 @@ class Trainer:
 
     #: the whole resolved run config (every section) when built from a config (trainer/config/__init__.py), else None
     resolved_config: dict[str, Any] | None = None
+    #: environment values the config interpolates -> their ${oc.env:NAME}: never written (trainer/secrets.py)
+    config_secrets: dict[str, str] = {}  # noqa: RUF012 (replaced, never mutated)
 
     def __init__(self, **options: Any) -> None:
         self.config = cfg = TrainerConfig.from_kwargs(**options).effective()

@@ -5,7 +5,11 @@ callback's dirpath and, for a default dirpath, its experiment's other starts
 (<save_dir>/<logger name>/version_*/checkpoints, see ModelCheckpoint.last_checkpoint_path); without a
 checkpoint callback, <default_root_dir>/checkpoints (where a stop signal saves). Nothing is searched
 recursively and no directory symlink is followed. The file's run id (experiment name, task class) must
-match this run's.
+match this run's: the newest of this run's last files is taken, also when another run that shares the
+directory wrote a newer one.
+
+A stop signal never replaces a file that is not this run's (stop_path): beside another run's last.ckpt
+it writes last-v1.ckpt (-v2, ...), which resume="auto" then finds.
 """
 
 from __future__ import annotations
@@ -34,31 +38,44 @@ def run_id(t: Trainer) -> dict[str, str]:
 def find_last(t: Trainer) -> str | None:
     """For resume='auto': this run's own newest last checkpoint, or None for a fresh start (said, when a
     file was there but belongs to another experiment or task)."""
-    path = _own_last(t)
-    if path is None:
-        return None
-    problem = _other_run(t, path)
-    if problem is not None:
+    path, problem = _own_last(t)
+    if path is not None and problem is not None:
         t.print(f"resume='auto': not resuming {path} ({problem}); starting fresh.")
         return None
     return path
 
 
-def _own_last(t: Trainer) -> str | None:
-    from callbacks.checkpoint_names import newest_last
+def _own_last(t: Trainer) -> tuple[str | None, str | None]:
+    """The newest last checkpoint of this run and None; else the newest one there is and why it is not
+    this run's; else (None, None)."""
+    candidates = _candidates(t)
+    first: tuple[str | None, str | None] = (None, None)
+    for path in candidates:
+        problem = _other_run(t, path)
+        if problem is None:
+            return path, None
+        if first[0] is None:
+            first = (path, problem)
+    return first
 
-    last = _callback_last(t)
-    if last is not None or t.checkpoint_callbacks:
-        return last
-    return newest_last([os.path.dirname(stop_path(t))])
 
+def _candidates(t: Trainer) -> list[str]:
+    """last*.ckpt files, newest first: the first checkpoint callback's that has any, or <root>/checkpoints."""
+    from callbacks.checkpoint_names import newest_lasts
 
-def _callback_last(t: Trainer) -> str | None:
     for cb in t.checkpoint_callbacks:
-        last = getattr(cb, "last_checkpoint_path", lambda: None)()
-        if last and os.path.exists(last):
-            return last
-    return None
+        paths = getattr(cb, "last_checkpoint_paths", None)
+        if paths is None:  # a user's Checkpoint subclass with only last_checkpoint_path
+            last = getattr(cb, "last_checkpoint_path", lambda: None)()
+            found = [last] if last else []
+        else:
+            found = paths()
+        found = [p for p in found if os.path.exists(p)]
+        if found:
+            return found
+    if t.checkpoint_callbacks:
+        return []
+    return newest_lasts([os.path.join(t.default_root_dir, "checkpoints")])
 
 
 def _other_run(t: Trainer, path: str) -> str | None:
@@ -93,13 +110,12 @@ def resolve_path(t: Trainer, path: str) -> str:
         )
     if path != "last":
         return path
-    last = _own_last(t)
+    last, problem = _own_last(t)
     if last is None:
         raise CheckpointError(
             "ckpt_path='last' found no last checkpoint of this run; enable ModelCheckpoint(save_last=True) "
             "in the run you resume (same default_root_dir and logger name), or pass a file path."
         )
-    problem = _other_run(t, last)
     if problem is not None:
         raise CheckpointError(
             f"ckpt_path='last' found {last!r}, {problem}; pass that file's path to resume it anyway, "
@@ -109,9 +125,35 @@ def resolve_path(t: Trainer, path: str) -> str:
 
 
 def stop_path(t: Trainer) -> str:
-    """Where a SIGINT/SIGTERM stop writes: the checkpoint callback's last.ckpt, or <root>/checkpoints."""
+    """Where a SIGINT/SIGTERM stop writes: last.ckpt in the checkpoint callback's dirpath (or in
+    <root>/checkpoints), unless a file there is not this run's: then last-v1.ckpt, last-v2.ckpt, ...
+
+    Replaced are only a file this run's ModelCheckpoint wrote as its last checkpoint, or a checkpoint
+    whose stored run id is this run's; a file of another run, or one without a readable run id, stays.
+    Rank 0 decides, every rank gets its answer (they save together).
+    """
+    directory, own = os.path.join(t.default_root_dir, "checkpoints"), ""
     for cb in t.checkpoint_callbacks:
         dirpath = getattr(cb, "dirpath", None)
         if dirpath:
-            return os.path.join(dirpath, "last.ckpt")
-    return os.path.join(t.default_root_dir, "checkpoints", "last.ckpt")
+            directory, own = dirpath, getattr(cb, "last_model_path", "") or ""
+            break
+    path = os.path.join(directory, "last.ckpt")
+    if t.is_global_zero:
+        n = 0
+        while os.path.lexists(path) and path != own and not _replaceable(t, path):
+            n += 1
+            path = os.path.join(directory, f"last-v{n}.ckpt")
+    if t.world_size > 1:
+        path = t.strategy.comm.broadcast(path, 0)
+    return path
+
+
+def _replaceable(t: Trainer, path: str) -> bool:
+    """`path` holds a checkpoint with a stored run id, and it is this run's."""
+    head = os.path.join(path, META) if os.path.isdir(path) else path
+    try:
+        ckpt = torch.load(head, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:
+        return False
+    return isinstance(ckpt, dict) and isinstance(ckpt.get("run_id"), dict) and _other_run(t, path) is None

@@ -212,8 +212,18 @@ def _by_name(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
 
 # ----- files --------------------------------------------------------------------------------------
 def atomic_save(obj: Any, path: str | os.PathLike[str]) -> None:
-    """torch.save `obj` to `path` atomically (see trainer.fileio.atomic_write)."""
-    atomic_write(path, lambda f: torch.save(obj, f))
+    """torch.save `obj` to `path` atomically (see trainer.fileio.atomic_write). A failed write (a full disk)
+    leaves the previous file; torch reports it as a RuntimeError of its zip writer, raised here as a
+    CheckpointError that names the file and the system's error."""
+    try:
+        atomic_write(path, lambda f: torch.save(obj, f))
+    except RuntimeError as e:
+        cause = e.__cause__ or e.__context__
+        if not isinstance(cause, OSError):
+            raise
+        raise CheckpointError(
+            f"could not write checkpoint {os.fspath(path)!r}: {cause}; the previous file there is unchanged."
+        ) from e
 
 
 def load(

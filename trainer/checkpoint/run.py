@@ -17,6 +17,7 @@ from trainer.checkpoint.io import _existing, _read_meta, checkpoint_io, load, re
 from trainer.errors import CheckpointError, ConfigError
 from trainer.loop.hooks import overrides
 from trainer.loop.optim import step_schedulers
+from trainer.secrets import redact, unresolved
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -35,8 +36,9 @@ def save(t: Trainer, path: str, weights_only: bool = False) -> None:
             t
         ),  # resume="auto" and ckpt_path="last" resume only a file of this experiment and task
         **io.collect(task, None if weights_only else t.optimizers),
-        "hyper_parameters": encode(dict(task.hparams), "hyper_parameters"),
-        "config": t.resolved_config,  # the run config that built this trainer (trainer/config/__init__.py)
+        # secrets of the config as their ${oc.env:NAME} text (trainer/secrets.py)
+        "hyper_parameters": redact(encode(dict(task.hparams), "hyper_parameters"), t.config_secrets),
+        "config": redact(t.resolved_config, t.config_secrets),  # the run config that built this trainer
     }
     if weights_only:
         ckpt.update(t.state.state_dict())
@@ -53,7 +55,8 @@ def save(t: Trainer, path: str, weights_only: bool = False) -> None:
         )
         if t.datamodule is not None:
             ckpt["datamodule"] = t.datamodule.state_dict()
-            ckpt["datamodule_hyper_parameters"] = encode(dict(t.datamodule.hparams), "datamodule hparams")
+            hparams = encode(dict(t.datamodule.hparams), "datamodule hparams")
+            ckpt["datamodule_hyper_parameters"] = redact(hparams, t.config_secrets)
         t.hooks.call("on_save_checkpoint", ckpt)
     io.write(ckpt, path, comm)
 
@@ -114,13 +117,17 @@ def restore(t: Trainer, restoring: Restoring) -> None:
             cfg.scheduler.load_state_dict(state)
         t.strategy.load_state_dict(ckpt.get("strategy", {}))
         _restore_loop(t, ckpt)
+        if t.is_global_zero:  # the step its loggers write next (trainer/loggers/reporting.py)
+            for lg in t.loggers:
+                getattr(lg, "resumed_at", lambda step: None)(t.global_step)
     t.print(f"Restored from {path} (epoch {t.current_epoch}, step {t.global_step})")
 
 
 def _warn_hparams(t: Trainer, ckpt: dict[str, Any], path: str) -> None:
     """Warn (rank 0) listing the hyperparameters that differ between the checkpoint and the task."""
     assert t.task is not None
-    saved, own = ckpt.get("hyper_parameters") or {}, encode(dict(t.task.hparams), "hyper_parameters")
+    saved = ckpt.get("hyper_parameters") or {}
+    own = redact(encode(dict(t.task.hparams), "hyper_parameters"), t.config_secrets)
     differ = sorted(str(k) for k in {*saved, *own} if not _same(saved.get(k, _ABSENT), own.get(k, _ABSENT)))
     if differ and t.is_global_zero:
         shown = ", ".join(f"{k}: {saved.get(k, '<absent>')!r} -> {own.get(k, '<absent>')!r}" for k in differ)
@@ -184,6 +191,11 @@ def rebuild_task(
     ckpt = load(path, map_location if map_location is not None else "cpu", weights_only=weights_only)
     hparams = ckpt.get("hyper_parameters", {})
     absent = {k: v for k, v in missing(hparams).items() if k not in overrides}
+    for k in unresolved(
+        hparams
+    ):  # a secret stored as its ${oc.env:NAME} text: not read from this environment
+        if k not in overrides:
+            absent[k] = f"{hparams[k]!r}, a secret that is not stored"
     if absent:
         raise CheckpointError(
             f"checkpoint {path!r} could not store hyperparameters {absent}; pass them: "

@@ -13,13 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainer.config.load import Source, resolve
+from trainer.config.load import Source, load, resolve
 from trainer.config.save import SaveRunConfig
 from trainer.config.schema import FROM_TRAINER
 from trainer.config.targets import TARGET, built, instantiate, locate, params
 from trainer.config.types import describe, slot_types
 from trainer.errors import ConfigError, TandemError
 from trainer.options import TrainerConfig
+from trainer.secrets import env_values
 
 if TYPE_CHECKING:
     from trainer.task.base import Task
@@ -48,13 +49,15 @@ def build(
 
     `trainer_cls` builds a subclass of Trainer instead (it is given the same keywords).
     """
-    cfg = resolve(source, overrides)
+    raw = load(source, overrides)
+    secrets = env_values(raw)  # written as ${oc.env:NAME}, never as the value (trainer/secrets.py)
+    cfg = resolve(raw)
     cfg["seed_everything"] = _pick_seed(cfg["seed_everything"])  # pinned: the saved config repeats it
     _seed(cfg)
     slots = slot_types()
     callbacks = [_build(c, f"callbacks[{i}]", slots["callbacks"]) for i, c in enumerate(cfg["callbacks"])]
     loggers = [_build(c, f"logger[{i}]", slots["logger"]) for i, c in enumerate(cfg["logger"])]
-    kwargs = dict(cfg["trainer"], callbacks=[*callbacks, SaveRunConfig(cfg)])
+    kwargs = dict(cfg["trainer"], callbacks=[*callbacks, SaveRunConfig(cfg, secrets=secrets)])
     if loggers:
         kwargs["logger"] = loggers
     if isinstance(kwargs["strategy"], dict):
@@ -65,7 +68,7 @@ def build(
         raise
     except Exception as e:  # a subclass's own check, or a bug: name the section that built it
         raise ConfigError(f"trainer: building the Trainer failed: {type(e).__name__}: {e}") from e
-    trainer.resolved_config = cfg
+    trainer.resolved_config, trainer.config_secrets = cfg, secrets
     run = Run(trainer, None, None, cfg)
     return build_task(run) if with_task else run
 

@@ -14,31 +14,35 @@ from omegaconf import OmegaConf
 
 from callbacks.base import Callback
 from trainer.fileio import atomic_write
+from trainer.secrets import split
 
 if TYPE_CHECKING:
     from trainer.task.base import Task
     from trainer.trainer import Trainer
 
 
-def to_yaml(config: Mapping[str, Any]) -> str:
-    """The config as YAML that `load` reads back to the same values (``${`` in strings is escaped)."""
-    return OmegaConf.to_yaml(OmegaConf.create(_escape(dict(config))))
+def to_yaml(config: Mapping[str, Any], secrets: dict[str, str] | None = None) -> str:
+    """The config as YAML that `load` reads back to the same values (``${`` in strings is escaped), with
+    each value of `secrets` written as its ``${oc.env:NAME}`` (trainer/secrets.py)."""
+    return OmegaConf.to_yaml(OmegaConf.create(_escape(dict(config), secrets or {})))
 
 
-def _escape(value: Any) -> Any:
+def _escape(value: Any, secrets: dict[str, str]) -> Any:
     if isinstance(value, str):
-        return value.replace("${", "\\${")
+        return "".join(p if live else p.replace("${", "\\${") for p, live in split(value, secrets))
     if isinstance(value, dict):
-        return {k: _escape(v) for k, v in value.items()}
+        return {k: _escape(v, secrets) for k, v in value.items()}
     if isinstance(value, list):
-        return [_escape(v) for v in value]
+        return [_escape(v, secrets) for v in value]
     return value
 
 
-def save(config: Mapping[str, Any], path: str | os.PathLike[str]) -> str:
-    """Write `config` as YAML to `path` (atomically); return the path."""
+def save(
+    config: Mapping[str, Any], path: str | os.PathLike[str], secrets: dict[str, str] | None = None
+) -> str:
+    """Write `config` as YAML to `path` (atomically), secrets as their interpolation; return the path."""
     path = os.fspath(path)
-    atomic_write(path, to_yaml(config))
+    atomic_write(path, to_yaml(config, secrets))
     return path
 
 
@@ -46,9 +50,11 @@ class SaveRunConfig(Callback):
     """Writes the resolved config that built the Trainer to ``<log_dir>/config.yaml`` at the start of
     every fit/validate/test/predict, on global rank 0 (not under fast_dev_run, which writes no files)."""
 
-    def __init__(self, config: Mapping[str, Any], filename: str = "config.yaml") -> None:
-        self.config, self.filename = config, filename
+    def __init__(
+        self, config: Mapping[str, Any], filename: str = "config.yaml", secrets: dict[str, str] | None = None
+    ) -> None:
+        self.config, self.filename, self.secrets = config, filename, secrets or {}
 
     def setup(self, trainer: Trainer, task: Task, stage: str) -> None:
         if trainer.is_global_zero and not trainer.config.fast_dev_run:
-            save(self.config, os.path.join(trainer.log_dir, self.filename))
+            save(self.config, os.path.join(trainer.log_dir, self.filename), self.secrets)

@@ -126,6 +126,10 @@ class Logger:
     def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
         """Called on rank 0 after a ModelCheckpoint wrote a file (trackers upload it with log_model)."""
 
+    def resumed_at(self, step: int) -> None:
+        """fit restored a checkpoint: the run goes on from logged step `step`; what an earlier run logged at
+        `step` or later (after that checkpoint, before it stopped) is superseded by what comes now."""
+
     def save(self) -> None:
         """Flush what was written."""
 

@@ -71,13 +71,16 @@ class CSVLogger(Logger):
             writer.writerows(self.rows)
             atomic_write(path, text.getvalue())  # the header or a written row changed: replace it all
         else:  # cheap, and a crash can tear at most the rows of this append, never earlier ones
-            with open(path, "a", newline="", encoding="utf-8") as f:
+            # O_NOFOLLOW: rows never go through a symlink planted at metrics.csv (its rows were not read)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+            with open(fd, "a", newline="", encoding="utf-8") as f:
                 csv.DictWriter(f, fieldnames=self._columns).writerows(new)
         self._written = len(self.rows)
 
     def _read_existing(self, path: str) -> None:
-        """Keep the rows of an earlier run in this version directory (a resume): nothing is lost."""
-        if not os.path.isfile(path):
+        """Keep the rows of an earlier run in this version directory (a resume): nothing is lost. A symlink
+        there is not read (nor written through: the first save replaces it with this run's file)."""
+        if os.path.islink(path) or not os.path.isfile(path):
             return
         with open(path, newline="", encoding="utf-8") as f:
             reader = csv.DictReader(f)

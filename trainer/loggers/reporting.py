@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from trainer.loggers.metrics import to_floats
+from trainer.secrets import redact
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -37,7 +38,7 @@ def finalize_loggers(t: Trainer, status: str) -> None:
     for lg in t.loggers:
         if t.task is not None and t.task.hparams and getattr(t.task, "_log_hyperparams", True):
             final = {k: float(v) for k, v in t.callback_metrics.items()}
-            lg.log_hyperparams(dict(t.task.hparams), final)
+            lg.log_hyperparams(redact(dict(t.task.hparams), t.config_secrets), final)  # no secret values
         lg.finalize(status)
 
 

@@ -1,4 +1,9 @@
-"""TensorBoard event files: scalars at the global step, hyperparameters in the HParams tab."""
+"""TensorBoard event files: scalars at the global step, hyperparameters in the HParams tab.
+
+A run resumed into the same version directory appends: the earlier event files stay, and the new file starts
+with a purge marker at the resumed step (SummaryWriter's purge_step), so TensorBoard hides what the earlier
+run logged at that step or later, after its checkpoint and before it stopped: each step shows once.
+"""
 
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ class TensorBoardLogger(Logger):
         self._writer: Any = None
         self._hparams: dict[str, Any] = {}
         self._tags: set[str] = set()
+        self._purge_step: int | None = None  # set by resumed_at
 
     @property
     def experiment(self) -> Any:
@@ -36,8 +42,18 @@ class TensorBoardLogger(Logger):
             from torch.utils.tensorboard import SummaryWriter
 
             os.makedirs(self.log_dir, exist_ok=True)
-            self._writer = SummaryWriter(log_dir=self.log_dir, **self._writer_kwargs)
+            kwargs = dict(self._writer_kwargs)
+            if self._purge_step is not None:
+                kwargs["purge_step"], self._purge_step = self._purge_step, None
+            self._writer = SummaryWriter(log_dir=self.log_dir, **kwargs)
         return self._writer
+
+    def resumed_at(self, step: int) -> None:
+        """Events of an earlier run at `step` or later are superseded: the next event file says so."""
+        if self._writer is not None:  # opened before the restore: a new file carries the marker
+            self._writer.close()
+            self._writer = None
+        self._purge_step = step
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         writer = self.experiment
