@@ -121,6 +121,7 @@ class ProcessGroupStrategy(ParallelStrategy):
         self.backend, self.timeout_s, self.max_restarts = process_group_backend, timeout_s, max_restarts
         # multi-node: a rank whose heartbeat is silent this long ends the job (strategies/heartbeat.py)
         self.peer_timeout_s = peer_timeout_s
+        self._alone = False  # a group of one made here (launch)
         self.comm: ProcessGroupComm = ProcessGroupComm(timeout_s, lambda: self._world[0] * self._world[1])
 
     @property
@@ -166,15 +167,9 @@ class ProcessGroupStrategy(ParallelStrategy):
             )
 
     def _group_of_one(self) -> None:
-        """A group of one, in this process."""
-        os.environ.update(
-            RANK="0",
-            WORLD_SIZE="1",
-            LOCAL_RANK="0",
-            LOCAL_WORLD_SIZE="1",
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(launch._free_port()),
-        )
+        """A group of one, in this process, on a store of its own: nothing goes into os.environ, where a
+        later fit with devices=2 (a notebook) or a subprocess would read it as a launcher's job of one."""
+        self._alone = True
 
     def _fork_start(self, devices: int) -> ForkStart:
         name = self.name if self.start_method != "fork" else f"{self.name}_fork"
@@ -206,8 +201,10 @@ class ProcessGroupStrategy(ParallelStrategy):
         if backend == "gloo":
             bind_gloo_interface()
         _unpin_default_group()
-        private = _attempt_store(timeout)
-        if private is None:
+        private = None if self._alone else _attempt_store(timeout)
+        if self._alone:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        elif private is None:
             dist.init_process_group(backend, timeout=timeout)
         else:
             dist.init_process_group(

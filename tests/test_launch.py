@@ -196,12 +196,44 @@ def test_a_plain_run_relaunches_devices_workers(env):
 
 def test_one_device_is_a_group_of_one_in_this_process(env):
     calls = _no_relaunch(env)
-    DDPStrategy(accelerator="cpu", devices=1).launch()
-    assert calls == ["joined"] and os.environ["WORLD_SIZE"] == "1"
-    assert os.environ["RANK"] == "0" and os.environ["MASTER_ADDR"] == "127.0.0.1"
+    strategy = DDPStrategy(accelerator="cpu", devices=1)
+    strategy.launch()
+    assert calls == ["joined"] and strategy._alone
+    assert (strategy.comm.rank, strategy.comm.world_size) == (0, 1)
 
 
 def test_several_nodes_need_a_launcher(env):
     _no_relaunch(env)
     with pytest.raises(ConfigError, match="torchrun .*srun"):
         DDPStrategy(accelerator="cpu", devices=2, num_nodes=2).launch()
+
+
+def test_a_group_of_one_leaves_the_environment_as_it_was(env):
+    """A devices=1 ddp/fsdp fit makes its group on a store of its own. Written into os.environ (as it was
+    before), RANK/WORLD_SIZE/LOCAL_WORLD_SIZE=1 made a later devices=2 fit in the same notebook, and every
+    subprocess started after it (a torchrun, a CLI run), read as a launcher's job of one process."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from tests.conftest import FAST
+    from trainer import Task, Trainer
+
+    class Net(Task):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 2)
+
+        def training_step(self, batch, batch_idx):
+            return torch.nn.functional.cross_entropy(self.layer(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    before = dict(os.environ)
+    data = DataLoader(TensorDataset(torch.randn(8, 4), torch.randint(0, 2, (8,))), batch_size=4)
+    for strategy in ("ddp", "fsdp"):
+        trainer = Trainer(strategy=strategy, devices=1, max_steps=2, **FAST)
+        trainer.fit(Net(), data)
+        assert trainer.global_step == 2
+    assert dict(os.environ) == before
+    assert not launch.launched_externally()
