@@ -84,11 +84,11 @@ class Logger:
     """Receives metrics as floats at a step. Only rank 0's Trainer calls a logger.
 
     Example: ``Trainer(logger=[TensorBoardLogger("runs"), CSVLogger("runs")])`` writes both
-    ``runs/logs/version_0/events.out.tfevents.*`` and ``runs/logs/version_0/metrics.csv``.
+    ``runs/lightning_logs/version_0/events.out.tfevents.*`` and ``runs/lightning_logs/version_0/metrics.csv``.
     """
 
     def __init__(
-        self, save_dir: str = ".", name: str | None = "logs", version: int | str | None = None
+        self, save_dir: str = ".", name: str | None = "lightning_logs", version: int | str | None = None
     ) -> None:
         self.save_dir = os.fspath(save_dir)
         self.name = name or ""
@@ -126,6 +126,11 @@ class Logger:
     def finalize(self, status: str) -> None:
         """Called once at the end of a run with 'success' or 'failed'."""
         self.save()
+
+
+def add_prefix(metrics: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """Lightning's logger `prefix`: every key becomes ``f"{prefix}-{key}"`` (unchanged when prefix is "")."""
+    return {f"{prefix}-{k}": v for k, v in metrics.items()} if prefix else metrics
 
 
 def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, Any]:
