@@ -110,6 +110,8 @@ class TensorBoardLogger(Logger):
             )
             return
         from strategies.batch import move_to_device
+        from trainer.task.export import _scriptable  # a Task's run-reading properties kept out of the trace
 
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
-        self.experiment.add_graph(model, move_to_device(inputs, device))
+        with _scriptable(model):
+            self.experiment.add_graph(model, move_to_device(inputs, device))
