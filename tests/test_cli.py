@@ -121,7 +121,8 @@ def test_ddp_configs_train_two_processes_through_the_command(name, launcher, ext
         ("trainer.max_epoch=3", "did you mean 'max_epochs'?"),
         ("trainer.max_epochs=abc", "trainer.max_epochs: must be an int"),
         ("task._target_=examples.digits.DigitTask", "cannot import 'examples.digits.DigitTask'"),
-        ("trainer.strategy=deepspeed", "(valid: 'auto', 'single'"),
+        ("trainer.strategy=deepspeedd", "(valid: 'auto', 'single'"),
+        ("trainer.strategy=deepspeed", "DeepSpeed is not part of Tandem; use strategy='fsdp'"),
     ],
 )
 def test_config_mistakes_exit_2_with_a_message(override, message, capsys):

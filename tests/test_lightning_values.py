@@ -102,7 +102,7 @@ def test_single_device_is_single():
 
 
 def test_lightnings_other_names_are_refused_by_name():
-    with pytest.raises(ConfigError, match="accelerator='tpu' is not supported by Tandem"):
+    with pytest.raises(ConfigError, match="accelerator 'tpu' is not supported by Tandem"):
         Trainer(accelerator="tpu")
     with pytest.raises(ConfigError, match="profiler='xla'"):
         Trainer(profiler="xla")

@@ -73,7 +73,7 @@ def check_accelerator(name: str, value: Any) -> None:
     if isinstance(value, str) and value in REFUSED_ACCELERATORS:
         raise OptionError(
             name,
-            f"{name}={value!r} is not supported by Tandem; use 'cuda' (or 'gpu'), 'cpu', 'mps' or 'auto'",
+            f"{name} {value!r} is not supported by Tandem; use 'cuda' (or 'gpu'), 'cpu', 'mps' or 'auto'",
         )
     if not isinstance(value, str) and value is not None:
         raise OptionError(
