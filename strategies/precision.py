@@ -124,10 +124,12 @@ class Precision:
             self._autocast = lambda: torch.autocast(device.type, dtype=torch.float16)
             if self.scaler is None:
                 self.scaler = torch.amp.GradScaler(device.type)
-        elif self.name in (
-            "bf16-true",
-            "16-true",
-        ):  # as Lightning's HalfPrecision: steps run with this default
+        elif self.name in ("bf16-true", "16-true"):  # Lightning's HalfPrecision: steps run with this default
+            if self.name == "bf16-true" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+                raise ConfigError(
+                    f"precision='bf16-true' needs a GPU with bfloat16 support; {torch.cuda.get_device_name(device)}"
+                    " has none. Use precision='16-true' or '32-true'."
+                )
             dtype = _TRUE_DTYPES[self.name]
             self._autocast = lambda: default_dtype(dtype)
 

@@ -88,3 +88,14 @@ def test_more_gpus_than_the_machine_has_is_refused(monkeypatch):
     with pytest.raises(ConfigError, match=r"asks for cuda device\(s\) \[1\], but this machine has 1"):
         count("0,1", "cuda")
     assert count(-1, "cuda") == 1 and count([0], "cuda") == 1
+
+
+def test_a_config_gives_a_strategy_entry_the_count(tmp_path):
+    import trainer.config as C
+
+    if torch.cuda.is_available():
+        pytest.skip("the CPU's rule is checked here")
+    raw = {"trainer": {"devices": "2", "accelerator": "cpu", "logger": False, "default_root_dir": str(tmp_path),
+                       "strategy": {"_target_": "strategies.ddp.DDPStrategy"}}}  # fmt: skip
+    trainer = C.build_trainer(raw)
+    assert trainer.strategy.devices == 2 and trainer.config.devices == 2

@@ -61,3 +61,45 @@ def test_unknown_profilers_are_refused_by_name():
         Trainer(profiler="cprofile")
     with pytest.raises(ConfigError, match="profiler must be a name or a profiler of trainer/profiler.py"):
         Trainer(profiler=object())
+
+
+DDP_SCRIPT = """
+import sys, torch
+from trainer import Task, Trainer
+
+class Tiny(Task):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(4, 1)
+    def training_step(self, batch, batch_idx):
+        return self.net(batch[0]).pow(2).mean()
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+if __name__ == "__main__":
+    data = torch.utils.data.TensorDataset(torch.randn(16, 4))
+    Trainer(max_epochs=1, strategy="ddp", devices=2, accelerator="cpu", profiler="pytorch", default_root_dir=sys.argv[1],
+            enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False).fit(
+        Tiny(), torch.utils.data.DataLoader(data, batch_size=4))
+"""
+
+
+@pytest.mark.slow
+def test_pytorch_profiler_under_ddp_writes_one_trace_per_rank_in_rank_0s_run(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "run.py"
+    script.write_text(DDP_SCRIPT)
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")
+    }
+    out = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=300,
+                         env=env)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert os.listdir(tmp_path / "lightning_logs") == ["version_0"]  # no rank claimed a version of its own
+    traces = sorted(
+        os.path.basename(p).split(".")[0]
+        for p in glob.glob(str(tmp_path / "lightning_logs" / "version_0" / "fit" / "*.pt.trace.json"))
+    )
+    assert traces == ["rank0", "rank1"]

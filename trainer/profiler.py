@@ -97,12 +97,12 @@ class PyTorchProfiler(AdvancedProfiler):
 
         from torch.profiler import tensorboard_trace_handler
 
-        root = self.dirpath or (trainer.log_dir if trainer is not None else os.getcwd())
         stage = getattr(getattr(trainer, "state", None), "stage", None) or "stage"
-        rank = getattr(trainer, "global_rank", 0) if trainer is not None else 0
 
-        def write(prof: Any) -> None:  # at the stage's end: the directory is the run's by then
-            folder = os.path.join(root, stage) if self.dirpath else os.path.join(trainer.log_dir, stage)
+        def write(prof: Any) -> None:  # at the stage's end, when every rank knows the run's log_dir
+            root = self.dirpath or (trainer.log_dir if trainer is not None else os.getcwd())
+            rank = trainer.global_rank if trainer is not None else 0
+            folder = os.path.join(root, stage)
             self.trace_dirs.append(folder)
             tensorboard_trace_handler(folder, worker_name=f"rank{rank}")(prof)
 
