@@ -160,3 +160,14 @@ def test_true_half_precision_equals_a_hand_loop_in_that_dtype(precision, dtype):
     for (name, p), q in zip(task.net.named_parameters(), hand.parameters()):
         assert p.dtype == dtype, name
         assert torch.equal(p, q), name
+
+
+@pytest.mark.parametrize("name", ["limit_train_batches", "limit_val_batches", "limit_test_batches",
+                                  "limit_predict_batches", "overfit_batches", "val_check_interval"])  # fmt: skip
+def test_batch_counts_and_fractions_read_as_lightnings(name, tmp_path):
+    for value in LIGHTNING_VALUES[name]:
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            continue  # durations: tests/test_val_check_time.py
+        theirs = getattr(lightning_trainer(tmp_path, **{name: value}, logger=False), name)
+        ours = getattr(TrainerConfig.from_kwargs(**{name: value}), name)
+        assert ours == theirs and type(ours) is type(theirs), (name, value, ours, theirs)

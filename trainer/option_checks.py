@@ -92,14 +92,14 @@ def check_precision(name: str, value: Any) -> None:
 
 def check_val_interval(name: str, value: Any) -> None:
     """Batches (an int >= 1), a fraction of the epoch (a float in (0, 1]) or a wall-time duration."""
-    if (is_int(value) and value >= 1) or (isinstance(value, float) and 0.0 < value <= 1.0):
+    if (is_int(value) and value >= 1) or (isinstance(value, float) and 0.0 <= value <= 1.0) or whole(value):
         return
     if isinstance(value, (str, dict)) or type(value).__name__ == "timedelta":
         check_duration(name, value)
         return
     raise OptionError(
         name,
-        f"{name} must be an int >= 1 (batches), a float in (0, 1] (a fraction of the epoch) or a duration "
+        f"{name} must be an int >= 1 (batches), a float in [0, 1] (a fraction of the epoch) or a duration "
         f"('DD:HH:MM:SS', a timedelta or a dict of its keywords), got {value!r}",
     )
 
@@ -183,11 +183,16 @@ def finite_at_least_0(v: Any) -> bool:
     return (is_int(v) and v >= 0) or (isinstance(v, float) and math.isfinite(v) and v >= 0)
 
 
+def whole(v: Any) -> bool:
+    """A float above 1 with nothing after the point (5.0), which Lightning reads as that many batches."""
+    return isinstance(v, float) and v > 1 and v.is_integer()
+
+
 def batches(v: Any) -> bool:
-    return (is_int(v) and v >= 0) or (isinstance(v, float) and 0.0 <= v <= 1.0)
+    return (is_int(v) and v >= 0) or (isinstance(v, float) and 0.0 <= v <= 1.0) or whole(v)
 
 
-LIMIT = must(batches, "an int >= 0 (batches) or a float in [0, 1] (fraction)")
+LIMIT = must(batches, "an int >= 0 (batches), a float in [0, 1] (fraction) or a whole float (5.0: 5 batches)")
 FLAG = must(lambda v: isinstance(v, bool), "true or false")
 
 

@@ -70,6 +70,16 @@ NONE_IS_DEFAULT = (
     "enable_model_summary",
 )
 
+#: options that count batches (int) or take a fraction (float), read as Lightning's _determine_batch_limits
+BATCH_COUNTS = (
+    "limit_train_batches",
+    "limit_val_batches",
+    "limit_test_batches",
+    "limit_predict_batches",
+    "overfit_batches",
+    "val_check_interval",
+)
+
 
 # ----- the options ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -256,6 +266,10 @@ class TrainerConfig:
         for name in NONE_IS_DEFAULT:  # Lightning's signature defaults these to None, meaning its default
             if getattr(self, name) is None:
                 object.__setattr__(self, name, self.__dataclass_fields__[name].default)
+        for name in BATCH_COUNTS:  # as Lightning: a whole float above 1 (5.0) counts batches (5)
+            value = getattr(self, name)
+            if isinstance(value, float) and value > 1 and value.is_integer():
+                object.__setattr__(self, name, int(value))
         for f in fields(self):
             f.metadata["check"](f.name, getattr(self, f.name))
 
