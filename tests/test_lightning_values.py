@@ -171,3 +171,10 @@ def test_batch_counts_and_fractions_read_as_lightnings(name, tmp_path):
         theirs = getattr(lightning_trainer(tmp_path, **{name: value}, logger=False), name)
         ours = getattr(TrainerConfig.from_kwargs(**{name: value}), name)
         assert ours == theirs and type(ours) is type(theirs), (name, value, ours, theirs)
+
+
+def test_any_iterable_of_loggers_as_lightning(tmp_path):
+    from trainer.loggers import CSVLogger
+
+    t = Trainer(logger=(CSVLogger(str(tmp_path), name=n) for n in "ab"), accelerator="cpu", **QUIET)
+    assert [lg.name for lg in t.loggers] == ["a", "b"]

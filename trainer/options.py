@@ -266,6 +266,9 @@ class TrainerConfig:
         for name in NONE_IS_DEFAULT:  # Lightning's signature defaults these to None, meaning its default
             if getattr(self, name) is None:
                 object.__setattr__(self, name, self.__dataclass_fields__[name].default)
+        logger = self.logger  # Lightning takes any iterable of loggers (a generator too): kept as a list
+        if not isinstance(logger, (bool, list, tuple, str)) and hasattr(logger, "__iter__"):
+            object.__setattr__(self, "logger", list(logger))
         for name in BATCH_COUNTS:  # as Lightning: a whole float above 1 (5.0) counts batches (5)
             value = getattr(self, name)
             if isinstance(value, float) and value > 1 and value.is_integer():

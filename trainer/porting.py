@@ -196,13 +196,18 @@ def strategies_table() -> list[str]:
 
 def loggers_table() -> list[str]:
     import trainer.loggers as loggers
+    from trainer.errors import ConfigError
 
     rows = ["| logger | Tandem | constructor |", "|---|---|---|"]
     names = list(LIGHTNING_LOGGERS) + sorted(
         n for n in getattr(loggers, "__all__", []) if n.endswith("Logger") and n not in LIGHTNING_LOGGERS
     )
     for name in names:
-        cls = getattr(loggers, name, None)
+        try:  # a name Tandem refuses raises its message here (trainer.loggers' module __getattr__)
+            cls = getattr(loggers, name, None)
+        except ConfigError as e:
+            rows.append(f"| `{name}` | refused | {_cell(str(e))} |")
+            continue
         if not isinstance(cls, type):
             rows.append(
                 f"| `{name}` | not in Tandem | `from trainer.loggers import {name}` is an ImportError |"
