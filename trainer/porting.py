@@ -213,7 +213,7 @@ def loggers_table() -> list[str]:
                 f"| `{name}` | not in Tandem | `from trainer.loggers import {name}` is an ImportError |"
             )
             continue
-        doc = (inspect.getdoc(cls) or "").split("\n")[0]
+        doc = (inspect.getdoc(cls) or "").split("\n\n")[0]  # the first paragraph
         params = list(inspect.signature(cls.__init__).parameters.values())[1:]
         sig = ", ".join(
             f"**{p.name}" if p.kind is p.VAR_KEYWORD else f"{p.name}={p.default!r}" for p in params
