@@ -63,7 +63,11 @@ class DeviceStatsMonitor(Callback):
 
     def _log(self, trainer: Trainer, key: str) -> None:
         n = trainer.config.log_every_n_steps
-        if not ((trainer.global_step + 1) % n == 0 or trainer.should_stop) or not trainer.is_global_zero:
+        if (
+            not n
+            or not ((trainer.global_step + 1) % n == 0 or trainer.should_stop)
+            or not trainer.is_global_zero
+        ):
             return
         device = trainer.strategy.root_device
         if self._cpu_stats is False and device.type == "cpu":

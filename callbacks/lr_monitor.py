@@ -87,7 +87,8 @@ class LearningRateMonitor(Callback):
         step = trainer.global_step
         if self.logging_interval == "epoch" or step == self._last_step:
             return
-        if (step + 1) % trainer.config.log_every_n_steps == 0:
+        n = trainer.config.log_every_n_steps  # 0: no step logging (Lightning)
+        if n and (step + 1) % n == 0:
             self._last_step = step
             self._write(trainer, self._stats("step"))
 

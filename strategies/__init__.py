@@ -17,11 +17,14 @@ from trainer.errors import ConfigError
 # name -> ("module:Class", constructor arguments); imported on demand so that `import trainer` stays fast.
 STRATEGIES: dict[str, tuple[str, dict[str, Any]]] = {
     "single": ("strategies.single:SingleDeviceStrategy", {}),
+    "single_device": ("strategies.single:SingleDeviceStrategy", {}),  # Lightning's name
     "dp": ("strategies.data_parallel:DataParallelStrategy", {}),
     "ddp": ("strategies.ddp:DDPStrategy", {}),
     "ddp_accumulate": ("strategies.ddp:DDPStrategy", {}),  # config alias: use with accumulate_grad_batches=k
     "ddp_find_unused_parameters_true": ("strategies.ddp:DDPStrategy", {"find_unused_parameters": True}),
+    "ddp_find_unused_parameters_false": ("strategies.ddp:DDPStrategy", {"find_unused_parameters": False}),
     "fsdp": ("strategies.fsdp:FSDPStrategy", {}),
+    "fsdp_cpu_offload": ("strategies.fsdp:FSDPStrategy", {"cpu_offload": True}),
 }
 # Lightning's DDP start methods: fork (notebooks) is Tandem's too; DDPStrategy refuses spawn, naming these
 for _name, _method in (("fork", "fork"), ("notebook", "fork"), ("spawn", "spawn")):
@@ -31,6 +34,27 @@ for _name, _method in (("fork", "fork"), ("notebook", "fork"), ("spawn", "spawn"
             "strategies.ddp:DDPStrategy",
             {"start_method": _method, "find_unused_parameters": _unused},
         )
+_DEEPSPEED = (
+    "DeepSpeed is not part of Tandem; use strategy='fsdp', which shards parameters, gradients and optimizer "
+    "states as ZeRO stage 3 does ('fsdp_cpu_offload' or FSDPStrategy(cpu_offload=True) for the offload variants)"
+)
+_XLA = "TPUs/XLA are not supported by Tandem; run on CUDA or the CPU with strategy='ddp' (or 'single')"
+#: Lightning's strategy names that Tandem refuses, with what to use instead
+REFUSED: dict[str, str] = {
+    **{
+        name: f"strategy={name!r}: {_DEEPSPEED}"
+        for name in (
+            "deepspeed",
+            "deepspeed_stage_1",
+            "deepspeed_stage_2",
+            "deepspeed_stage_2_offload",
+            "deepspeed_stage_3",
+            "deepspeed_stage_3_offload",
+            "deepspeed_stage_3_offload_nvme",
+        )
+    },
+    **{name: f"strategy={name!r}: {_XLA}" for name in ("single_tpu", "single_xla", "xla", "xla_debug")},
+}
 #: Trainer options a strategy takes when its constructor left them unset
 FILLED = ("accelerator", "precision", "devices", "num_nodes", "sync_batchnorm")
 DEFAULTS = {  # TrainerConfig's defaults (kept equal by tests/test_strategy_base.py; importing trainer.options
@@ -93,9 +117,9 @@ def _by_name(name: str, options: dict[str, Any]) -> Strategy:
         devices = _auto_devices(options)
     if name == "auto":
         name = "single" if devices == 1 and options.get("num_nodes", 1) == 1 else "ddp"
-    if name == "single" and devices != 1:
+    if name in ("single", "single_device") and devices != 1:
         raise ConfigError(
-            f"strategy='single' runs on one device but devices={devices}; use strategy='ddp' or 'dp'."
+            f"strategy={name!r} runs on one device but devices={devices}; use strategy='ddp' or 'dp'."
         )
     cls, kwargs = _load(name)
     return cls(**kwargs)
@@ -116,6 +140,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "REFUSED",
     "STRATEGIES",
     "Comm",
     "DDPStrategy",

@@ -1,4 +1,5 @@
-"""Numerical precision: full 32/64-bit, bf16 autocast, fp16 autocast with a gradient scaler."""
+"""Numerical precision: full 32/64-bit, bf16/fp16 autocast (fp16 with a gradient scaler), and the "-true" half
+precisions that hold parameters in bf16/fp16 (Lightning's HalfPrecision)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,39 @@ _ALIASES = {
     "bf16-mixed": "bf16-mixed",
     "16": "16-mixed",
     "16-mixed": "16-mixed",
+    "bf16-true": "bf16-true",
+    "16-true": "16-true",
 }
-PRECISIONS = ("32-true", "64-true", "bf16-mixed", "16-mixed", "32", "64", "bf16", "16")
+PRECISIONS = (
+    "32-true",
+    "64-true",
+    "bf16-mixed",
+    "16-mixed",
+    "bf16-true",
+    "16-true",
+    "32",
+    "64",
+    "bf16",
+    "16",
+)
+#: Lightning's precision names Tandem refuses, with what to use instead
+REFUSED = {
+    name: f"precision={name!r} (NVIDIA Transformer Engine's fp8) is not supported by Tandem; use 'bf16-mixed' "
+    "or 'bf16-true'"
+    for name in ("transformer-engine", "transformer-engine-float16")
+}
+_TRUE_DTYPES = {"64-true": torch.float64, "bf16-true": torch.bfloat16, "16-true": torch.float16}
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype) -> Any:
+    """torch's default dtype set to `dtype` inside (tensors a step creates get the parameters' dtype)."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
 
 
 def needs_closure(optimizer: torch.optim.Optimizer) -> bool:
@@ -44,6 +76,8 @@ class Precision:
 
     def __init__(self, precision: str | int = "32-true") -> None:
         name = str(precision)
+        if name in REFUSED:
+            raise ConfigError(REFUSED[name])
         check_choice("precision", name, PRECISIONS)
         self.name = _ALIASES[name]
         self.device = torch.device("cpu")
@@ -72,7 +106,7 @@ class Precision:
     @property
     def param_dtype(self) -> torch.dtype | None:
         """The dtype parameters and float inputs are converted to, or None to leave them."""
-        return torch.float64 if self.name == "64-true" else None
+        return _TRUE_DTYPES.get(self.name)
 
     def setup(self, device: torch.device) -> None:
         """Check the device can run this precision and build the autocast context and scaler."""
@@ -90,6 +124,14 @@ class Precision:
             self._autocast = lambda: torch.autocast(device.type, dtype=torch.float16)
             if self.scaler is None:
                 self.scaler = torch.amp.GradScaler(device.type)
+        elif self.name in ("bf16-true", "16-true"):  # Lightning's HalfPrecision: steps run with this default
+            if self.name == "bf16-true" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+                raise ConfigError(
+                    f"precision='bf16-true' needs a GPU with bfloat16 support; {torch.cuda.get_device_name(device)}"
+                    " has none. Use precision='16-true' or '32-true'."
+                )
+            dtype = _TRUE_DTYPES[self.name]
+            self._autocast = lambda: default_dtype(dtype)
 
     def autocast(self) -> Any:
         """Context manager for the forward pass."""

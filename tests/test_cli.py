@@ -47,7 +47,7 @@ def last_ckpt(version_dir: str) -> dict[str, Any]:
 
 def check_run(root: Any, steps: int) -> dict[str, Any]:
     """One version directory with config.yaml and a last.ckpt that stores the same config."""
-    versions = sorted(glob.glob(os.path.join(str(root), "logs", "version_*")))
+    versions = sorted(glob.glob(os.path.join(str(root), "lightning_logs", "version_*")))
     assert len(versions) == 1, versions  # only global rank 0 writes
     ckpt = last_ckpt(versions[0])
     assert ckpt["global_step"] == steps
@@ -121,7 +121,8 @@ def test_ddp_configs_train_two_processes_through_the_command(name, launcher, ext
         ("trainer.max_epoch=3", "did you mean 'max_epochs'?"),
         ("trainer.max_epochs=abc", "trainer.max_epochs: must be an int"),
         ("task._target_=examples.digits.DigitTask", "cannot import 'examples.digits.DigitTask'"),
-        ("trainer.strategy=deepspeed", "(valid: 'auto', 'single'"),
+        ("trainer.strategy=deepspeedd", "(valid: 'auto', 'single'"),
+        ("trainer.strategy=deepspeed", "DeepSpeed is not part of Tandem; use strategy='fsdp'"),
     ],
 )
 def test_config_mistakes_exit_2_with_a_message(override, message, capsys):
@@ -185,21 +186,21 @@ def test_saved_config_reproduces_the_run_and_resumes_it(tmp_path):
     """resumed run == uninterrupted run; a run of the saved config == the original run."""
     first = tmp_path / "first"
     assert fit(config("single.yaml"), first) == 0  # 2 steps, stopped inside the first epoch
-    run0 = str(first / "logs" / "version_0")
+    run0 = str(first / "lightning_logs" / "version_0")
     saved = os.path.join(run0, "config.yaml")
 
     assert main(["fit", "--config", saved, "--ckpt-path", "last", "trainer.max_steps=4"]) == 0
-    resumed = last_ckpt(str(first / "logs" / "version_1"))
+    resumed = last_ckpt(str(first / "lightning_logs" / "version_1"))
     whole = tmp_path / "whole"
     assert fit(config("single.yaml"), whole, "trainer.max_steps=4") == 0
-    uninterrupted = last_ckpt(str(whole / "logs" / "version_0"))
+    uninterrupted = last_ckpt(str(whole / "lightning_logs" / "version_0"))
     # val/acc (monitored) does not improve at step 4 (no validation since step 3): as in Lightning, last.ckpt
     # is written with a top-k checkpoint only, so both runs' last.ckpt hold step 3
     assert resumed["global_step"] == uninterrupted["global_step"] == 3
     assert equal_weights(resumed, uninterrupted)
 
     assert main(["fit", "--config", saved]) == 0  # the saved config alone repeats the first run
-    again = str(first / "logs" / "version_2")
+    again = str(first / "lightning_logs" / "version_2")
     assert equal_weights(last_ckpt(again), last_ckpt(run0))
     with open(os.path.join(again, "config.yaml")) as a, open(saved) as b:
         assert a.read() == b.read()

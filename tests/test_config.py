@@ -106,13 +106,16 @@ def test_saved_yaml_reads_back_to_the_same_config(tmp_path):
             "trainer.enable_checkpointing=flase",
             r"trainer.enable_checkpointing: must be true or false, got 'flase'",
         ),
-        ("trainer.devices=two", r"trainer.devices: must be an int >= 1 or 'auto'"),
+        (
+            "trainer.devices=two",
+            r"trainer.devices: must be an int >= 1, -1, 'auto', a string like '2' or '0,1'",
+        ),
         (
             "trainer.strategy=ddpp",
             r"unknown strategy 'ddpp', did you mean 'ddp'\? \(valid: 'auto', 'single'.*'ddp'",
         ),
         ("trainer.precision=17", r"trainer.precision: unknown precision 17 \(valid: '32-true'"),
-        ("trainer.accelerator=tpu", r"unknown accelerator 'tpu'"),
+        ("trainer.accelerator=tpu", r"trainer.accelerator: 'tpu' is not supported by Tandem; use 'cuda'"),
         (
             "task._target_=examples.digits.DigitTask",
             r"cannot import 'examples.digits.DigitTask': 'examples.digits' "

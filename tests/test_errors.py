@@ -66,7 +66,13 @@ def test_dict_with_loss_is_accepted(tmp_path):
 
 
 def test_unknown_strategy_lists_valid_names():
-    with pytest.raises(ConfigError, match=r"unknown strategy 'deepspeed'.*\(valid: 'auto', 'single'") as info:
+    with pytest.raises(
+        ConfigError, match=r"unknown strategy 'deepspeedd'.*\(valid: 'auto', 'single'"
+    ) as info:
+        Trainer(strategy="deepspeedd", **FAST)
+    with pytest.raises(
+        ConfigError, match=r"strategy='deepspeed': DeepSpeed is not part of Tandem; use strategy='fsdp'"
+    ):
         Trainer(strategy="deepspeed", **FAST)
     assert isinstance(info.value, TandemError)
     with pytest.raises(ConfigError, match="did you mean 'single'"):
@@ -97,7 +103,7 @@ def test_unknown_precision_lists_valid_names():
         ({"gradient_clip_algorithm": "nrom"}, r"unknown gradient_clip_algorithm 'nrom', did you mean 'norm'"),
         ({"num_sanity_val_steps": -2}, r"num_sanity_val_steps must be an int >= -1"),
         ({"deterministic": "yes"}, r"deterministic must be True, False, 'warn' or None"),
-        ({"devices": 0}, r"devices must be an int >= 1 or 'auto'"),
+        ({"devices": 0}, r"devices must be an int >= 1, -1, 'auto'"),
         ({"logger": "tensorboard"}, r"logger must be True, False, a Logger or a list of Loggers"),
         ({"callbacks": [object()]}, r"callbacks must be Callback instances"),
         ({"strategy": "single", "devices": 2}, r"strategy='single' runs on one device but devices=2"),

@@ -63,7 +63,7 @@ def test_a_trainer_with_two_loggers_writes_one_version_directory(tmp_path):
     loggers = [TensorBoardLogger(str(tmp_path)), CSVLogger(str(tmp_path))]
     trainer = Trainer(**{**QUIET, "logger": loggers}, max_steps=1)
     trainer.fit(Linear(), loader())
-    assert os.listdir(os.path.join(str(tmp_path), "logs")) == ["version_0"]
+    assert os.listdir(os.path.join(str(tmp_path), "lightning_logs")) == ["version_0"]
 
 
 # ----- the contract of a custom logger ----------------------------------------------------------------------

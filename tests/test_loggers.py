@@ -127,12 +127,15 @@ def test_hyperparameters_reach_the_hparams_tab_with_final_metrics(tmp_path):
 
 
 def test_csv_and_tensorboard_agree(tmp_path):
-    (tmp_path / "logs" / "version_4").mkdir(parents=True)
+    (tmp_path / "lightning_logs" / "version_4").mkdir(parents=True)
     loggers = [TensorBoardLogger(str(tmp_path)), CSVLogger(str(tmp_path))]
     task, trainer = fit_recorder(tmp_path, loggers, epochs=3)
-    assert loggers[0].log_dir == loggers[1].log_dir == os.path.join(str(tmp_path), "logs", "version_5")
+    assert (
+        loggers[0].log_dir == loggers[1].log_dir == os.path.join(str(tmp_path), "lightning_logs", "version_5")
+    )
     tb = read_events(loggers[0].log_dir)
     table = read_csv(os.path.join(loggers[1].log_dir, "metrics.csv"))
+    assert tb.pop("hp_metric") == [(0, -1.0)]  # Lightning's default_hp_metric placeholder (TensorBoard only)
     assert set(tb) == set(table)
     for tag in tb:  # the CSV holds one row per log call, as Lightning's (so 'epoch' repeats at a step)
         assert dict(tb[tag]) == pytest.approx(dict(table[tag]), rel=1e-6), tag  # event files hold float32
@@ -172,7 +175,7 @@ def test_versions_count_up_and_default_logger_is_tensorboard_under_logs(tmp_path
         _, trainer = fit_recorder(tmp_path, True, epochs=1)
         dirs.append(trainer.log_dir)
         assert isinstance(trainer.logger, TensorBoardLogger)
-    assert dirs == [os.path.join(str(tmp_path), "logs", f"version_{i}") for i in range(2)]
+    assert dirs == [os.path.join(str(tmp_path), "lightning_logs", f"version_{i}") for i in range(2)]
     assert all(any(f.startswith("events.out.tfevents") for f in os.listdir(d)) for d in dirs)
 
 

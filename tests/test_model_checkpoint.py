@@ -72,7 +72,9 @@ def test_resume_into_a_new_version_directory_carries_the_best(tmp_path):
     root = str(tmp_path)
     first = ModelCheckpoint(monitor="val/score", save_last=True)
     fit(Scored(scores), [first], epochs=3, logger=True, default_root_dir=root)
-    assert os.path.dirname(first.best_model_path) == os.path.join(root, "logs", "version_0", "checkpoints")
+    assert os.path.dirname(first.best_model_path) == os.path.join(
+        root, "lightning_logs", "version_0", "checkpoints"
+    )
     second = ModelCheckpoint(monitor="val/score", save_last=True)
     trainer = fit(Scored(scores), [second], epochs=6, logger=True, default_root_dir=root, ckpt_path="last")
     assert second.dirpath == os.path.join(trainer.log_dir, "checkpoints")

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from strategies.batch import apply_to_tensors, batch_size_of, move_to_device
 from trainer import Task, Trainer
 from trainer.errors import TandemError
-from trainer.options import OptionError, TrainerConfig
+from trainer.options import NONE_IS_DEFAULT, OptionError, TrainerConfig
 
 ANY = st.one_of(
     st.none(),
@@ -48,7 +48,9 @@ def test_options_keep_what_they_accept_and_name_what_they_reject(kwargs):
     except OptionError as e:
         assert e.option in kwargs and str(e).strip()
         return
-    assert {k: getattr(cfg, k) for k in kwargs} == kwargs
+    defaults = TrainerConfig.defaults()  # None means Lightning's default for these options, as in Lightning
+    expected = {k: defaults[k] if v is None and k in NONE_IS_DEFAULT else v for k, v in kwargs.items()}
+    assert {k: getattr(cfg, k) for k in kwargs} == expected
 
 
 def _as_text(value: object) -> str:

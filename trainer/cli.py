@@ -1,7 +1,7 @@
 """The `tandem` command (also ``python -m trainer``): run any experiment from YAML.
 
     tandem fit --config examples/configs/digits.yaml trainer.strategy=ddp trainer.devices=2 task.lr=0.05
-    tandem fit --config runs/digits/logs/version_0/config.yaml --ckpt-path last     # resume that run
+    tandem fit --config runs/digits/lightning_logs/version_0/config.yaml --ckpt-path last     # resume that run
     tandem validate --config examples/configs/digits.yaml --ckpt-path runs/.../last.ckpt
     tandem fit --config examples/configs/digits.yaml --print-config                 # show, do not run
 

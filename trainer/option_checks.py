@@ -10,6 +10,8 @@ from trainer.errors import ConfigError, did_you_mean
 
 Check = Callable[[str, Any], None]  # check(name, value) raises OptionError when the value is invalid
 ACCELERATORS = ("auto", "cpu", "cuda", "gpu", "mps")
+#: Lightning's accelerators that Tandem has not
+REFUSED_ACCELERATORS = ("tpu", "xla", "hpu")
 
 
 class OptionError(ConfigError):
@@ -67,23 +69,78 @@ def choice(
     return check
 
 
+def check_accelerator(name: str, value: Any) -> None:
+    if isinstance(value, str) and value in REFUSED_ACCELERATORS:
+        raise OptionError(
+            name,
+            f"{name} {value!r} is not supported by Tandem; use 'cuda' (or 'gpu'), 'cpu', 'mps' or 'auto'",
+        )
+    if not isinstance(value, str) and value is not None:
+        raise OptionError(
+            name, f"{name} must be a name ('auto', 'cpu', 'cuda', 'gpu', 'mps'), got {type(value).__name__}"
+        )
+    choice(ACCELERATORS)(name, value)
+
+
+def check_precision(name: str, value: Any) -> None:
+    from strategies.precision import PRECISIONS, REFUSED
+
+    if isinstance(value, str) and value in REFUSED:
+        raise OptionError(name, f"{REFUSED[value]}")
+    choice(PRECISIONS, ints=True)(name, value)
+
+
+def check_val_interval(name: str, value: Any) -> None:
+    """Batches (an int >= 1), a fraction of the epoch (a float in (0, 1]) or a wall-time duration."""
+    if (is_int(value) and value >= 1) or (isinstance(value, float) and 0.0 <= value <= 1.0) or whole(value):
+        return
+    if isinstance(value, (str, dict)) or type(value).__name__ == "timedelta":
+        check_duration(name, value)
+        return
+    raise OptionError(
+        name,
+        f"{name} must be an int >= 1 (batches), a float in [0, 1] (a fraction of the epoch) or a duration "
+        f"('DD:HH:MM:SS', a timedelta or a dict of its keywords), got {value!r}",
+    )
+
+
+def check_profiler(name: str, value: Any) -> None:
+    from trainer.profiler import PROFILERS, REFUSED, SimpleProfiler
+
+    if value is None or isinstance(value, SimpleProfiler):
+        return
+    if isinstance(value, str) and value in REFUSED:
+        raise OptionError(name, REFUSED[value])
+    if not isinstance(value, str):
+        raise OptionError(
+            name, f"{name} must be a name or a profiler of trainer/profiler.py, got {type(value).__name__}"
+        )
+    choice(PROFILERS)(name, value)
+
+
+def check_model_registry(name: str, value: Any) -> None:
+    if value is not None:
+        raise OptionError(
+            name,
+            f"{name} must be None: Tandem has no model registry (Lightning's uploads to Lightning AI's hub), got "
+            f"{value!r}; upload the checkpoint ModelCheckpoint writes yourself",
+        )
+
+
 def strategy_names() -> list[str]:
     from strategies import STRATEGIES
 
     return ["auto", *STRATEGIES]
 
 
-def precisions() -> tuple[str, ...]:
-    from strategies.precision import PRECISIONS
-
-    return PRECISIONS
-
-
 def check_strategy(name: str, value: Any) -> None:
+    from strategies import REFUSED
     from strategies.base import Strategy
 
     if isinstance(value, Strategy):
         return
+    if isinstance(value, str) and value in REFUSED:
+        raise OptionError(name, REFUSED[value])
     if not isinstance(value, str):
         raise OptionError(name, f"{name} must be a name or a Strategy instance, got {type(value).__name__}")
     choice(strategy_names)(name, value)
@@ -126,11 +183,16 @@ def finite_at_least_0(v: Any) -> bool:
     return (is_int(v) and v >= 0) or (isinstance(v, float) and math.isfinite(v) and v >= 0)
 
 
+def whole(v: Any) -> bool:
+    """A float above 1 with nothing after the point (5.0), which Lightning reads as that many batches."""
+    return isinstance(v, float) and v > 1 and v.is_integer()
+
+
 def batches(v: Any) -> bool:
-    return (is_int(v) and v >= 0) or (isinstance(v, float) and 0.0 <= v <= 1.0)
+    return (is_int(v) and v >= 0) or (isinstance(v, float) and 0.0 <= v <= 1.0) or whole(v)
 
 
-LIMIT = must(batches, "an int >= 0 (batches) or a float in [0, 1] (fraction)")
+LIMIT = must(batches, "an int >= 0 (batches), a float in [0, 1] (fraction) or a whole float (5.0: 5 batches)")
 FLAG = must(lambda v: isinstance(v, bool), "true or false")
 
 

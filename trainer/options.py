@@ -25,23 +25,27 @@ if TYPE_CHECKING:
     from strategies.base import Strategy
     from trainer.loggers import Logger
 
+from trainer.devices import valid_form
 from trainer.option_checks import (  # noqa: F401 (OptionError is part of this module's interface)
-    ACCELERATORS,
     FLAG,
     LIMIT,
     OptionError,
+    check_accelerator,
     check_callbacks,
     check_duration,
     check_logger,
+    check_model_registry,
     check_plugins,
+    check_precision,
+    check_profiler,
     check_strategy,
+    check_val_interval,
     choice,
     finite_at_least_0,
     int_from,
     is_int,
     is_text,
     must,
-    precisions,
 )
 
 
@@ -50,30 +54,58 @@ def option(default: Any, doc: str, check: Callable[[str, Any], None]) -> Any:
     return field(default=default, metadata={"doc": doc, "check": check})
 
 
+#: options whose None means their default, as in Lightning's Trainer signature
+NONE_IS_DEFAULT = (
+    "precision",
+    "logger",
+    "limit_train_batches",
+    "limit_val_batches",
+    "limit_test_batches",
+    "limit_predict_batches",
+    "val_check_interval",
+    "num_sanity_val_steps",
+    "log_every_n_steps",
+    "enable_checkpointing",
+    "enable_progress_bar",
+    "enable_model_summary",
+)
+
+#: options that count batches (int) or take a fraction (float), read as Lightning's _determine_batch_limits
+BATCH_COUNTS = (
+    "limit_train_batches",
+    "limit_val_batches",
+    "limit_test_batches",
+    "limit_predict_batches",
+    "overfit_batches",
+    "val_check_interval",
+)
+
+
 # ----- the options ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class TrainerConfig:
     """Every Trainer option (Lightning 2.x names and meanings), validated when it is made."""
 
-    accelerator: str = option("auto", "'auto', 'cpu', 'cuda' (or 'gpu'), 'mps'", choice(ACCELERATORS))
+    accelerator: str = option("auto", "'auto', 'cpu', 'cuda' (or 'gpu'), 'mps'", check_accelerator)
     strategy: str | Strategy = option(
         "auto",
-        "'auto', 'single', 'dp', 'ddp', 'ddp_accumulate', 'ddp_find_unused_parameters_true', or a Strategy instance",
+        "'auto', 'single', 'dp', 'ddp', 'fsdp', Lightning's names (docs/porting.md), or a Strategy instance",
         check_strategy,
     )
-    devices: int | str = option(
+    devices: int | str | list[int] = option(
         "auto",
-        "number of devices (processes for ddp, replicas for dp), or 'auto'",
-        must(lambda v: is_text(v, "auto") or int_from(1)(v), "an int >= 1 or 'auto'"),
+        "devices (processes for ddp, replicas for dp): a count, -1 (all GPUs), 'auto', or GPU indices "
+        "('0,1', [0, 1]); trainer/devices.py",
+        must(valid_form, "an int >= 1, -1, 'auto', a string like '2' or '0,1', or a list of indices"),
     )
     num_nodes: int = option(1, "machines in a ddp run", must(int_from(1), "an int >= 1"))
-    precision: str | int = option(
+    precision: str | int | None = option(
         "32-true",
-        "'32-true', '64-true', 'bf16-mixed', '16-mixed' (or 32, 64, 'bf16', 16)",
-        choice(precisions, ints=True),
+        "'32-true', '64-true', 'bf16-mixed', '16-mixed', 'bf16-true', '16-true' (or 32, 64, 'bf16', 16)",
+        check_precision,
     )
-    logger: bool | Logger | list[Logger] = option(
-        True, "True (TensorBoard), False, a Logger or a list of them", check_logger
+    logger: bool | Logger | list[Logger] | None = option(
+        True, "True or None (TensorBoard), False, a Logger or a list of them", check_logger
     )
     callbacks: Callback | list[Callback] | None = option(
         None, "a Callback or a list of them", check_callbacks
@@ -106,36 +138,40 @@ class TrainerConfig:
         "stop training after this long: 'DD:HH:MM:SS', a timedelta, a mapping or seconds",
         check_duration,
     )
-    limit_train_batches: int | float = option(
+    limit_train_batches: int | float | None = option(
         1.0, "int: batches per epoch; float: fraction of the loader", LIMIT
     )
-    limit_val_batches: int | float = option(1.0, "the same for validation", LIMIT)
-    limit_test_batches: int | float = option(1.0, "the same for test", LIMIT)
-    limit_predict_batches: int | float = option(1.0, "the same for predict", LIMIT)
-    val_check_interval: int | float = option(
+    limit_val_batches: int | float | None = option(1.0, "the same for validation", LIMIT)
+    limit_test_batches: int | float | None = option(1.0, "the same for test", LIMIT)
+    limit_predict_batches: int | float | None = option(1.0, "the same for predict", LIMIT)
+    val_check_interval: int | float | str | dict[str, float] | timedelta | None = option(
         1.0,
-        "float: validate every fraction of a training epoch; int: every n training batches",
-        must(
-            lambda v: (is_int(v) and v >= 1) or (isinstance(v, float) and 0.0 < v <= 1.0),
-            "an int >= 1 (batches) or a float in (0, 1]",
-        ),
+        "float: validate every fraction of a training epoch; int: every n training batches; a duration "
+        "('DD:HH:MM:SS', a timedelta or its keywords): once that much wall time has passed",
+        check_val_interval,
     )
     check_val_every_n_epoch: int | None = option(
         1,
         "validate in every n-th epoch; None: in every epoch",
         must(int_from(1, none=True), "an int >= 1 or None"),
     )
-    num_sanity_val_steps: int = option(
+    num_sanity_val_steps: int | None = option(
         2,
         "validation batches run before training to catch bugs early; -1: all",
         must(int_from(-1), "an int >= -1 (-1 runs all)"),
     )
-    log_every_n_steps: int = option(
-        50, "write training metrics every n optimizer steps", must(int_from(1), "an int >= 1")
+    log_every_n_steps: int | None = option(
+        50,
+        "write training metrics every n optimizer steps; 0: never (epoch metrics still)",
+        must(int_from(0), "an int >= 0"),
     )
-    enable_checkpointing: bool = option(True, "add a default ModelCheckpoint unless one is given", FLAG)
-    enable_progress_bar: bool = option(True, "show the progress bar (rank 0)", FLAG)
-    enable_model_summary: bool = option(True, "print the table of the task's modules at the start", FLAG)
+    enable_checkpointing: bool | None = option(
+        True, "add a default ModelCheckpoint unless one is given", FLAG
+    )
+    enable_progress_bar: bool | None = option(True, "show the progress bar (rank 0)", FLAG)
+    enable_model_summary: bool | None = option(
+        True, "print the table of the task's modules at the start", FLAG
+    )
     accumulate_grad_batches: int = option(
         1,
         "micro-batches per optimizer step; only the last one communicates",
@@ -193,10 +229,11 @@ class TrainerConfig:
         must(lambda v: v is None or isinstance(v, bool), "true, false or None"),
     )
     sync_batchnorm: bool = option(False, "ddp/fsdp: BatchNorm statistics over the global batch", FLAG)
-    profiler: str | None = option(
+    profiler: str | Any | None = option(
         None,
-        "None, 'simple' (time per hook and step phase) or 'advanced' (torch.profiler)",
-        choice(("simple", "advanced"), none=True),
+        "None, 'simple' (time per hook and step phase), 'advanced' (torch.profiler table) or 'pytorch' "
+        "(torch.profiler traces for TensorBoard), or a profiler of trainer/profiler.py",
+        check_profiler,
     )
     overfit_batches: int | float = option(
         0.0, "train and validate on the same first n batches (or fraction), unshuffled; 0: off", LIMIT
@@ -211,6 +248,14 @@ class TrainerConfig:
     barebones: bool = option(
         False, "no logger, checkpointing, progress bar, summary or sanity check; self.log is an error", FLAG
     )
+    enable_autolog_hparams: bool = option(
+        True, "write the task's hyperparameters to the loggers (with the final metrics)", FLAG
+    )
+    model_registry: str | None = option(
+        None,
+        "Lightning's model-hub upload; only None (Tandem has no model registry)",
+        check_model_registry,
+    )
     plugins: Any = option(
         None,
         "[SLURMEnvironment(auto_requeue=..., requeue_signal=...)] or None; other plugins are refused",
@@ -218,6 +263,16 @@ class TrainerConfig:
     )
 
     def __post_init__(self) -> None:
+        for name in NONE_IS_DEFAULT:  # Lightning's signature defaults these to None, meaning its default
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, self.__dataclass_fields__[name].default)
+        logger = self.logger  # Lightning takes any iterable of loggers (a generator too): kept as a list
+        if not isinstance(logger, (bool, list, tuple, str)) and hasattr(logger, "__iter__"):
+            object.__setattr__(self, "logger", list(logger))
+        for name in BATCH_COUNTS:  # as Lightning: a whole float above 1 (5.0) counts batches (5)
+            value = getattr(self, name)
+            if isinstance(value, float) and value > 1 and value.is_integer():
+                object.__setattr__(self, name, int(value))
         for f in fields(self):
             f.metadata["check"](f.name, getattr(self, f.name))
 

@@ -1,4 +1,7 @@
-"""profiler="simple" | "advanced": where a run spends its time (Lightning's Trainer option)."""
+"""profiler="simple" | "advanced" | "pytorch": where a run spends its time (Lightning's Trainer option).
+
+"pytorch" (Lightning's PyTorchProfiler) writes torch.profiler traces that TensorBoard's profiler plugin shows:
+``<log_dir>/<stage>/rank<N>.<time>.pt.trace.json`` (view with ``tensorboard --logdir <log_dir>``)."""
 
 from __future__ import annotations
 
@@ -34,8 +37,8 @@ class SimpleProfiler:
 
         return timed
 
-    def start(self) -> None:
-        """Called when a stage starts."""
+    def start(self, trainer: Any = None) -> None:
+        """Called when a stage starts (with the Trainer)."""
 
     def summary(self) -> str:
         total = sum(self.seconds.values()) or 1.0
@@ -55,11 +58,14 @@ class AdvancedProfiler(SimpleProfiler):
         super().__init__()
         self._torch: Any = None
 
-    def start(self) -> None:
+    def start(self, trainer: Any = None) -> None:
         import torch.profiler
 
-        self._torch = torch.profiler.profile(record_shapes=False)
+        self._torch = torch.profiler.profile(record_shapes=False, **self._profile_kwargs(trainer))
         self._torch.__enter__()
+
+    def _profile_kwargs(self, trainer: Any) -> dict[str, Any]:
+        return {}
 
     @contextlib.contextmanager
     def section(self, name: str) -> Iterator[None]:
@@ -77,5 +83,37 @@ class AdvancedProfiler(SimpleProfiler):
         return table
 
 
-def make_profiler(kind: str | None) -> SimpleProfiler | None:
-    return {"simple": SimpleProfiler, "advanced": AdvancedProfiler}[kind]() if kind else None
+class PyTorchProfiler(AdvancedProfiler):
+    """torch.profiler over each stage, its trace written for TensorBoard's profiler plugin (torch's
+    tensorboard_trace_handler) into `dirpath` (default: the run's log_dir), one file per rank and stage."""
+
+    def __init__(self, dirpath: str | None = None) -> None:
+        super().__init__()
+        self.dirpath = dirpath
+        self.trace_dirs: list[str] = []  # where each stage's trace went
+
+    def _profile_kwargs(self, trainer: Any) -> dict[str, Any]:
+        import os
+
+        from torch.profiler import tensorboard_trace_handler
+
+        stage = getattr(getattr(trainer, "state", None), "stage", None) or "stage"
+
+        def write(prof: Any) -> None:  # at the stage's end, when every rank knows the run's log_dir
+            root = self.dirpath or (trainer.log_dir if trainer is not None else os.getcwd())
+            rank = trainer.global_rank if trainer is not None else 0
+            folder = os.path.join(root, stage)
+            self.trace_dirs.append(folder)
+            tensorboard_trace_handler(folder, worker_name=f"rank{rank}")(prof)
+
+        return {"on_trace_ready": write}
+
+
+PROFILERS = {"simple": SimpleProfiler, "advanced": AdvancedProfiler, "pytorch": PyTorchProfiler}
+REFUSED = {"xla": "profiler='xla' profiles TPUs, which Tandem does not support; use 'pytorch' or 'simple'"}
+
+
+def make_profiler(kind: str | SimpleProfiler | None) -> SimpleProfiler | None:
+    if kind is None or isinstance(kind, SimpleProfiler):
+        return kind
+    return PROFILERS[kind]()

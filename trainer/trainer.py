@@ -14,6 +14,7 @@ from strategies import resolve_strategy
 from strategies.base import Strategy
 from trainer import checkpoint
 from trainer.compiler import from_option as compile_option
+from trainer.devices import count as count_devices
 from trainer.errors import ConfigError
 from trainer.loggers import Logger, TensorBoardLogger, align_versions
 from trainer.loggers.metrics import MetricStore
@@ -45,7 +46,9 @@ class Trainer:
     config_secrets: dict[str, str] = {}  # noqa: RUF012 (replaced, never mutated)
 
     def __init__(self, **options: Any) -> None:
-        self.config = cfg = TrainerConfig.from_kwargs(**options).effective()
+        cfg = TrainerConfig.from_kwargs(**options).effective()
+        # devices as a count from here on ("0,1", [0, 1], -1 read against this machine: trainer/devices.py)
+        self.config = cfg = dataclasses.replace(cfg, devices=count_devices(cfg.devices, cfg.accelerator))
         self.default_root_dir = os.path.abspath(cfg.default_root_dir or os.getcwd())
         set_torch_flags(cfg.deterministic, cfg.benchmark)  # as Lightning does when a Trainer is built
         self.strategy: Strategy = resolve_strategy(cfg.strategy, vars(cfg), set(options))
@@ -70,7 +73,7 @@ class Trainer:
 
     def _make_loggers(self, logger: Any) -> list[Logger]:
         if logger is True:
-            return [TensorBoardLogger(self.default_root_dir, name="logs")]
+            return [TensorBoardLogger(self.default_root_dir)]  # save_dir/lightning_logs/version_N
         if logger in (False, None):
             return []
         return align_versions(

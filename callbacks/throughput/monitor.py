@@ -96,7 +96,7 @@ class ThroughputMonitor(Callback):
 
     def _compute(self, trainer: Trainer, stage: str, step: int) -> None:
         n = trainer.config.log_every_n_steps
-        if not ((trainer.global_step + 1) % n == 0 or trainer.should_stop):
+        if not n or not ((trainer.global_step + 1) % n == 0 or trainer.should_stop):  # 0: never (Lightning)
             return
         tp = self._throughputs[stage]
         metrics = {f"{stage}{tp.separator}{k}": float(v) for k, v in tp.compute().items()}

@@ -130,6 +130,10 @@ def _build_strategy(node: dict[str, Any], options: dict[str, Any]) -> Any:
             "set trainer.devices to a number"
         )
     inject = {name: options[name] for name in FROM_TRAINER}  # the entry's own values win (instantiate)
+    if "devices" in inject:  # Lightning's forms ("0,1", [0, 1], -1) as the count a strategy takes
+        from trainer.devices import count
+
+        inject["devices"] = count(inject["devices"], options.get("accelerator", "auto"))
     return _build(node, "trainer.strategy", slot_types()["strategy"], inject)
 
 

@@ -84,14 +84,14 @@ class Logger:
     """Receives metrics as floats at a step. Only rank 0's Trainer calls a logger.
 
     Example: ``Trainer(logger=[TensorBoardLogger("runs"), CSVLogger("runs")])`` writes both
-    ``runs/logs/version_0/events.out.tfevents.*`` and ``runs/logs/version_0/metrics.csv``.
+    ``runs/lightning_logs/version_0/events.out.tfevents.*`` and ``runs/lightning_logs/version_0/metrics.csv``.
     """
 
     #: whether versions are numbered version_N directories (False: a tracker's run id, e.g. W&B, MLflow)
     numbered_versions = True
 
     def __init__(
-        self, save_dir: str = ".", name: str | None = "logs", version: int | str | None = None
+        self, save_dir: str = ".", name: str | None = "lightning_logs", version: int | str | None = None
     ) -> None:
         self.save_dir = os.fspath(save_dir)
         self.name = name or ""
@@ -136,6 +136,11 @@ class Logger:
     def finalize(self, status: str) -> None:
         """Called once at the end of a run with 'success' or 'failed'."""
         self.save()
+
+
+def add_prefix(metrics: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """Lightning's logger `prefix`: every key becomes ``f"{prefix}-{key}"`` (unchanged when prefix is "")."""
+    return {f"{prefix}-{k}": v for k, v in metrics.items()} if prefix else metrics
 
 
 def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -9,30 +9,33 @@ import os
 from typing import Any
 
 from trainer.fileio import atomic_write
-from trainer.loggers.base import Logger, yaml_safe
+from trainer.loggers.base import Logger, add_prefix, yaml_safe
 
 
 class CSVLogger(Logger):
     """Writes save_dir/name/version_N/metrics.csv (and hparams.yaml).
 
-    Rows are appended every `flush_logs_every_n_steps` steps and at the end; the file is rewritten only
+    Rows are appended at each step with ``(step + 1) % flush_logs_every_n_steps == 0`` (Lightning's rule) and
+    at the end; the file is rewritten only
     when a new column appears. Rows found in the file when the logger first writes (a resumed run in
-    the same version) are kept in front. Example: ``Trainer(logger=CSVLogger("runs"))``.
+    the same version) are kept in front. `prefix` (Lightning's) names the columns ``f"{prefix}-{key}"``.
+    Example: ``Trainer(logger=CSVLogger("runs"))``.
     """
 
     def __init__(
         self,
         save_dir: str = ".",
-        name: str | None = "logs",
+        name: str | None = "lightning_logs",
         version: int | str | None = None,
+        prefix: str = "",
         flush_logs_every_n_steps: int = 100,
     ) -> None:
         super().__init__(save_dir, name, version)
+        self.prefix = prefix
         self.flush_logs_every_n_steps = flush_logs_every_n_steps
         self.rows: list[dict[str, Any]] = []
         self._columns: list[str] = []
         self._written = 0  # rows already in the file
-        self._last_flush_step = 0
         self._opened = False  # whether the file's earlier rows (a resumed run) were read
 
     @property
@@ -40,9 +43,10 @@ class CSVLogger(Logger):
         return os.path.join(self.log_dir, "metrics.csv")
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        self.rows.append({**metrics, "step": step})  # one row per call, as Lightning's
-        if step - self._last_flush_step >= self.flush_logs_every_n_steps:
-            self._last_flush_step = step
+        self.rows.append(
+            {**add_prefix(metrics, self.prefix), "step": step}
+        )  # one row per call, as Lightning's
+        if (step + 1) % self.flush_logs_every_n_steps == 0:  # Lightning's rule
             self.save()
 
     def log_hyperparams(self, params: dict[str, Any], metrics: dict[str, float] | None = None) -> None:

@@ -31,12 +31,22 @@ def log_metrics(t: Trainer, metrics: dict[str, torch.Tensor], step: int | None =
             lg.log_metrics(values, step)
 
 
+def log_graphs(t: Trainer) -> None:
+    """At the start of fit, as Lightning (with enable_autolog_hparams): loggers that draw the task's graph
+    (TensorBoardLogger(log_graph=True)) do so now; rank 0."""
+    if t.is_global_zero and t.config.enable_autolog_hparams and t.task is not None:
+        for lg in t.loggers:
+            if hasattr(lg, "log_graph"):
+                lg.log_graph(t.task)
+
+
 def finalize_loggers(t: Trainer, status: str) -> None:
     """Write the hyperparameters with the final metrics, and close the loggers (rank 0)."""
     if not t.is_global_zero:
         return
+    autolog = t.config.enable_autolog_hparams and t.task is not None and t.task.hparams
     for lg in t.loggers:
-        if t.task is not None and t.task.hparams and getattr(t.task, "_log_hyperparams", True):
+        if autolog and getattr(t.task, "_log_hyperparams", True):
             final = {k: float(v) for k, v in t.callback_metrics.items()}
             lg.log_hyperparams(redact(dict(t.task.hparams), t.config_secrets), final)  # no secret values
         lg.finalize(status)

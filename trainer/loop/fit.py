@@ -3,7 +3,9 @@ LoopState (trainer.state), calls hooks through trainer.hooks, and drives the str
 
 from __future__ import annotations
 
+import time
 import warnings
+from datetime import timedelta
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +15,7 @@ from trainer import checkpoint
 from trainer.checkpoint.io import checkpoint_io
 from trainer.checkpoint.run import check_window_saves
 from trainer.errors import TaskError
-from trainer.loggers.reporting import finalize_loggers, log_metrics
+from trainer.loggers.reporting import finalize_loggers, log_graphs, log_metrics
 from trainer.loop.closure import Closure
 from trainer.loop.data import SkipBatchSampler, rebuild, rebuildable, set_epoch
 from trainer.loop.evaluation import run_eval
@@ -33,6 +35,7 @@ def fit(t: Trainer) -> None:
     cfg, state, hooks, session, task = t.config, t.state, t.hooks, t.session, t.task
     assert session is not None and task is not None
     hooks.call("on_fit_start")
+    log_graphs(t)
     if session.restoring is not None:  # as Lightning: optimizer and loop states after on_fit_start
         checkpoint.restore(t, session.restoring)
     task.zero_grad()  # as Lightning, at the start of every stage
@@ -50,6 +53,7 @@ def fit(t: Trainer) -> None:
         t.metric_store.callback_metrics.clear()
         set_rng_state(rng)
     session.load("train")
+    session.last_val_time = time.monotonic()  # a time-based val_check_interval counts from here (Lightning's)
     if session.val_enabled:  # Lightning asks for both before training starts
         session.load("val")
     if state.resume_rng is not None and state.batch_in_epoch == 0:  # resuming at an epoch boundary
@@ -73,6 +77,7 @@ def train_epoch(t: Trainer) -> None:
     assert task is not None
     automatic = task.automatic_optimization
     val_every = _val_check_batches(t) if _should_validate(t) else 0  # check_val_every_n_epoch gates it too
+    timed = _val_check_seconds(t)  # a wall-time val_check_interval: validate once it has passed
     set_epoch(t.train_dataloader, state.epoch)
     state.phase = "train"
     t.metric_store.reset("train")
@@ -142,12 +147,16 @@ def train_epoch(t: Trainer) -> None:
         state.batch_in_epoch = batch_idx + 1
         if last and automatic:  # Lightning steps the epoch's other schedulers after its last batch
             step_schedulers(t, "epoch", plateau=False)
-        validate_now = bool(val_every) and (batch_idx + 1) % val_every == 0 and not last
+        if timed is None:
+            validate_now = bool(val_every) and (batch_idx + 1) % val_every == 0 and not last
+        else:
+            validate_now = not last and _should_validate(t) and _time_due(t, timed)
         state.val_pending = (
             validate_now  # a checkpoint written in on_train_batch_end records the due validation
         )
         hooks.call("on_train_batch_end", out, batch, batch_idx)
-        if state.global_step % cfg.log_every_n_steps == 0 and state.global_step != state.last_logged_step:
+        n_log = cfg.log_every_n_steps  # 0: no step logging (Lightning)
+        if n_log and state.global_step % n_log == 0 and state.global_step != state.last_logged_step:
             state.last_logged_step = state.global_step
             log_metrics(t, t.metric_store.step_metrics())
         if validate_now:
@@ -165,7 +174,7 @@ def train_epoch(t: Trainer) -> None:
             if _max_steps_reached(t):
                 break
     state.epoch_finished = cut or out_of_data
-    if state.epoch_finished and not cut and _should_validate(t):
+    if state.epoch_finished and not cut and _should_validate(t) and (timed is None or _time_due(t, timed)):
         _validate(t, state.batch_in_epoch, k)
     t.metric_store.in_epoch_hook = True
     hooks.call("on_train_epoch_end", monitoring=False)  # the task and plain callbacks may still log
@@ -190,6 +199,7 @@ def _validate(t: Trainer, done: int, k: int) -> None:
         else:
             t.task.zero_grad()  # type: ignore[union-attr]
     run_eval(t, "val")
+    t.session.last_val_time = time.monotonic()  # type: ignore[union-attr]
 
 
 def _step(t: Trainer, batch_idx: int, closure: Closure) -> None:
@@ -274,10 +284,30 @@ def _map_style(loader: Any) -> bool:
     )
 
 
+def _val_check_seconds(t: Trainer) -> float | None:
+    """The seconds of a time-based val_check_interval ('DD:HH:MM:SS', a timedelta or a dict), else None."""
+    v = t.config.val_check_interval
+    if not isinstance(v, (str, dict, timedelta)):
+        return None
+    from callbacks.timer import parse_duration  # (checked when the option was given)
+
+    return parse_duration(v).total_seconds()  # type: ignore[union-attr]
+
+
+def _time_due(t: Trainer, seconds: float) -> bool:
+    """Whether `seconds` passed since the last validation (or the start of training); rank 0's clock decides,
+    so that every rank validates at the same batch."""
+    due = time.monotonic() - t.session.last_val_time >= seconds  # type: ignore[union-attr]
+    comm = t.strategy.comm
+    return bool(comm.broadcast(due, 0)) if comm.world_size > 1 else due
+
+
 def _val_check_batches(t: Trainer) -> int:
     """Run validation every this many training batches inside the epoch (0: only at the epoch's end)."""
     v = t.config.val_check_interval
     if not t.session.val_enabled or (isinstance(v, float) and v == 1.0):  # type: ignore[union-attr]
+        return 0
+    if not isinstance(v, (int, float)):  # a duration: _val_check_seconds
         return 0
     if isinstance(v, float):
         n = t.num_training_batches

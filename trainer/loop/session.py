@@ -52,6 +52,9 @@ class Session:
         self.uncompile: Callable[[], None] | None = None
         self.recompiles: RecompileWatch | None = None
         self.restoring: checkpoint.Restoring | None = None
+        self.last_val_time = (
+            0.0  # time.monotonic() of the last validation in fit (a time-based val_check_interval)
+        )
 
     def __enter__(self) -> Session:
         t, task, stage = self.t, self.task, self.stage
@@ -63,7 +66,7 @@ class Session:
         if stage == "fit" and t.config.detect_anomaly:
             torch.autograd.set_detect_anomaly(True)
         if t.profiler is not None:
-            t.profiler.start()
+            t.profiler.start(t)
         if overrides(task, "configure_callbacks"):  # every stage, first of all (as Lightning)
             t.callbacks = merge_callbacks(t.callbacks, task.configure_callbacks())
         t.hooks = Hooks(task, t.callbacks, t, t.profiler)  # only the overridden hooks, once per stage
@@ -208,8 +211,10 @@ class Session:
             if self.signals is not None:
                 self.signals.restore()
             torch.autograd.set_detect_anomaly(self.anomaly)
-            if t.profiler is not None and t.is_global_zero:
-                print(f"[tandem] profiler ({t.config.profiler}), {self.stage}:\n{t.profiler.summary()}")
+            if t.profiler is not None:  # every rank ends its torch.profiler (and writes its trace)
+                summary = t.profiler.summary()
+                if t.is_global_zero:
+                    print(f"[tandem] profiler ({type(t.profiler).__name__}), {self.stage}:\n{summary}")
             if self.uncompile is not None:
                 if error is None and self.recompiles is not None:
                     self.recompiles.check(f"by the end of {self.stage}")
