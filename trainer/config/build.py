@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from trainer.config.load import Source, resolve
+from trainer.config.optim import attach
 from trainer.config.save import SaveRunConfig
 from trainer.config.schema import FROM_TRAINER
 from trainer.config.targets import TARGET, built, instantiate, locate, params
@@ -86,6 +87,7 @@ def build_task(run: Run) -> Run:
         raise ConfigError("the config has no task section; add task: {_target_: your.module.YourTask, ...}")
     _seed(cfg)
     run.task = _build(cfg["task"], "task", slots["task"])
+    attach(run.task, cfg.get("optimizer"), cfg.get("lr_scheduler"))  # LightningCLI's sections, if given
     if cfg["data"] is not None:
         run.datamodule = _build(cfg["data"], "data", slots["data"])
     return run
