@@ -176,7 +176,7 @@ def newest(folder: Any) -> dict[str, Any]:
     return max(ckpts, key=lambda c: c["global_step"])
 
 
-def test_fit_trains_with_the_sections_and_ckpt_path_from_the_config(tmp_path, monkeypatch):
+def test_fit_trains_with_the_sections_and_ckpt_path_from_the_config(tmp_path, monkeypatch, capsys):
     """`tandem fit` on the LightningCLI config: the StepLR (step_size 2, gamma 0.5) of the lr_scheduler
     section steps the AdamW of the optimizer section once an epoch; `ckpt_path:` in a second config resumes."""
     monkeypatch.chdir(tmp_path)
@@ -199,6 +199,14 @@ def test_fit_trains_with_the_sections_and_ckpt_path_from_the_config(tmp_path, mo
     resumed = newest(tmp_path / "logs_here" / "exp" / "version_1" / "checkpoints")
     assert (resumed["epoch"], resumed["global_step"]) == (2, 9)  # went on from epoch 2: 3 epochs x 3 batches
     assert resumed["lr_schedulers"][0]["last_epoch"] == 3  # the scheduler's state came back too
+    capsys.readouterr()
+    assert (
+        main(["validate", "--config", cfg, "--config", str(more), "--trainer.enable_progress_bar=false"]) == 0
+    )
+    assert "val/loss" in capsys.readouterr().out  # validate loads the config's ckpt_path too:
+    more.write_text(f"ckpt_path: {tmp_path / 'none.ckpt'}\n")
+    assert main(["validate", "--config", cfg, "--config", str(more)]) == 1
+    assert "none.ckpt" in capsys.readouterr().err
 
 
 def test_print_config_prints_the_resolved_config_and_exits(tmp_path, monkeypatch, capsys):
