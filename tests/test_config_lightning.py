@@ -5,6 +5,7 @@ same model, data, optimizer, scheduler, callbacks, logger and Trainer options; t
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from typing import Any
 
@@ -317,3 +318,34 @@ def test_class_path_override_changes_the_class(tmp_path, monkeypatch, capsys):
     args = ["--model.class_path", f"{HERE}.NetWithOptimizers", "--print_config"]
     assert main(["fit", "--config", cfg, *args]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["task"]["_target_"] == f"{HERE}.NetWithOptimizers"
+
+
+@pytest.mark.slow
+def test_lightning_cli_config_under_ddp_through_the_command(tmp_path):
+    """Two processes: each worker re-runs the command line (LightningCLI's --x.y options included) and
+    builds the optimizer section's AdamW and StepLR on its own replica; rank 0 writes one run."""
+    cfg = write(tmp_path / "c.yaml", CONFIG, False)
+    args = ["--trainer.strategy", "ddp", "--trainer.devices=2", "--trainer.num_sanity_val_steps", "0"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer",
+            "fit",
+            "--config",
+            cfg,
+            *args,
+            "--trainer.enable_progress_bar=false",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(p.name for p in (tmp_path / "logs_here" / "exp").iterdir()) == ["version_0"]
+    ckpt = newest(tmp_path / "logs_here" / "exp" / "version_0" / "checkpoints")
+    assert ckpt["global_step"] == 4  # 32 samples, batches of 8, 2 ranks: 2 steps an epoch, 2 epochs
+    assert ckpt["optimizer_states"][0]["param_groups"][0]["lr"] == pytest.approx(0.005)
