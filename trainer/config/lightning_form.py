@@ -114,9 +114,8 @@ def entry(value: Any, where: str, kind: str | None = None) -> Any:
         if not isinstance(args, dict):
             raise ConfigError(f"{where}.{key}: expected a mapping of argument names to values, got {args!r}")
         out.update({k: node(v, f"{where}.{key}.{k}") for k, v in args.items()})
-    out.update(
-        {k: node(value[k], f"{where}.{k}") for k in extra}
-    )  # arguments only: merged onto an earlier file
+    # without class_path, arguments may also stand at the top: merged onto an earlier file's class
+    out.update({k: node(value[k], f"{where}.{k}") for k in extra})
     return out
 
 
