@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from trainer.config.load import Source, resolve
-from trainer.config.optim import attach
 from trainer.config.save import SaveRunConfig
 from trainer.config.schema import FROM_TRAINER
 from trainer.config.targets import TARGET, built, instantiate, locate, params
@@ -87,6 +86,8 @@ def build_task(run: Run) -> Run:
         raise ConfigError("the config has no task section; add task: {_target_: your.module.YourTask, ...}")
     _seed(cfg)
     run.task = _build(cfg["task"], "task", slots["task"])
+    from trainer.config.optim import attach  # here, not at the top: a smaller merge with the secrets work
+
     attach(run.task, cfg.get("optimizer"), cfg.get("lr_scheduler"))  # LightningCLI's sections, if given
     if cfg["data"] is not None:
         run.datamodule = _build(cfg["data"], "data", slots["data"])
