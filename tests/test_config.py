@@ -125,8 +125,8 @@ def test_saved_yaml_reads_back_to_the_same_config(tmp_path):
         ("task._target_=nosuchpkg.Task", r"cannot import 'nosuchpkg.Task': there is no module 'nosuchpkg'"),
         ("task._target_=not a path", r"'not a path' is not an import path"),
         ("task._target_=os.sep", r"'os.sep' is a str, not a class or function"),
-        ("trainer.callbacks=[1]", r"list callbacks in the top-level 'callbacks:' section"),
-        ("trainer.logger=[]", r"trainer.logger must be true or false"),
+        ("trainer.callbacks=[1]", r"callbacks\[0\]: expected a mapping with _target_"),  # LightningCLI's form
+        ("trainer.logger=3", r"trainer.logger must be true or false"),
         ("callbacks=3", r"callbacks: expected a list of _target_ entries"),
         ("logger=false", r"to turn logging off set trainer.logger: false"),
         ("callbacks=[{monitor: x}]", r"callbacks\[0\]: expected a mapping with _target_"),

@@ -4,8 +4,10 @@
     tandem fit --config runs/digits/lightning_logs/version_0/config.yaml --ckpt-path last     # resume that run
     tandem validate --config examples/configs/digits.yaml --ckpt-path runs/.../last.ckpt
     tandem fit --config examples/configs/digits.yaml --print-config                 # show, do not run
+    tandem fit --config lightning_cli.yaml --trainer.max_epochs=3 --model.lr 0.1   # LightningCLI's form
 
 Options come from the config files (merged in order), then the ``key=value`` overrides, which win.
+LightningCLI's ``--section.key=value`` and ``--section.key value`` are overrides too (docs/configuration.md).
 A mistake in the config exits with status 2 and a one-line message (``--debug`` adds the traceback).
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -20,6 +23,11 @@ from typing import Any
 from trainer.errors import ConfigError, TandemError, check_choice
 
 COMMANDS = ("fit", "validate", "test", "predict")
+# LightningCLI's option form of an override: --trainer.max_epochs=3, --model.lr 0.1, --optimizer Adam
+_OPTION = re.compile(
+    r"--(seed_everything|trainer|model|data|optimizer|lr_scheduler|task|callbacks|logger)(\.[\w.]+)?(=.*)?$"
+)
+PRINT_FLAGS = ("skip_null",)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -50,17 +58,27 @@ def _parser() -> argparse.ArgumentParser:
         "--print_config",
         dest="print_config",
         action="store_true",
-        help="print the resolved config as YAML and exit",
+        help="print the resolved config as YAML and exit (--print_config=skip_null leaves out null values)",
     )
     p.add_argument("--debug", action="store_true", help="show the full traceback of configuration errors")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. trainer.max_epochs=3 task.lr=0.05")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="e.g. trainer.max_epochs=3 task.lr=0.05 (or LightningCLI's --trainer.max_epochs=3, --model.lr 0.05)",
+    )
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `tandem` and `python -m trainer`; returns the exit status."""
     parser = _parser()
+    try:
+        argv, print_flags = lightning_options(sys.argv[1:] if argv is None else list(argv))
+    except ValueError as e:
+        parser.error(str(e))
     args = parser.parse_intermixed_args(argv)
+    args.print_flags = print_flags
     if args.command is None:
         parser.error("say what to run: fit, validate, test or predict")
     _cwd_last()
@@ -81,6 +99,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def lightning_options(argv: list[str]) -> tuple[list[str], list[str]]:
+    """LightningCLI's spellings -> Tandem's: ``--trainer.max_epochs=3`` and ``--model.lr 0.1`` become the
+    overrides ``trainer.max_epochs=3`` and ``model.lr=0.1``; ``--print_config=skip_null`` gives its flags."""
+    out, flags, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        flag, _, value = arg.partition("=")
+        if flag in ("--print_config", "--print-config") and value:
+            unknown = [f for f in value.split(",") if f not in PRINT_FLAGS]
+            if unknown:
+                raise ValueError(f"--print_config={value}: Tandem knows only {', '.join(PRINT_FLAGS)}")
+            out.append(flag)
+            flags += value.split(",")
+        elif _OPTION.match(arg) and "=" in arg:
+            out.append(arg[2:])
+        elif _OPTION.match(arg):
+            if i + 1 == len(argv):
+                raise ValueError(f"{arg} needs a value: {arg}=VALUE or {arg} VALUE")
+            out.append(f"{arg[2:]}={argv[i + 1]}")
+            i += 1
+        else:
+            out.append(arg)
+        i += 1
+    return out, flags
+
+
 def _cwd_last() -> None:
     """Put the working directory at the END of sys.path: _target_ may name this directory's modules, but a
     stray file there (an omegaconf.py, a torch.py) never shadows an installed package. `python -m` and
@@ -99,7 +143,9 @@ def _run(args: argparse.Namespace) -> int:
     check_choice("command", args.command, COMMANDS)
     if args.print_config:
         raw = config.load(args.config, args.overrides)  # environment values shown as ${oc.env:NAME}
-        print(config.to_yaml(config.resolve(raw), env_values(raw)), end="")
+        resolved = config.resolve(raw)
+        shown = _skip_null(resolved) if "skip_null" in args.print_flags else resolved
+        print(config.to_yaml(shown, env_values(raw)), end="")
         return 0
     if not args.config and not args.overrides:
         raise ConfigError(
@@ -112,7 +158,8 @@ def _run(args: argparse.Namespace) -> int:
     def body() -> Any:  # in this process, or in each worker a multi-process strategy starts
         config.build_task(run)
         method = getattr(run.trainer, args.command)
-        return method(run.task, datamodule=run.datamodule, ckpt_path=args.ckpt_path)
+        ckpt_path = run.config["ckpt_path"] if args.ckpt_path is None else args.ckpt_path
+        return method(run.task, datamodule=run.datamodule, ckpt_path=ckpt_path)
 
     # A launcher process (ddp with devices > 1) exits in launch() once its workers are done, so it never
     # builds the task or the data: each worker does. Inside body, fit() calls launch() again, which in a
@@ -122,6 +169,12 @@ def _run(args: argparse.Namespace) -> int:
     if run.trainer.is_global_zero:
         _report(args.command, result, run.trainer)
     return 0
+
+
+def _skip_null(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _skip_null(v) for k, v in value.items() if v is not None}
+    return [_skip_null(v) for v in value] if isinstance(value, list) else value
 
 
 def _report(command: str, result: Any, trainer: Any) -> None:

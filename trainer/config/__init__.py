@@ -7,8 +7,9 @@ Example::
     trainer = build_trainer("examples/configs/digits.yaml")  # the Trainer only (trainer, callbacks, logger)
 
 Sections (docs/configuration.md): ``seed_everything``, ``trainer`` (the options of trainer/options.py),
-``task`` and ``data`` (``_target_`` import path + arguments), ``callbacks`` and ``logger`` (lists of
-``_target_`` entries). Interpolation (``${trainer.default_root_dir}``, ``${oc.env:VAR,default}``) is
+``task`` and ``data`` (``_target_`` import path + arguments), ``optimizer`` and ``lr_scheduler`` (LightningCLI's
+automatic configure_optimizers), ``callbacks`` and ``logger`` (lists of ``_target_`` entries), ``ckpt_path``.
+A LightningCLI config (``model:``, ``class_path``/``init_args``) is read into them (trainer/config/lightning_form.py). Interpolation (``${trainer.default_root_dir}``, ``${oc.env:VAR,default}``) is
 omegaconf's. Every mistake is a ConfigError that names the key and says what to change.
 
 This module gathers the layer's public names; the work is done in

@@ -89,6 +89,9 @@ def build_task(run: Run) -> Run:
         raise ConfigError("the config has no task section; add task: {_target_: your.module.YourTask, ...}")
     _seed(cfg)
     run.task = _build(cfg["task"], "task", slots["task"])
+    from trainer.config.optim import attach  # here, not at the top: a smaller merge with the secrets work
+
+    attach(run.task, cfg.get("optimizer"), cfg.get("lr_scheduler"))  # LightningCLI's sections, if given
     if cfg["data"] is not None:
         run.datamodule = _build(cfg["data"], "data", slots["data"])
     return run

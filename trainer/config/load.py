@@ -13,6 +13,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from trainer.config import lightning_form
 from trainer.config.schema import SECTIONS, validate
 from trainer.errors import ConfigError, TandemError
 
@@ -28,7 +29,7 @@ def load(sources: Source | Sequence[Source] | None = None, overrides: Sequence[s
     cfg = OmegaConf.create()
     for src in sources:
         try:
-            cfg = OmegaConf.merge(cfg, _read(src))
+            cfg = OmegaConf.merge(cfg, _lightning_form(_read(src)))
         except TandemError:
             raise
         except Exception as e:
@@ -37,7 +38,13 @@ def load(sources: Source | Sequence[Source] | None = None, overrides: Sequence[s
         if not isinstance(item, str) or "=" not in item or not item.split("=", 1)[0].strip():
             raise ConfigError(f"override {item!r} is not key=value (for example trainer.max_epochs=3)")
         try:
-            cfg.merge_with_dotlist([item])
+            change = lightning_form.override(item)
+            if isinstance(change, str):
+                cfg.merge_with_dotlist([change])
+            else:  # a whole entry (model=my.Net, optimizer={class_path: ...}): merged onto what is there
+                OmegaConf.update(cfg, change[0], change[1], merge=True)
+        except TandemError:
+            raise
         except Exception as e:  # omegaconf's grammar and YAML's parser both reject text here
             raise ConfigError(f"cannot apply override {item!r}: {_brief(e)}") from e
     return cfg
@@ -55,6 +62,15 @@ def resolve(source: Source | Sequence[Source] | None = None, overrides: Sequence
     except Exception as e:
         raise ConfigError(f"cannot resolve the config: {_brief(e)}") from e
     return validate(data)
+
+
+def _lightning_form(cfg: DictConfig) -> DictConfig:
+    """A file in LightningCLI's form (model, class_path, init_args, ...) in Tandem's sections; interpolations
+    are kept as written (they refer to Tandem's names: ${task.lr}, not ${model.init_args.lr})."""
+    data = OmegaConf.to_container(cfg, resolve=False)
+    if not isinstance(data, dict) or not lightning_form.needed(data):
+        return cfg
+    return OmegaConf.create(lightning_form.translate(data))
 
 
 def _read(src: Source) -> DictConfig:

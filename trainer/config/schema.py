@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,7 +15,17 @@ from trainer.config.types import annotations, check, narrow, slot_types
 from trainer.errors import ConfigError, did_you_mean
 from trainer.options import OptionError, TrainerConfig
 
-SECTIONS = ("seed_everything", "trainer", "task", "data", "callbacks", "logger")
+SECTIONS = (
+    "seed_everything",
+    "trainer",
+    "task",
+    "data",
+    "optimizer",
+    "lr_scheduler",
+    "callbacks",
+    "logger",
+    "ckpt_path",
+)
 # A strategy given as a _target_ entry takes these from the trainer section (one place to set them).
 FROM_TRAINER = ("accelerator", "devices", "num_nodes")
 
@@ -39,8 +50,13 @@ def validate(data: Any) -> dict[str, Any]:
     slots = slot_types()
     for name in ("task", "data"):
         out[name] = None if data.get(name) is None else _check_target(data[name], name, slots[name])
+    out.update(_check_optim(data.get("optimizer"), data.get("lr_scheduler")))
     for name in ("callbacks", "logger"):
         out[name] = _check_list(data.get(name), name)
+    ckpt_path = data.get("ckpt_path")
+    if ckpt_path is not None and not isinstance(ckpt_path, str):
+        raise ConfigError(f"ckpt_path must be a checkpoint path, 'last' or null, got {ckpt_path!r}")
+    out["ckpt_path"] = ckpt_path
     if out["logger"] and out["trainer"]["logger"] is False:
         raise ConfigError(
             "trainer.logger is false but the logger section lists loggers; remove one or the other"
@@ -94,6 +110,54 @@ def _check_object_forms(options: dict[str, Any]) -> None:
         raise ConfigError(f"trainer.strategy must be a strategy name or a _target_ entry, got {strategy!r}")
 
 
+def _check_optim(optimizer: Any, lr_scheduler: Any) -> dict[str, Any]:
+    """The optimizer and lr_scheduler sections: classes that build a torch optimizer from the task's
+    parameters, and a scheduler from that optimizer (trainer/config/optim.py builds them)."""
+    import torch
+
+    from trainer.config.optim import OPTIMIZER, SCHEDULER
+
+    if lr_scheduler is not None and optimizer is None:
+        raise ConfigError(
+            "lr_scheduler is set but optimizer is not: the scheduler is built on the optimizer section's "
+            "optimizer; add optimizer: {class_path: torch.optim.SGD, init_args: {lr: 0.1}} (or remove it)"
+        )
+    out: dict[str, Any] = {}
+    sections = (
+        ("optimizer", optimizer, OPTIMIZER, "torch.optim.Optimizer"),
+        ("lr_scheduler", lr_scheduler, SCHEDULER, "torch.optim.lr_scheduler.LRScheduler"),
+    )
+    for name, value, expected, base in sections:
+        if value is None:
+            out[name] = None
+            continue
+        if isinstance(value, dict) and TARGET in value:
+            obj = locate(value[TARGET], f"{name}._target_")
+            if not isinstance(obj, type):
+                raise ConfigError(f"{name}: {value[TARGET]!r} is not a class; name a subclass of {base}")
+            if not issubclass(obj, typing.get_args(expected)[-1]):
+                raise ConfigError(
+                    f"{name}: {value[TARGET]!r} is the class {obj.__qualname__}, not a subclass of {base}"
+                )
+            if obj is torch.optim.lr_scheduler.ReduceLROnPlateau:
+                raise ConfigError(
+                    "lr_scheduler: torch's ReduceLROnPlateau does not say which metric it watches; use "
+                    "ReduceLROnPlateau (trainer.config.optim.ReduceLROnPlateau, Lightning's "
+                    "lightning.pytorch.cli.ReduceLROnPlateau) with init_args: {monitor: val/loss}"
+                )
+        checked = _check_target(value, name, expected, partial=True)  # its first argument comes later
+        first, *rest = [p for p in params(locate(checked[TARGET])) or [] if p.kind != p.VAR_KEYWORD] or [None]
+        missing = [p.name for p in rest if p.default is p.empty and p.kind != p.VAR_POSITIONAL]
+        missing = [n for n in missing if n not in checked]
+        if missing:
+            raise ConfigError(
+                f"{name}: {checked[TARGET]} needs {', '.join(repr(n) for n in missing)}; set it under "
+                f"{name}.init_args (LightningCLI's form) or {name}"
+            )
+        out[name] = {k: v for k, v in checked.items() if k != PARTIAL}
+    return out
+
+
 def _check_list(value: Any, name: str) -> list[dict[str, Any]]:
     if value is None:
         return []
@@ -105,16 +169,18 @@ def _check_list(value: Any, name: str) -> list[dict[str, Any]]:
     return [_check_target(v, f"{name}[{i}]", slot_types()[name]) for i, v in enumerate(value)]
 
 
-def _check_target(node: Any, where: str, expected: Any, skip_defaults: Sequence[str] = ()) -> dict[str, Any]:
+def _check_target(
+    node: Any, where: str, expected: Any, skip_defaults: Sequence[str] = (), partial: bool | None = None
+) -> dict[str, Any]:
     """Check that a ``_target_`` entry imports, that `where` may build it (a subclass of `expected`, the
     slot's type or the annotation of the parameter it fills; nothing is called) and that its arguments
     match the signature; fill defaults."""
     if not isinstance(node, dict) or TARGET not in node:
         raise ConfigError(
             f"{where}: expected a mapping with _target_ (an import path such as examples.digits.DigitsTask) "
-            f"and the arguments, got {node!r}"
+            f"and the arguments (or LightningCLI's class_path and init_args), got {node!r}"
         )
-    target, partial = node[TARGET], node.get(PARTIAL, False)
+    target, partial = node[TARGET], node.get(PARTIAL, False) if partial is None else partial
     obj = locate(target, f"{where}._target_")
     if not isinstance(partial, bool):
         raise ConfigError(f"{where}._partial_ must be true or false, got {partial!r}")
