@@ -4,13 +4,11 @@ kept byte for byte in tests/lightning_cli_project/ next to minimal re-creations 
 
 from __future__ import annotations
 
-import inspect
 import os
 import shutil
 import sys
 from typing import Any
 
-import pytest
 import torch
 
 from trainer import config as C
@@ -30,12 +28,6 @@ PROJECT_ARGS = [  # the project's train.py gives these as LightningCLI(trainer_d
 ]
 
 
-def _tensorboard_accepts_default_hp_metric() -> bool:
-    from trainer.loggers import TensorBoardLogger
-
-    return "default_hp_metric" in inspect.signature(TensorBoardLogger).parameters
-
-
 def run_project(tmp_path: Any, monkeypatch: Any, config: str) -> Any:
     """`tandem fit --config example_config.yaml` in a copy of the project (its model and data modules are
     imported from the working directory, as LightningCLI's script would import them)."""
@@ -45,11 +37,6 @@ def run_project(tmp_path: Any, monkeypatch: Any, config: str) -> Any:
     monkeypatch.setattr(sys, "path", list(sys.path))
     for name in [m for m in sys.modules if m.split(".")[0] in ("models", "data_modules")]:
         monkeypatch.delitem(sys.modules, name)
-    if config != "example_config.yaml":
-        text = (work / "example_config.yaml").read_text()
-        (work / config).write_text(
-            "".join(ln for ln in text.splitlines(True) if "default_hp_metric" not in ln)
-        )
     assert main(["fit", "--config", config, *PROJECT_ARGS]) == 0
     return work / "runs" / "version_0"
 
@@ -78,12 +65,6 @@ def check_project_run(version: Any) -> None:
     ]
 
 
-@pytest.mark.xfail(
-    not _tensorboard_accepts_default_hp_metric(),
-    reason="TensorBoardLogger(default_hp_metric=...) is issue 21's logger part, not built yet",
-    raises=TypeError,
-    strict=True,
-)
 def test_a_real_projects_lightning_cli_config_runs_unchanged(tmp_path, monkeypatch):
     """example_config.yaml of github.com/Cogniveon/pytorch-template, commit
     07da6ca94fab3a64bc77009786b2a9f990a2e164 (tests/lightning_cli_project/example_config.yaml, byte for byte),
@@ -91,9 +72,3 @@ def test_a_real_projects_lightning_cli_config_runs_unchanged(tmp_path, monkeypat
     project's SwinTransformer and Flowers102DataModule are re-created minimally on Tandem's classes (the
     originals download pretrained weights and a data set); Lightning's callback and logger paths name Tandem's."""
     check_project_run(run_project(tmp_path, monkeypatch, "example_config.yaml"))
-
-
-def test_the_real_projects_config_without_default_hp_metric_runs(tmp_path, monkeypatch):
-    """The same config with its one TensorBoardLogger argument that Tandem's logger may not take yet
-    (default_hp_metric) left out: everything else of it already runs."""
-    check_project_run(run_project(tmp_path, monkeypatch, "no_hp_metric.yaml"))
