@@ -22,7 +22,8 @@ from torch.utils.data import DataLoader
 
 from trainer import Trainer
 from trainer.checkpoint import dcp_read
-from trainer.checkpoint.io import CheckpointIO, ShardedCheckpointIO, dir_payload, load
+from trainer.checkpoint.directory import dir_payload
+from trainer.checkpoint.io import CheckpointIO, ShardedCheckpointIO, load
 from trainer.errors import CheckpointError
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

@@ -241,3 +241,8 @@ def _check_count(path: str, saved: int, optimizers: list[torch.optim.Optimizer])
         raise CheckpointError(
             f"checkpoint {path!r} has {saved} optimizer(s) but configure_optimizers returned {len(optimizers)}."
         )
+
+
+def resumable(ckpt: dict[str, Any]) -> bool:
+    """True for a full checkpoint (with optimizer and loop state), False for weights only."""
+    return "ranks" in ckpt.get("loop", {})

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from trainer.checkpoint.io import META
+from trainer.checkpoint.directory import META
 from trainer.errors import CheckpointError
 
 if TYPE_CHECKING:

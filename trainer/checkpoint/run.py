@@ -1,5 +1,5 @@
 """What a Trainer saves in a checkpoint and restores from one; which file is meant is trainer/checkpoint/find.py,
-how the states are written and read is trainer/checkpoint/io.py (one file, or a directory of shards)."""
+how the states are written and read is trainer/checkpoint/io.py (one file) and directory.py (a directory of shards)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.checkpoint.checks import FORMAT_VERSION, check_compatible
+from trainer.checkpoint.checks import FORMAT_VERSION, check_compatible, resumable
+from trainer.checkpoint.directory import _existing, _read_meta
 from trainer.checkpoint.find import resolve_path, run_id
 from trainer.checkpoint.format import decode_for, encode, missing
-from trainer.checkpoint.io import _existing, _read_meta, checkpoint_io, load, resumable
+from trainer.checkpoint.io import checkpoint_io, load
 from trainer.errors import CheckpointError, ConfigError
 from trainer.loop.hooks import overrides
 from trainer.loop.optim import step_schedulers
