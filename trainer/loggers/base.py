@@ -138,9 +138,10 @@ class Logger:
         self.save()
 
 
-def add_prefix(metrics: dict[str, Any], prefix: str) -> dict[str, Any]:
-    """Lightning's logger `prefix`: every key becomes ``f"{prefix}-{key}"`` (unchanged when prefix is "")."""
-    return {f"{prefix}-{k}": v for k, v in metrics.items()} if prefix else metrics
+def add_prefix(metrics: dict[str, Any], prefix: str, sep: str = "-") -> dict[str, Any]:
+    """Lightning's logger `prefix`: every key becomes ``f"{prefix}{sep}{key}"`` (unchanged when prefix is "";
+    Lightning joins with "-" in every logger)."""
+    return {f"{prefix}{sep}{k}": v for k, v in metrics.items()} if prefix else metrics
 
 
 def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -11,8 +11,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 from trainer.errors import ConfigError, require
-from trainer.loggers.base import Logger, flatten
-from trainer.loggers.trackers import ModelUploads, NoOpExperiment, add_prefix, is_rank_zero
+from trainer.loggers.base import Logger, add_prefix, flatten
+from trainer.loggers.trackers import ModelUploads, NoOpExperiment, is_rank_zero
 
 _STATUS = {"success": "FINISHED", "finished": "FINISHED", "failed": "FAILED"}
 _BAD_KEY_CHARS = re.compile(r"[^a-zA-Z0-9_/. -]+")

@@ -31,11 +31,6 @@ class NoOpExperiment:
         pass
 
 
-def add_prefix(metrics: dict[str, Any], prefix: str, sep: str) -> dict[str, Any]:
-    """{"loss": 1} with prefix "train" -> {"train-loss": 1} (Lightning's join character for trackers: "-")."""
-    return {f"{prefix}{sep}{k}": v for k, v in metrics.items()} if prefix else dict(metrics)
-
-
 def check_log_model(value: Any) -> bool | str:
     if value is True or value is False or value == "all":
         return value

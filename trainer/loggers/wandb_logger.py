@@ -7,8 +7,8 @@ import warnings
 from typing import Any
 
 from trainer.errors import ConfigError, require
-from trainer.loggers.base import Logger, yaml_safe
-from trainer.loggers.trackers import ModelUploads, NoOpExperiment, add_prefix, is_rank_zero
+from trainer.loggers.base import Logger, add_prefix, yaml_safe
+from trainer.loggers.trackers import ModelUploads, NoOpExperiment, is_rank_zero
 
 STEP_KEY = "trainer/global_step"  # the x axis of every metric (Lightning's)
 
