@@ -1,5 +1,5 @@
 """What the experiment-tracker loggers (W&B, MLflow) share: the do-nothing experiment of ranks other than 0,
-metric-key prefixes, and Lightning's `log_model` rule for uploading a ModelCheckpoint's files as artifacts."""
+and Lightning's `log_model` rule for uploading a ModelCheckpoint's files as artifacts."""
 
 from __future__ import annotations
 
