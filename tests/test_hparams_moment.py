@@ -28,6 +28,8 @@ HOOKS = (
     "on_sanity_check_start",
     "on_train_start",
     "on_validation_start",
+    "on_test_start",
+    "on_predict_start",
     "on_fit_end",
 )
 RUN = dict(max_epochs=1, limit_train_batches=2, limit_val_batches=1, num_sanity_val_steps=1,
@@ -54,7 +56,10 @@ def _classes(lightning: bool) -> tuple[type, type]:
         def training_step(self, batch, batch_idx):
             return torch.nn.functional.mse_loss(self.net(batch[0]), batch[1])
 
-        validation_step = training_step
+        validation_step = test_step = training_step
+
+        def predict_step(self, batch, batch_idx):
+            return self.net(batch[0])
 
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
@@ -67,7 +72,7 @@ def _classes(lightning: bool) -> tuple[type, type]:
         def train_dataloader(self):
             return _data()
 
-        val_dataloader = train_dataloader
+        val_dataloader = test_dataloader = predict_dataloader = train_dataloader
 
     return Reg, Data
 
@@ -113,7 +118,7 @@ def _run(lightning: bool, stage: str, tmp_path, task_logger=True, dm_logger=True
     return calls
 
 
-@pytest.mark.parametrize("stage", ["fit", "validate"])
+@pytest.mark.parametrize("stage", ["fit", "validate", "test", "predict"])
 def test_hparams_are_logged_at_lightnings_moment_with_lightnings_content(tmp_path, stage):
     ours, theirs = _run(False, stage, tmp_path), _run(True, stage, tmp_path)
     assert ours == theirs
@@ -123,8 +128,9 @@ def test_hparams_are_logged_at_lightnings_moment_with_lightnings_content(tmp_pat
     ) in ours  # task's, then the DataModule's
     if stage == "fit":  # after on_fit_start, before the sanity check and on_train_start
         assert ours[:4] == ["setup", "on_fit_start", ours[2], "on_sanity_check_start"]
-    else:
-        assert ours[:3] == ["setup", ours[1], "on_validation_start"]
+    else:  # before the stage's first hook
+        first = {"validate": "on_validation_start"}.get(stage, f"on_{stage}_start")
+        assert ours[:3] == ["setup", ours[1], first]
     assert ours.count(ours[2 if stage == "fit" else 1]) == 1
 
 
