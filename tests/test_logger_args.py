@@ -46,11 +46,11 @@ def test_tensorboard_prefix_sub_dir_and_hp_metric_as_lightnings(tmp_path):
         theirs.log_dir, tmp_path / "theirs"
     )
     assert ours.log_dir.endswith(os.path.join("exp", "version_3", "fold0"))
+    ours.log_hyperparams({"lr": 0.1})  # at the start, as both Trainers call it
+    theirs.log_hyperparams({"lr": 0.1})
     for metrics, step in CALLS:
         ours.log_metrics(metrics, step)
         theirs.log_metrics(metrics, step)
-    ours.log_hyperparams({"lr": 0.1}, {})  # Tandem writes hparams at the end; Lightning at the start
-    theirs.log_hyperparams({"lr": 0.1})
     ours.finalize("success")
     theirs.finalize("success")
     a, b = scalars(ours.log_dir), scalars(theirs.log_dir)

@@ -125,7 +125,7 @@ def _fit(task: Task, logger: Memory) -> Trainer:
     return trainer
 
 
-def test_a_custom_logger_gets_floats_at_each_step_then_hparams_and_success():
+def test_a_custom_logger_gets_hparams_at_the_start_then_floats_at_each_step_and_success():
     logger = Memory()
     trainer = _fit(Linear(), logger)
     assert [step for step, _ in logger.rows] == [0, 1, 2, 3]  # Lightning's: the steps before the logged one
@@ -133,10 +133,9 @@ def test_a_custom_logger_gets_floats_at_each_step_then_hparams_and_success():
         assert all(type(v) is float for k, v in metrics.items() if k != "epoch")
         assert type(metrics["epoch"]) is int  # as Lightning adds it
     assert logger.rows[-1][1]["loss"] == pytest.approx(float(trainer.callback_metrics["loss"]))
-    assert logger.hparams == [
-        ({"lr": 0.1, "fail_at": -1}, {"loss": pytest.approx(logger.rows[-1][1]["loss"])})
-    ]
-    assert logger.events == ["success", "save"]  # finalize once; the base class's finalize saves
+    assert logger.hparams == [({"lr": 0.1, "fail_at": -1}, None)]  # at fit's start, as Lightning
+    # saved right after the hyperparameters (Lightning's), then finalize once; the base class's finalize saves
+    assert logger.events == ["save", "success", "save"]
 
 
 def test_a_failed_run_finalizes_its_logger_as_failed():
@@ -144,7 +143,8 @@ def test_a_failed_run_finalizes_its_logger_as_failed():
     with pytest.raises(RuntimeError, match="deliberate"):
         _fit(Linear(fail_at=2), logger)
     assert [step for step, _ in logger.rows] == [0, 1]
-    assert logger.events == ["failed", "save"]
+    assert logger.hparams == [({"lr": 0.1, "fail_at": 2}, None)]  # written before the failure
+    assert logger.events == ["save", "failed", "save"]
 
 
 def test_the_base_logger_needs_log_metrics():

@@ -249,7 +249,9 @@ class TrainerConfig:
         False, "no logger, checkpointing, progress bar, summary or sanity check; self.log is an error", FLAG
     )
     enable_autolog_hparams: bool = option(
-        True, "write the task's hyperparameters to the loggers (with the final metrics)", FLAG
+        True,
+        "write the task's (and DataModule's) hyperparameters to the loggers when each stage starts",
+        FLAG,
     )
     model_registry: str | None = option(
         None,

@@ -121,7 +121,7 @@ class Logger:
         raise NotImplementedError
 
     def log_hyperparams(self, params: dict[str, Any], metrics: dict[str, float] | None = None) -> None:
-        """Record the run's hyperparameters (with final metrics when given)."""
+        """Record the run's hyperparameters (with metrics when given); the Trainer calls it when a stage starts."""
 
     def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
         """Called on rank 0 after a ModelCheckpoint wrote a file (trackers upload it with log_model)."""

@@ -1,8 +1,9 @@
-"""Metrics to the loggers: where logged tensors become floats (rank 0 writes), and the run's last word."""
+"""Metrics to the loggers: where logged tensors become floats (rank 0 writes), the hyperparameters at each
+stage's start, and the run's last word."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,24 +32,60 @@ def log_metrics(t: Trainer, metrics: dict[str, torch.Tensor], step: int | None =
             lg.log_metrics(values, step)
 
 
-def log_graphs(t: Trainer) -> None:
-    """At the start of fit, as Lightning (with enable_autolog_hparams): loggers that draw the task's graph
-    (TensorBoardLogger(log_graph=True)) do so now; rank 0."""
-    if t.is_global_zero and t.config.enable_autolog_hparams and t.task is not None:
-        for lg in t.loggers:
-            if hasattr(lg, "log_graph"):
-                lg.log_graph(t.task)
+def stage_hparams(t: Trainer) -> dict[str, Any] | None:
+    """What the loggers get at the start of a stage, as Lightning 2.6: the task's hparams_initial and the
+    DataModule's, merged (a key both hold with different values is an error), each only if its
+    save_hyperparameters(logger=...) allows; None when neither does. LightningCLI's "_class_path" is left out."""
+    task, dm = t.task, t.datamodule
+    task_on = task is not None and getattr(task, "_log_hyperparams", True)
+    dm_on = dm is not None and getattr(dm, "_log_hyperparams", True)
+    parts = [p.hparams_initial for p, on in ((task, task_on), (dm, dm_on)) if on]  # type: ignore[union-attr]
+    if not parts:
+        return None
+    if len(parts) == 2:
+        both = [k for k in parts[0] if k in parts[1] and k != "_class_path"]
+        differ = [k for k in both if not _same(parts[0][k], parts[1][k])]
+        if differ:
+            raise RuntimeError(
+                f"Error while merging hparams: the keys {differ} are present in both the Task's and the "
+                "DataModule's hparams but have different values; rename one of them, or pass logger=False "
+                "to one of the save_hyperparameters() calls."
+            )
+    merged = {k: v for part in parts for k, v in part.items() if k != "_class_path"}
+    return redact(merged, t.config_secrets)  # no secret values
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Lightning's test: the same type and equal, and a tensor only as the very same object."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, torch.Tensor):
+        return a is b
+    return bool(a == b)
+
+
+def log_stage_start(t: Trainer) -> None:
+    """At the start of every stage (fit: after on_fit_start, before the training state is restored), as
+    Lightning with enable_autolog_hparams: each logger gets log_hyperparams(stage_hparams), draws the task's
+    graph where it can (TensorBoardLogger(log_graph=True)), and saves, so that a run killed later has them."""
+    if not t.loggers or not t.config.enable_autolog_hparams or t.task is None:
+        return
+    params = stage_hparams(t)  # every rank: a conflict fails them all
+    if not t.is_global_zero:
+        return
+    for lg in t.loggers:
+        if params is not None:
+            lg.log_hyperparams(params)
+        if hasattr(lg, "log_graph"):
+            lg.log_graph(t.task)
+        lg.save()
 
 
 def finalize_loggers(t: Trainer, status: str) -> None:
-    """Write the hyperparameters with the final metrics, and close the loggers (rank 0)."""
+    """Close the loggers (rank 0); the hyperparameters were written when the stage started."""
     if not t.is_global_zero:
         return
-    autolog = t.config.enable_autolog_hparams and t.task is not None and t.task.hparams
     for lg in t.loggers:
-        if autolog and getattr(t.task, "_log_hyperparams", True):
-            final = {k: float(v) for k, v in t.callback_metrics.items()}
-            lg.log_hyperparams(redact(dict(t.task.hparams), t.config_secrets), final)  # no secret values
         lg.finalize(status)
 
 

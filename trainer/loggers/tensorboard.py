@@ -17,8 +17,8 @@ class TensorBoardLogger(Logger):
     """Writes event files to save_dir/name/version_N; view them with ``tensorboard --logdir save_dir``.
 
     Example: ``Trainer(logger=TensorBoardLogger("runs", name="digits"))``. Hyperparameters go to the HParams
-    tab at the end of the run, together with the final value of every scalar the run wrote; with
-    `default_hp_metric` (Lightning's) an ``hp_metric`` column too, -1 unless the task logged "hp_metric".
+    tab when each stage starts (as Lightning), so a run killed later has them; with `default_hp_metric`
+    (Lightning's) its one metric column is ``hp_metric``: -1, or the last value the task logged under that name.
     Lightning's other arguments: `log_graph` (the task's graph from ``example_input_array`` at fit start),
     `prefix` (tags ``f"{prefix}-{key}"``), `sub_dir` (events in ``log_dir/sub_dir``).
     """
@@ -41,7 +41,6 @@ class TensorBoardLogger(Logger):
         self._writer_kwargs = {"flush_secs": flush_secs, **writer_kwargs}
         self._writer: Any = None
         self._hparams: dict[str, Any] = {}
-        self._tags: set[str] = set()
         self._purge_step: int | None = None  # set by resumed_at
 
     @property
@@ -77,25 +76,25 @@ class TensorBoardLogger(Logger):
         writer = self.experiment
         for name, value in metrics.items():
             writer.add_scalar(name, value, global_step=step)
-        self._tags.update(metrics)
 
     def log_hyperparams(self, params: dict[str, Any], metrics: dict[str, float] | None = None) -> None:
-        """Remember `params`; with `metrics` (the end of a run) write both to the HParams tab."""
+        """Lightning's: `params` (with those given before) go to the HParams tab with `metrics`, each also
+        written as a scalar at step 0; without metrics, ``hp_metric=-1`` when `default_hp_metric`, else the
+        params are only remembered. The Trainer calls this at the start of each stage. TensorBoard's reader
+        keeps the first HParams summary of a run (later ones are ignored), so the tab's columns are those
+        of the first call; each column shows the last value of the scalar of that name."""
         self._hparams.update(flatten(params))
-        if metrics is None or not self._hparams:
+        if metrics is None:
+            metrics = {"hp_metric": -1.0} if self.default_hp_metric else {}
+        if not metrics:
             return
         from torch.utils.tensorboard.summary import hparams
 
-        # The HParams tab reads a metric's value from the scalar tag of the same name in this run, so only
-        # metrics that were written as scalars are listed (the others would show up empty).
-        final = {k: float(v) for k, v in add_prefix(metrics, self.prefix).items() if k in self._tags}
-        hp_metric = next(iter(add_prefix({"hp_metric": 0}, self.prefix)))
-        if self.default_hp_metric and hp_metric not in final:  # Lightning's placeholder column
-            self.log_metrics({"hp_metric": -1.0}, 0)
-            final[hp_metric] = -1.0
-        # Written into this run's own event file (SummaryWriter.add_hparams would start a sub-run).
+        self.log_metrics(metrics, 0)
+        # Written into this run's own event file (SummaryWriter.add_hparams would start a sub-run), under
+        # the scalars' own (prefixed) names, so that the tab finds their values.
         writer = self.experiment._get_file_writer()
-        for summary in hparams(self._hparams, final):
+        for summary in hparams(self._hparams, add_prefix(metrics, self.prefix)):
             writer.add_summary(summary)
 
     def save(self) -> None:

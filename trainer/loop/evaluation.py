@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.loggers.reporting import finalize_loggers, log_metrics
+from trainer.loggers.reporting import finalize_loggers, log_metrics, log_stage_start
 from trainer.loop.signals import check_stop
 from trainer.loop.transfer import to_device
 from trainer.seed import get_rng_state
@@ -22,6 +22,7 @@ HOOK_PREFIX = {"val": "validation", "test": "test", "predict": "predict"}  # pha
 def evaluate(t: Trainer, stage: str) -> Any:
     """validate(), test() or predict(): one pass over that stage's loaders. As Lightning: the task's
     zero_grad() first; with limit_*_batches=0 (or loaders without batches) no loader hook runs at all."""
+    log_stage_start(t)  # hyperparameters and graph: as Lightning, before the stage runs
     t.metric_store.callback_metrics.clear()  # this stage's metrics only, not an earlier fit's
     t.task.zero_grad()  # type: ignore[union-attr]
     phase = {"validate": "val"}.get(stage, stage)

@@ -15,7 +15,7 @@ from trainer import checkpoint
 from trainer.checkpoint.io import checkpoint_io
 from trainer.checkpoint.run import check_window_saves
 from trainer.errors import TaskError
-from trainer.loggers.reporting import finalize_loggers, log_graphs, log_metrics
+from trainer.loggers.reporting import finalize_loggers, log_metrics, log_stage_start
 from trainer.loop.closure import Closure
 from trainer.loop.data import SkipBatchSampler, rebuild, rebuildable, set_epoch
 from trainer.loop.evaluation import run_eval
@@ -35,7 +35,7 @@ def fit(t: Trainer) -> None:
     cfg, state, hooks, session, task = t.config, t.state, t.hooks, t.session, t.task
     assert session is not None and task is not None
     hooks.call("on_fit_start")
-    log_graphs(t)
+    log_stage_start(t)  # hyperparameters and graph: as Lightning, before the training state is restored
     if session.restoring is not None:  # as Lightning: optimizer and loop states after on_fit_start
         checkpoint.restore(t, session.restoring)
     task.zero_grad()  # as Lightning, at the start of every stage
