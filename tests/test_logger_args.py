@@ -58,6 +58,25 @@ def test_tensorboard_prefix_sub_dir_and_hp_metric_as_lightnings(tmp_path):
     assert a == b
 
 
+def test_tensorboard_writes_hparams_yaml_as_lightnings(tmp_path):
+    """Lightning's TensorBoardLogger writes <log_dir>/hparams.yaml at its first save after the hyperparameters
+    (the Trainer saves right after logging them at the stage start), and keeps an existing one."""
+    import yaml
+
+    params = {"lr": 0.1, "net": {"hidden": [8, 4], "act": "relu"}, "name": "x"}
+    paths = []
+    for i, cls in enumerate((TensorBoardLogger, pl_loggers.TensorBoardLogger)):
+        logger = cls(str(tmp_path / str(i)), name="exp", version=0, sub_dir="fold0")
+        logger.log_hyperparams(params)
+        logger.save()
+        logger.log_hyperparams({"lr": 0.2})  # a later stage's: the file of the first stays
+        logger.save()
+        logger.finalize("success")
+        paths.append(os.path.join(logger.log_dir, "hparams.yaml"))
+    ours, theirs = (yaml.safe_load(open(p)) for p in paths)
+    assert ours == theirs == params
+
+
 def test_default_hp_metric_off_writes_no_placeholder(tmp_path):
     ours = TensorBoardLogger(str(tmp_path), default_hp_metric=False)
     ours.log_metrics({"loss": 1.0}, 0)

@@ -167,3 +167,14 @@ def yaml_safe(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return str(value)
+
+
+def write_hparams_yaml(log_dir: str, params: dict[str, Any]) -> None:
+    """`log_dir`/hparams.yaml with `params` as plain YAML (atomically: a link planted there is replaced, not
+    followed)."""
+    import yaml  # PyYAML comes with omegaconf
+
+    from trainer.fileio import atomic_write
+
+    os.makedirs(log_dir, exist_ok=True)
+    atomic_write(os.path.join(log_dir, "hparams.yaml"), yaml.safe_dump(yaml_safe(params), sort_keys=False))

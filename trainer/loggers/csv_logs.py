@@ -9,7 +9,7 @@ import os
 from typing import Any
 
 from trainer.fileio import atomic_write
-from trainer.loggers.base import Logger, add_prefix, yaml_safe
+from trainer.loggers.base import Logger, add_prefix, write_hparams_yaml
 
 
 class CSVLogger(Logger):
@@ -50,11 +50,7 @@ class CSVLogger(Logger):
             self.save()
 
     def log_hyperparams(self, params: dict[str, Any], metrics: dict[str, float] | None = None) -> None:
-        import yaml  # PyYAML comes with omegaconf
-
-        atomic_write(
-            os.path.join(self.log_dir, "hparams.yaml"), yaml.safe_dump(yaml_safe(params), sort_keys=False)
-        )
+        write_hparams_yaml(self.log_dir, params)
 
     def save(self) -> None:
         """Append the new rows; rewrite the file when a column was added."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from trainer.loggers.base import Logger, add_prefix, flatten
+from trainer.loggers.base import Logger, add_prefix, flatten, write_hparams_yaml
 
 
 class TensorBoardLogger(Logger):
@@ -41,6 +41,7 @@ class TensorBoardLogger(Logger):
         self._writer_kwargs = {"flush_secs": flush_secs, **writer_kwargs}
         self._writer: Any = None
         self._hparams: dict[str, Any] = {}
+        self._params: dict[str, Any] | None = None  # as given, for hparams.yaml (None: none logged yet)
         self._purge_step: int | None = None  # set by resumed_at
 
     @property
@@ -84,6 +85,7 @@ class TensorBoardLogger(Logger):
         keeps the first HParams summary of a run (later ones are ignored), so the tab's columns are those
         of the first call; each column shows the last value of the scalar of that name."""
         self._hparams.update(flatten(params))
+        self._params = {**(self._params or {}), **params}
         if metrics is None:
             metrics = {"hp_metric": -1.0} if self.default_hp_metric else {}
         if not metrics:
@@ -98,8 +100,12 @@ class TensorBoardLogger(Logger):
             writer.add_summary(summary)
 
     def save(self) -> None:
+        """Flush the events; the first save after hyperparameters were logged also writes hparams.yaml
+        beside them, as Lightning's TensorBoardLogger (an existing one, an earlier start's, is kept)."""
         if self._writer is not None:
             self._writer.flush()
+        if self._params is not None and not os.path.lexists(os.path.join(self.log_dir, "hparams.yaml")):
+            write_hparams_yaml(self.log_dir, self._params)
 
     def finalize(self, status: str) -> None:
         if self._writer is not None:
