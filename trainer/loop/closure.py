@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 _grad_enabled, _set_grad_enabled = torch.is_grad_enabled, torch._C._set_grad_enabled  # cheaper than a context
+_Tensor = torch.Tensor
 
 
 class Closure:
@@ -68,7 +69,10 @@ class Closure:
         else:
             with strategy.autocast():
                 out = strategy.step(self.task, "training_step", self.batch, self.batch_idx)
-        loss = loss_of(out, self.world_size)  # None: the task skips this batch
+        if type(out) is _Tensor and out.ndim == 0 and out.requires_grad:  # the common case, checked inline
+            loss = out
+        else:
+            loss = loss_of(out, self.world_size)  # None: the task skips this batch
         if loss is not None and self.window > 1:
             loss = loss / self.window  # k micro-batches of b equal one batch of k*b
         self.out, self.loss = out, loss
