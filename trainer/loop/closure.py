@@ -53,15 +53,8 @@ class Closure:
         )  # fmt: skip
 
     def __call__(self) -> torch.Tensor | None:
-        if _grad_enabled():  # torch's optimizers call closures with gradients on; another may not
-            return self._run()
-        _set_grad_enabled(True)
-        try:
-            return self._run()
-        finally:
-            _set_grad_enabled(False)
-
-    def _run(self) -> torch.Tensor | None:
+        if not _grad_enabled():  # torch's optimizers call closures with gradients on; another may not
+            return self._with_grad()
         strategy = self.strategy
         if self.profiled:
             with strategy.autocast(), self.t.profile("training_step"):
@@ -97,6 +90,13 @@ class Closure:
         if self.rescale != 1.0:
             _scale_grads(self.optimizer, self.rescale)
         return loss.detach()
+
+    def _with_grad(self) -> torch.Tensor | None:
+        _set_grad_enabled(True)
+        try:
+            return self()
+        finally:
+            _set_grad_enabled(False)
 
     def outputs(self) -> dict[str, Any]:
         """What on_train_batch_end receives, as Lightning: {"loss": the detached (divided) loss, other keys}."""
