@@ -38,6 +38,7 @@ class Closure:
         self.nonfinite = t.config.detect_nonfinite != "off"
         self.out: Any = None
         self.loss: torch.Tensor | None = None
+        self.detached: torch.Tensor | None = None
         self.batch: Any = None
         self.batch_idx = 0
         self.window, self.zero, self.sync, self.rescale = 1, True, True, 1.0  # no accumulation (see prepare)
@@ -76,8 +77,12 @@ class Closure:
                 self.task.optimizer_zero_grad(self.t.state.epoch, self.batch_idx, self.optimizer)
             else:
                 self.optimizer.zero_grad(set_to_none=True)
-        if loss is None or (self.nonfinite and _nonfinite(self.t, loss, self.batch_idx)):
-            return None if loss is None else loss.detach()
+        if loss is None:
+            self.detached = None
+            return None
+        self.detached = loss.detach()  # what the optimizer and on_train_batch_end get (one detach per step)
+        if self.nonfinite and _nonfinite(self.t, loss, self.batch_idx):
+            return self.detached
         if self.before_backward is not None:
             self.before_backward(loss)
         if self.profiled:
@@ -89,7 +94,7 @@ class Closure:
             self.after_backward()
         if self.rescale != 1.0:
             _scale_grads(self.optimizer, self.rescale)
-        return loss.detach()
+        return self.detached
 
     def _with_grad(self) -> torch.Tensor | None:
         _set_grad_enabled(True)
@@ -100,12 +105,12 @@ class Closure:
 
     def outputs(self) -> dict[str, Any]:
         """What on_train_batch_end receives, as Lightning: {"loss": the detached (divided) loss, other keys}."""
-        out, loss = self.out, self.loss
+        out, loss = self.out, self.detached
         if loss is None:
             return {}
         if not isinstance(out, dict):
-            return {"loss": loss.detach()}
-        return {"loss": loss.detach(), **{k: v for k, v in out.items() if k != "loss"}}
+            return {"loss": loss}
+        return {"loss": loss, **{k: v for k, v in out.items() if k != "loss"}}
 
 
 def _scale_grads(optimizer: torch.optim.Optimizer, factor: float) -> None:
