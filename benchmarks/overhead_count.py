@@ -3,6 +3,7 @@
     python benchmarks/overhead_count.py                 # tandem (all off) and tandem-defaults on `tiny`
     python benchmarks/overhead_count.py --top 20        # and the 20 functions that add the most bytecodes
     python benchmarks/overhead_count.py --ref d21ce1a   # the same count for an older commit, side by side
+    python benchmarks/overhead_count.py --no-draw       # defaults' bar never redraws mid-epoch: deterministic
 
 Why: on a shared 2-core machine a 15 µs difference per step is within the noise of any clock (see
 benchmarks/overhead.py, which measures time). The number of Python bytecodes the interpreter executes per
@@ -10,6 +11,10 @@ step does not depend on load: it is counted with `sys.settrace` opcode events in
 torch's, the standard library's). A contender's count per step is (count over 1200 steps - count over 200
 steps) / 1000, so setup and teardown cancel; the raw loop's count (the same model, optimizer, loader) is
 subtracted. Bytecodes run inside C (the kernels, autograd) are not counted: this is the Python overhead only.
+The one count that depends on time is the progress bar's redraw in `tandem-defaults` (at most every 0.1 s of
+wall clock, and tracing makes a step far slower than it is, so it redraws every few steps here instead of every
+few hundred); `--no-draw` gives the bar a huge min_interval_s, so that row counts what a step that draws
+nothing costs, the same on any machine.
 
 `--ref COMMIT` checks the commit out into a temporary git worktree and runs this script there (with this
 file, so old commits count the same way), then prints both.
@@ -74,10 +79,13 @@ class _Batches(Dataset):
         return self.data[i % 64]
 
 
-def _tandem(n: int, counter: _Counter, defaults: bool) -> None:
+def _tandem(n: int, counter: _Counter, defaults: bool, draw: bool = True) -> None:
+    from callbacks import TQDMProgressBar
     from trainer import Task, Trainer
 
     off = {} if defaults else dict(logger=False, enable_progress_bar=False, enable_checkpointing=False)
+    if defaults and not draw:
+        off["callbacks"] = [TQDMProgressBar(min_interval_s=1e9)]
     loader = DataLoader(_Batches(n), batch_size=None)
     with tempfile.TemporaryDirectory() as d, open(os.devnull, "w") as null:
         with contextlib.redirect_stderr(null), contextlib.redirect_stdout(null):
@@ -112,12 +120,12 @@ def per_step(run: Any) -> tuple[collections.Counter[str], float]:
     return ops, (long.calls - short.calls) / steps
 
 
-def measure(top: int) -> dict[str, Any]:
+def measure(top: int, draw: bool = True) -> dict[str, Any]:
     torch.set_num_threads(1)
     raw_ops, raw_calls = per_step(_raw)
     out: dict[str, Any] = {"raw": {"opcodes": round(sum(raw_ops.values()), 1), "calls": round(raw_calls, 1)}}
     for name, defaults in (("tandem", False), ("tandem-defaults", True)):
-        ops, calls = per_step(lambda n, c, d=defaults: _tandem(n, c, d))
+        ops, calls = per_step(lambda n, c, d=defaults: _tandem(n, c, d, draw))
         extra = {k: ops.get(k, 0) - raw_ops.get(k, 0) for k in set(ops) | set(raw_ops)}
         out[name] = {
             "opcodes": round(sum(ops.values()), 1),
@@ -128,7 +136,7 @@ def measure(top: int) -> dict[str, Any]:
     return out
 
 
-def _at_ref(ref: str, top: int) -> dict[str, Any]:
+def _at_ref(ref: str, top: int, draw: bool = True) -> dict[str, Any]:
     """This script's measurement run in a temporary worktree of commit `ref`."""
     with tempfile.TemporaryDirectory() as d:
         tree = os.path.join(d, "tree")
@@ -138,7 +146,7 @@ def _at_ref(ref: str, top: int) -> dict[str, Any]:
             with open(__file__) as src, open(script, "w") as dst:
                 dst.write(src.read())
             done = subprocess.run(
-                [sys.executable, "-P", script, "--top", str(top), "--json"],
+                [sys.executable, "-P", script, "--top", str(top), "--json", *([] if draw else ["--no-draw"])],
                 cwd=tree, check=True, capture_output=True, text=True,
             )  # fmt: skip
             return json.loads(done.stdout.strip().splitlines()[-1])
@@ -162,15 +170,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=0, help="list the N functions that add the most opcodes")
     p.add_argument("--ref", default=None, help="also count at this commit (a temporary git worktree)")
     p.add_argument("--json", action="store_true", help="print only the result as one JSON line")
+    p.add_argument("--no-draw", action="store_true", help="tandem-defaults' bar never redraws mid-epoch")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "overhead_count.json"))
     args = p.parse_args(argv)
-    result = measure(args.top)
+    result = measure(args.top, draw=not args.no_draw)
     if args.json:
         print(json.dumps(result))
         return 0
     report = {"head": result}
     if args.ref:
-        report[args.ref] = _at_ref(args.ref, args.top)
+        report[args.ref] = _at_ref(args.ref, args.top, draw=not args.no_draw)
         _print(f"at {args.ref}", report[args.ref])
     _print("this checkout", result)
     with open(args.out, "w") as f:

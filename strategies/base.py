@@ -88,7 +88,7 @@ class Strategy:
         return loader
 
     def batch_to_device(self, batch: Any) -> Any:
-        return move_to_device(batch, self.root_device, self.precision.param_dtype)
+        return move_to_device(batch, self.root_device, (self._precision or self.precision).param_dtype)
 
     # ----- steps --------------------------------------------------------------------------------
     def step(
@@ -100,7 +100,7 @@ class Strategy:
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """Context for the forward pass under this precision."""
-        return self.precision.autocast()
+        return (self._precision or self.precision).autocast()  # (the property only before setup)
 
     def backward(
         self, loss: torch.Tensor, sync: bool = True, run: Callable[[torch.Tensor], Any] | None = None
@@ -108,18 +108,18 @@ class Strategy:
         """Backward of `loss` (scaled under 16-mixed), through `run(scaled_loss)` when given (a task's own
         backward). With sync=False the gradients only accumulate locally (micro-batches 1..k-1 of an
         accumulation window): nothing is communicated."""
-        scaled = self.precision.scale(loss)
+        scaled = (self._precision or self.precision).scale(loss)
         scaled.backward() if run is None else run(scaled)  # noqa: B018 (a call, not an expression)
 
     def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         """Make the gradients final for the step: reduced across ranks and at their true scale."""
-        self.precision.unscale(optimizer)
+        (self._precision or self.precision).unscale(optimizer)
 
     def optimizer_step(
         self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None
     ) -> Any:
         """Step (under 16-mixed the scaler skips a step whose gradients are inf/nan)."""
-        return self.precision.step(optimizer, closure)
+        return (self._precision or self.precision).step(optimizer, closure)
 
     # ----- checkpoints --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -15,7 +15,7 @@ def apply_to_tensors(data: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
         return fn(data)
     kind = type(data)
     if kind is tuple or kind is list:  # the common batch, (x, y): no recursion for its tensors
-        return kind(fn(x) if isinstance(x, torch.Tensor) else apply_to_tensors(x, fn) for x in data)
+        return kind([fn(x) if isinstance(x, torch.Tensor) else apply_to_tensors(x, fn) for x in data])
     if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
         return type(data)(*(apply_to_tensors(x, fn) for x in data))
     if isinstance(data, (list, tuple)):

@@ -98,3 +98,32 @@ def test_super_calls_into_stubs_work():
     cb = Cb()
     Trainer(max_steps=1, callbacks=[cb], **FAST).fit(Tiny(), loader())
     assert cb.ran
+
+
+def test_caller_does_what_call_does_and_is_none_for_hooks_nobody_overrides():
+    order = []
+
+    class A(Callback):
+        def on_train_batch_start(self, trainer, task, batch, batch_idx):
+            order.append(("a", batch_idx))
+            return 7
+
+    class B(Callback):
+        def on_train_batch_start(self, trainer, task, batch, batch_idx):
+            order.append(("b", batch_idx))
+
+    class WithHook(Tiny):
+        def on_train_batch_start(self, batch, batch_idx):
+            order.append(("task", batch_idx))
+            return -1
+
+    task = WithHook()
+    assert Hooks(task, [A()], trainer=None).caller("on_fit_start") is None  # the loop skips it outright
+    only = Hooks(Tiny(), [A()], trainer=None).caller("on_train_batch_start")
+    assert only(None, 3) == 7 and order == [("a", 3)]  # one override: called as it is
+    order.clear()
+    hooks = Hooks(task, [A(), B()], trainer=None)
+    fn = hooks.caller("on_train_batch_start")
+    assert fn(None, 1) == -1 == hooks.call("on_train_batch_start", None, 2)  # the last non-None result
+    assert order == [("a", 1), ("b", 1), ("task", 1), ("a", 2), ("b", 2), ("task", 2)]
+    assert hooks.caller("on_train_batch_start", monitoring=True) is None  # no monitoring callback has it

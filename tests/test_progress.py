@@ -21,6 +21,22 @@ def test_progress_bar_prints_epochs_metrics_and_validation(tmp_path, capsys):
     assert "Sanity Checking" in out and "Validation" in out
 
 
+def test_the_bar_counts_every_batch_also_when_it_does_not_draw(tmp_path):
+    seen = []
+
+    class Probe(Callback):
+        def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx):
+            seen.append(trainer.progress_bar_callback.train_progress_bar.n)
+
+    bar = TQDMProgressBar(min_interval_s=60.0)  # draws at the start and the end only
+    trainer = Trainer(
+        max_epochs=1, default_root_dir=str(tmp_path), logger=False, enable_model_summary=False,
+        num_sanity_val_steps=0, callbacks=[bar, Probe()],
+    )  # fmt: skip
+    trainer.fit(Scored(), loader(n=12, batch_size=2))
+    assert seen == [1, 2, 3, 4, 5, 6]  # the bar's count is exact after each batch, as Lightning's
+
+
 # ----- no host synchronization on steps that write nothing -------------------------------------------------
 SYNCS = ("item", "tolist", "__float__", "__int__", "__bool__", "cpu", "numpy", "__format__")
 

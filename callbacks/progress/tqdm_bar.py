@@ -150,7 +150,12 @@ class TQDMProgressBar(ProgressBar):
         done = batch_idx + 1
         if done % self.refresh_rate == 0 or done == bar.total:
             self._set_metrics(trainer, bar)
-            bar.update(done - bar.n)
+            # tqdm's update draws only `mininterval` after its last draw: before that, count without the call
+            drawn = getattr(bar, "last_print_t", None)
+            if drawn is None or done == bar.total or time.time() - drawn >= bar.mininterval:
+                bar.update(done - bar.n)
+            else:
+                bar.n = done
 
     def on_train_epoch_end(self, trainer: Trainer, task: Task) -> None:
         """Show the epoch's final metrics."""

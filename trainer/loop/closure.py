@@ -15,18 +15,33 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 _grad_enabled, _set_grad_enabled = torch.is_grad_enabled, torch._C._set_grad_enabled  # cheaper than a context
+_Tensor = torch.Tensor
 
 
 class Closure:
     """The training step of one batch; `prepare` sets the batch, calling it runs the step and returns the
-    detached loss (None when training_step skipped the batch). One instance serves a whole epoch."""
+    detached loss (None when training_step skipped the batch). One instance serves a whole epoch: what a
+    step needs (the hooks that are overridden, the task's own methods, the optimizer) is looked up once."""
 
     def __init__(self, t: Trainer) -> None:
-        self.t, self.task, self.strategy, self.hooks = t, t.task, t.strategy, t.hooks
-        self.run_backward = t.task.backward if "backward" in t.hooks.custom else None  # type: ignore[union-attr]
+        hooks, task = t.hooks, t.task
+        assert task is not None
+        self.t, self.task, self.strategy = t, task, t.strategy
+        self.optimizer = t.optimizers[0]
+        self.run_backward = task.backward if "backward" in hooks.custom else None
+        self.own_zero_grad = "optimizer_zero_grad" in hooks.custom
+        self.before_zero_grad = hooks.caller("on_before_zero_grad")
+        self.before_backward = hooks.caller("on_before_backward")
+        self.after_backward = hooks.caller("on_after_backward")
+        self.profiled = t.profiler is not None  # else no section is timed (not even entered)
+        self.world_size = t.world_size
         self.nonfinite = t.config.detect_nonfinite != "off"
         self.out: Any = None
         self.loss: torch.Tensor | None = None
+        self.detached: torch.Tensor | None = None
+        self.batch: Any = None
+        self.batch_idx = 0
+        self.window, self.zero, self.sync, self.rescale = 1, True, True, 1.0  # no accumulation (see prepare)
 
     def prepare(
         self, batch: Any, batch_idx: int, window: int, zero: bool, sync: bool, rescale: float
@@ -39,49 +54,63 @@ class Closure:
         )  # fmt: skip
 
     def __call__(self) -> torch.Tensor | None:
-        if _grad_enabled():  # torch's optimizers call closures with gradients on; another may not
-            return self._run()
-        _set_grad_enabled(True)
-        try:
-            return self._run()
-        finally:
-            _set_grad_enabled(False)
-
-    def _run(self) -> torch.Tensor | None:
-        t, strategy, hooks = self.t, self.strategy, self.hooks
-        with strategy.autocast(), t.profile("training_step"):
-            out = strategy.step(self.task, "training_step", self.batch, self.batch_idx)
-        loss = loss_of(out, t.world_size)  # None: the task skips this batch
+        if not _grad_enabled():  # torch's optimizers call closures with gradients on; another may not
+            return self._with_grad()
+        strategy = self.strategy
+        if self.profiled:
+            with strategy.autocast(), self.t.profile("training_step"):
+                out = strategy.step(self.task, "training_step", self.batch, self.batch_idx)
+        else:
+            with strategy.autocast():
+                out = strategy.step(self.task, "training_step", self.batch, self.batch_idx)
+        if type(out) is _Tensor and out.ndim == 0 and out.requires_grad:  # the common case, checked inline
+            loss = out
+        else:
+            loss = loss_of(out, self.world_size)  # None: the task skips this batch
         if loss is not None and self.window > 1:
             loss = loss / self.window  # k micro-batches of b equal one batch of k*b
         self.out, self.loss = out, loss
         if self.zero:  # a window starts: Lightning's moment to zero the gradients
-            zero_grad(t, t.optimizers[0], self.batch_idx)
-        if loss is not None and not (self.nonfinite and _nonfinite(t, loss, self.batch_idx)):
-            hooks.call("on_before_backward", loss)
-            with t.profile("backward"):
+            if self.before_zero_grad is not None:
+                self.before_zero_grad(self.optimizer)
+            if self.own_zero_grad:
+                self.task.optimizer_zero_grad(self.t.state.epoch, self.batch_idx, self.optimizer)
+            else:
+                self.optimizer.zero_grad(set_to_none=True)
+        if loss is None:
+            self.detached = None
+            return None
+        self.detached = loss.detach()  # what the optimizer and on_train_batch_end get (one detach per step)
+        if self.nonfinite and _nonfinite(self.t, loss, self.batch_idx):
+            return self.detached
+        if self.before_backward is not None:
+            self.before_backward(loss)
+        if self.profiled:
+            with self.t.profile("backward"):
                 strategy.backward(loss, sync=self.sync, run=self.run_backward)
-            hooks.call("on_after_backward")
-            if self.rescale != 1.0:
-                _scale_grads(t.optimizers[0], self.rescale)
-        return None if loss is None else loss.detach()
+        else:
+            strategy.backward(loss, sync=self.sync, run=self.run_backward)
+        if self.after_backward is not None:
+            self.after_backward()
+        if self.rescale != 1.0:
+            _scale_grads(self.optimizer, self.rescale)
+        return self.detached
+
+    def _with_grad(self) -> torch.Tensor | None:
+        _set_grad_enabled(True)
+        try:
+            return self()
+        finally:
+            _set_grad_enabled(False)
 
     def outputs(self) -> dict[str, Any]:
         """What on_train_batch_end receives, as Lightning: {"loss": the detached (divided) loss, other keys}."""
-        out, loss = self.out, self.loss
+        out, loss = self.out, self.detached
         if loss is None:
             return {}
-        extra = {k: v for k, v in out.items() if k != "loss"} if isinstance(out, dict) else {}
-        return {"loss": loss.detach(), **extra}
-
-
-def zero_grad(t: Trainer, optimizer: torch.optim.Optimizer, batch_idx: int) -> None:
-    """on_before_zero_grad, then the task's optimizer_zero_grad (default: optimizer.zero_grad())."""
-    t.hooks.call("on_before_zero_grad", optimizer)
-    if "optimizer_zero_grad" in t.hooks.custom:
-        t.task.optimizer_zero_grad(t.state.epoch, batch_idx, optimizer)  # type: ignore[union-attr]
-    else:
-        optimizer.zero_grad(set_to_none=True)
+        if not isinstance(out, dict):
+            return {"loss": loss}
+        return {"loss": loss, **{k: v for k, v in out.items() if k != "loss"}}
 
 
 def _scale_grads(optimizer: torch.optim.Optimizer, factor: float) -> None:

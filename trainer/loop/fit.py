@@ -3,8 +3,10 @@ LoopState (trainer.state), calls hooks through trainer.hooks, and drives the str
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
+from collections.abc import Callable
 from datetime import timedelta
 from itertools import islice
 from typing import TYPE_CHECKING, Any
@@ -19,7 +21,7 @@ from trainer.loggers.reporting import finalize_loggers, log_metrics, log_stage_s
 from trainer.loop.closure import Closure
 from trainer.loop.data import SkipBatchSampler, rebuild, rebuildable, set_epoch
 from trainer.loop.evaluation import run_eval
-from trainer.loop.optim import optimizer_step, step_schedulers
+from trainer.loop.optim import StepClosure, step_schedulers
 from trainer.loop.signals import check_stop
 from trainer.loop.transfer import to_device
 from trainer.seed import get_rng_state, set_rng_state
@@ -72,18 +74,21 @@ def fit(t: Trainer) -> None:
 
 
 def train_epoch(t: Trainer) -> None:
-    """One training epoch: the loop every strategy shares (see DESIGN.md, 'How a batch flows')."""
-    cfg, state, hooks, strategy, task = t.config, t.state, t.hooks, t.strategy, t.task
+    """One training epoch: the loop every strategy shares (see DESIGN.md, 'How a batch flows'). What does not
+    change inside an epoch (the overridden hooks, the step path, the options) is looked up before its first
+    batch, so a step pays only for what runs in it."""
+    cfg, state, hooks, strategy, task, store = t.config, t.state, t.hooks, t.strategy, t.task, t.metric_store
     assert task is not None
     automatic = task.automatic_optimization
     val_every = _val_check_batches(t) if _should_validate(t) else 0  # check_val_every_n_epoch gates it too
     timed = _val_check_seconds(t)  # a wall-time val_check_interval: validate once it has passed
     set_epoch(t.train_dataloader, state.epoch)
     state.phase = "train"
-    t.metric_store.reset("train")
+    store.reset("train")
     if state.batch_in_epoch == 0:  # as Lightning: a run resumed inside an epoch does not start it again
         hooks.call("on_train_epoch_start")
-    k = t.config.accumulate_grad_batches  # after the hook: GradientAccumulationScheduler may change it
+    cfg = t.config  # again after the hook: GradientAccumulationScheduler may have changed it
+    k, log_every, max_steps = cfg.accumulate_grad_batches, cfg.log_every_n_steps, cfg.max_steps
     check_window_saves(t, val_every)
     batches, start = _epoch_iterator(t)
     if state.val_pending:  # resumed from a checkpoint written just before a mid-epoch validation: run it now
@@ -92,6 +97,10 @@ def train_epoch(t: Trainer) -> None:
     n = strategy.comm.agree_num_batches(t.num_training_batches)  # uneven ranks: all run the shortest epoch
     known = n != float("inf")
     closure = Closure(t) if automatic else None
+    step = _stepper(t, closure) if closure is not None else None
+    move = _mover(t)
+    batch_start, batch_end = hooks.caller("on_train_batch_start"), hooks.caller("on_train_batch_end")
+    profiled = t.profiler is not None
     checked = state.global_step
     batch_idx, cut, out_of_data = start - 1, False, False
     # Lightning's fetcher reads one batch ahead, so an iterable that changes state when it runs out is seen
@@ -119,28 +128,33 @@ def train_epoch(t: Trainer) -> None:
                 break
             nxt = next(batches, _END)
             last = not strategy.comm.join(nxt is not _END)
-        batch = to_device(t, batch)
-        t.metric_store.set_batch(batch)
-        if hooks.call("on_train_batch_start", batch, batch_idx) == -1:  # the task ends the epoch here
+        batch = move(batch)
+        store.set_batch(batch)
+        if batch_start is not None and batch_start(batch, batch_idx) == -1:  # the task ends the epoch here
             if automatic:  # drop a cut-short window's gradients, or they leak into the next step
                 t.optimizers[0].zero_grad(set_to_none=True)
                 step_schedulers(t, "epoch", plateau=False)  # as after an epoch's last batch
             cut = True
             break
         if closure is not None:  # automatic optimization (else the task steps its own optimizers)
-            boundary = (batch_idx + 1) % k == 0 or last
-            in_window = batch_idx % k + 1
-            # the epoch's last window may hold fewer than k micro-batches: average over those it has, so
-            # that k micro-batches of b always equal one batch of k*b (unknown length: rescaled at its end)
-            window = min(k, n - (batch_idx - batch_idx % k)) if known else k
-            rescale = k / in_window if not known and last and in_window < k else 1.0
-            closure.prepare(batch, batch_idx, window, batch_idx % k == 0, boundary, rescale)
-            if boundary:
-                with t.profile("optimizer_step"):
-                    _step(t, batch_idx, closure)
+            if k == 1:  # every batch is a window of its own (the closure's defaults)
+                closure.batch, closure.batch_idx, boundary = batch, batch_idx, True
             else:
+                boundary = last or (batch_idx + 1) % k == 0
+                in_window = batch_idx % k + 1
+                # the epoch's last window may hold fewer than k micro-batches: average over those it has, so
+                # that k micro-batches of b always equal one batch of k*b (unknown length: rescaled at its end)
+                window = min(k, n - (batch_idx - batch_idx % k)) if known else k
+                rescale = k / in_window if not known and last and in_window < k else 1.0
+                closure.prepare(batch, batch_idx, window, in_window == 1, boundary, rescale)
+            if not boundary:
                 closure()
-            out = closure.outputs()
+            elif profiled:
+                with t.profile("optimizer_step"):
+                    step(batch_idx)  # type: ignore[misc]
+            else:
+                step(batch_idx)  # type: ignore[misc]
+            out = closure.outputs() if batch_end is not None else None
         else:
             with strategy.autocast(), t.profile("training_step"):
                 out = strategy.step(task, "training_step", batch, batch_idx)
@@ -151,22 +165,27 @@ def train_epoch(t: Trainer) -> None:
             validate_now = bool(val_every) and (batch_idx + 1) % val_every == 0 and not last
         else:
             validate_now = not last and _should_validate(t) and _time_due(t, timed)
-        state.val_pending = (
-            validate_now  # a checkpoint written in on_train_batch_end records the due validation
-        )
-        hooks.call("on_train_batch_end", out, batch, batch_idx)
-        n_log = cfg.log_every_n_steps  # 0: no step logging (Lightning)
-        if n_log and state.global_step % n_log == 0 and state.global_step != state.last_logged_step:
+        # a checkpoint written in on_train_batch_end records the due validation
+        state.val_pending = validate_now
+        if batch_end is not None:
+            batch_end(out, batch, batch_idx)
+        # log_every_n_steps=0: no step logging (Lightning)
+        if log_every and state.global_step % log_every == 0 and state.global_step != state.last_logged_step:
             state.last_logged_step = state.global_step
-            log_metrics(t, t.metric_store.step_metrics())
+            log_metrics(t, store.step_metrics())
         if validate_now:
             state.val_pending = False
             _validate(t, batch_idx + 1, k)
         if state.global_step != checked:  # a step boundary: the ranks agree on a stop request
             checked = state.global_step
             check_stop(t)
-        # never stop inside an accumulation window (its gradients would be lost)
-        if (not automatic or (batch_idx + 1) % k == 0) and not last:
+        # a stop request or max_steps ends the epoch, never inside an accumulation window (its gradients
+        # would be lost) and not at its last batch (the epoch's end runs)
+        if (
+            (state.should_stop or (max_steps != -1 and state.global_step >= max_steps))
+            and (not automatic or (batch_idx + 1) % k == 0)
+            and not last
+        ):
             if _stop_requested(t):  # as Lightning: a stop asked mid-epoch validates first
                 if _should_validate(t) and not validate_now:
                     _validate(t, batch_idx + 1, k)
@@ -176,11 +195,11 @@ def train_epoch(t: Trainer) -> None:
     state.epoch_finished = cut or out_of_data
     if state.epoch_finished and not cut and _should_validate(t) and (timed is None or _time_due(t, timed)):
         _validate(t, state.batch_in_epoch, k)
-    t.metric_store.in_epoch_hook = True
+    store.in_epoch_hook = True
     hooks.call("on_train_epoch_end", monitoring=False)  # the task and plain callbacks may still log
-    log_metrics(t, t.metric_store.epoch_end())  # so that checkpointing and early stopping see the aggregates
+    log_metrics(t, store.epoch_end())  # so that checkpointing and early stopping see the aggregates
     hooks.call("on_train_epoch_end", monitoring=True)
-    t.metric_store.in_epoch_hook = False
+    store.in_epoch_hook = False
     if not state.epoch_finished:  # stopped inside the epoch: a resume continues it
         return
     if automatic:  # the plateau schedulers after the epoch's metrics (under manual the task steps them)
@@ -202,17 +221,36 @@ def _validate(t: Trainer, done: int, k: int) -> None:
     t.session.last_val_time = time.monotonic()  # type: ignore[union-attr]
 
 
-def _step(t: Trainer, batch_idx: int, closure: Closure) -> None:
-    """One optimizer step of automatic optimization, the closure running inside it (through the task's
-    optimizer_step if it has one), then the step-interval schedulers."""
+def _stepper(t: Trainer, closure: Closure) -> Callable[[int], None]:
+    """`step(batch_idx)`: one optimizer step of automatic optimization, the closure running inside it
+    (through the task's optimizer_step if it has one), then the step-interval schedulers."""
     task, state = t.task, t.state
     assert task is not None
     if "optimizer_step" in t.hooks.custom:
-        task.optimizer_step(state.epoch, batch_idx, task._optimizers[0], closure)
-    else:
-        optimizer_step(t, t.optimizers[0], closure)
+
+        def step(batch_idx: int) -> None:
+            task.optimizer_step(state.epoch, batch_idx, task._optimizers[0], closure)
+            if t.lr_scheduler_configs:
+                step_schedulers(t, "step")
+
+        return step
+    optimizer = closure.optimizer
+    step_closure, strategy_step = StepClosure(t, optimizer, closure), t.strategy.optimizer_step
+
+    def step(batch_idx: int) -> None:
+        strategy_step(optimizer, step_closure)
         state.global_step += 1
-    step_schedulers(t, "step")
+        if t.lr_scheduler_configs:
+            step_schedulers(t, "step")
+
+    return step
+
+
+def _mover(t: Trainer) -> Callable[[Any], Any]:
+    """`move(batch)`: the batch on the device, through the batch-transfer hooks where any is overridden."""
+    if not t.hooks.transfer:
+        return t.strategy.batch_to_device
+    return functools.partial(to_device, t)
 
 
 def _warn_if_no_steps(t: Trainer) -> None:

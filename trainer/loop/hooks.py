@@ -214,6 +214,16 @@ class Hooks:
     def __contains__(self, name: str) -> bool:
         return name in self._table
 
+    def caller(self, name: str, monitoring: bool | None = None) -> Callable[..., Any] | None:
+        """Hook `name` as one callable that does what ``call(name, ...)`` does, or None when nobody overrides
+        it: the loop looks its per-batch hooks up once per epoch and pays nothing at a step for the others.
+        One override is returned as it is (its result is the last non-None result)."""
+        groups = self._table.get(name)
+        fns = None if groups is None else groups[0 if monitoring is None else 2 if monitoring else 1]
+        if not fns:
+            return None
+        return fns[0] if len(fns) == 1 else functools.partial(_call_all, tuple(fns))
+
     def call(self, name: str, *args: Any, monitoring: bool | None = None) -> Any:
         """Call every override of hook `name` (with `monitoring` given, only the plain callbacks and the task,
         or only the monitoring callbacks); return the last non-None result (the task's -1 from
@@ -227,3 +237,13 @@ class Hooks:
             if result is not None:
                 out = result
         return out
+
+
+def _call_all(fns: tuple[Callable[..., Any], ...], *args: Any) -> Any:
+    """Call every function in order; the last non-None result (as Hooks.call)."""
+    out = None
+    for fn in fns:
+        result = fn(*args)
+        if result is not None:
+            out = result
+    return out

@@ -142,21 +142,53 @@ def optimizer_step(
     forward and backward) runs first, inside the step; then the gradients are made final (reduced, unscaled),
     on_before_optimizer_step runs, and (automatic optimization) gradients are clipped; then the update.
     An optimizer that calls the closure several times gets all of this each time."""
-    strategy, hooks = trainer.strategy, trainer.hooks
-    # Lightning clips only under automatic optimization
-    clips = (trainer.task is None or trainer.task.automatic_optimization) and (
-        "configure_gradient_clipping" in hooks.custom or bool(trainer.config.gradient_clip_val)
-    )
+    return trainer.strategy.optimizer_step(optimizer, StepClosure(trainer, optimizer, closure))
 
-    def step_closure() -> Any:
+
+class StepClosure:
+    """What the strategy's optimizer step calls (see `optimizer_step`): `closure`, then the gradients made
+    final, on_before_optimizer_step and clipping. Automatic optimization builds one per epoch (the loop's
+    Closure is the same object at every step), manual optimization one per ``opt.step()``."""
+
+    def __init__(
+        self, trainer: Trainer, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None
+    ) -> None:
+        self.trainer, self.optimizer, self.closure, self.strategy = (
+            trainer,
+            optimizer,
+            closure,
+            trainer.strategy,
+        )
+        self.before_step = trainer.hooks.caller("on_before_optimizer_step")
+        task = trainer.task
+        # Lightning clips only under automatic optimization; the default clipping methods do nothing
+        # without a gradient_clip_val, so they are called only with one or where the task overrides them
+        self.clips = (task is None or task.automatic_optimization) and (
+            bool(trainer.config.gradient_clip_val)
+            or ("configure_gradient_clipping" in trainer.hooks.custom and _clipping_overridden(task))
+        )
+
+    def __call__(self) -> Any:
+        closure, optimizer = self.closure, self.optimizer
         result = closure() if closure is not None else None
-        strategy.unscale_gradients(optimizer)
-        hooks.call("on_before_optimizer_step", optimizer)
-        if clips:
-            _clip(trainer, optimizer)
+        self.strategy.unscale_gradients(optimizer)
+        if self.before_step is not None:
+            self.before_step(optimizer)
+        if self.clips:
+            _clip(self.trainer, optimizer)
         return result
 
-    return strategy.optimizer_step(optimizer, step_closure)
+
+def _clipping_overridden(task: Any) -> bool:
+    """Whether the task's class overrides configure_gradient_clipping or clip_gradients (TaskDefaults' pair
+    clips only with a gradient_clip_val)."""
+    from trainer.task.defaults import TaskDefaults  # (it imports this module)
+
+    cls = type(task)
+    return any(
+        getattr(cls, name, None) is not getattr(TaskDefaults, name)
+        for name in ("configure_gradient_clipping", "clip_gradients")
+    )
 
 
 def _clip(trainer: Trainer, optimizer: torch.optim.Optimizer) -> None:

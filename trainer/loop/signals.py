@@ -20,6 +20,7 @@ from trainer.seed import set_rng_state
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
+_monotonic = time.monotonic
 GRACE_PER_GAP = 4  # ... plus this many times the longest gap measured between two stop agreements
 # what a rank contributes to the stop agreement (a MAX over ranks): a requeue only when no rank got another
 # stop signal (SIGTERM from scancel or preemption must not requeue a job SLURM is ending)
@@ -30,14 +31,18 @@ def check_stop(t: Trainer, val_start_rng: dict[str, Any] | None = None) -> None:
     """A point where every rank agrees on a stop request (each step boundary, each validation batch):
     on agreement, checkpoint and exit. Measures the gap between such points for the watchdog's grace.
     Inside fit's validation, `val_start_rng` is the RNG state at that validation's start."""
-    state, now = t.state, time.monotonic()
-    if state.last_agreement is not None:
-        state.agreement_gap = max(state.agreement_gap, now - state.last_agreement)
+    state, now = t.state, _monotonic()
+    last = state.last_agreement
+    if last is not None and now - last > state.agreement_gap:
+        state.agreement_gap = now - last
     state.last_agreement = now
-    signals = t.session.signals if t.session is not None else None
-    mine = NO_STOP if state.stop_signal is None else signals.code(state.stop_signal) if signals else STOP
+    mine = NO_STOP  # the common case: no signal arrived (the handler sets state.stop_signal)
+    if state.stop_signal is not None:
+        signals = t.session.signals if t.session is not None else None
+        mine = signals.code(state.stop_signal) if signals else STOP
     agreed = t.strategy.comm.agree_stop(mine)
     if agreed:
+        signals = t.session.signals if t.session is not None else None
         if agreed == REQUEUE and signals is not None:
             signals.requeue_pending = True
         stop_on_signal(t, val_start_rng)
