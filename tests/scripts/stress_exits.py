@@ -24,6 +24,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -62,6 +63,10 @@ def fit(kind: str) -> None:
             x, y = batch
             return F.cross_entropy(self.net(x), y)
 
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            self.log("val/loss", F.cross_entropy(self.net(x), y), sync_dist=True)
+
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
@@ -72,17 +77,19 @@ def fit(kind: str) -> None:
     seed_everything(0)
     g = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(48, 6, generator=g), torch.randint(0, 3, (48,), generator=g))
+    per_rank = 1 if kind in ("single", "dp") else 2
+    # every default on (TensorBoard logger, checkpointing, progress bar, summary, sanity check): a real run
     trainer = Trainer(
         strategy=STRATEGY[kind],
         accelerator="cpu",
         devices=1 if kind == "single" else 2,
-        max_steps=3,
-        logger=False,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
+        max_epochs=1,
+        limit_train_batches=3,
+        limit_val_batches=2,
+        default_root_dir=os.getcwd(),
     )
-    trainer.fit(Tiny(), DataLoader(data, batch_size=8))
+    loader = DataLoader(data, batch_size=8 * 2 // per_rank)
+    trainer.fit(Tiny(), loader, DataLoader(data, batch_size=8))
     print(f"[stress] {kind} rank {trainer.global_rank}: fit returned", file=sys.stderr, flush=True)
 
 
@@ -109,7 +116,7 @@ def _unlimited_cores() -> None:
 
 def run_once(kind: str, where: str, timeout: float) -> tuple[int | str, str]:
     """(exit code or 'timeout', stderr) of one run in directory `where`."""
-    env = dict(os.environ, PYTHONFAULTHANDLER="1", PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONFAULTHANDLER="1", PYTHONPATH=ROOT)
     with open(os.path.join(where, "stderr.txt"), "w+") as err:
         proc = subprocess.Popen(
             command(kind),
@@ -132,7 +139,9 @@ def run_once(kind: str, where: str, timeout: float) -> tuple[int | str, str]:
 
 # ----- the stress ---------------------------------------------------------------------------------
 def busy_loops(n: int) -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    """`n` busy-loop processes (each ends when this process does, however it ends)."""
+    loop = f"import os\nwhile os.getppid() == {os.getpid()}: pass"
+    return [subprocess.Popen([sys.executable, "-c", loop]) for _ in range(n)]
 
 
 def stress(kinds: list[str], runs: int, load: int, out: str, timeout: float, quiet: bool = False) -> dict:
@@ -149,13 +158,14 @@ def stress(kinds: list[str], runs: int, load: int, out: str, timeout: float, qui
                 where = tempfile.mkdtemp(prefix=f"{kind}-{i:03d}-", dir=out)
                 code, stderr = run_once(kind, where, timeout)
                 codes[str(code)] += 1
+                print("." if code == 0 else "F", end="", file=sys.stderr, flush=True)
                 if code == 0:
                     shutil.rmtree(where, ignore_errors=True)
                     continue
                 failed.append(where)
                 cores = [f for f in os.listdir(where) if f.startswith("core")]
                 print(
-                    f"--- {kind} run {i}: exit {code}, kept {where} (core files: {cores or 'none'})\n"
+                    f"\n--- {kind} run {i}: exit {code}, kept {where} (core files: {cores or 'none'})\n"
                     + "\n".join(stderr.splitlines()[-25:]),
                     file=sys.stderr,
                     flush=True,
@@ -165,6 +175,7 @@ def stress(kinds: list[str], runs: int, load: int, out: str, timeout: float, qui
                 runs=runs, failures=len(failed), codes=dict(codes), wall_s=round(wall, 1), failed=failed
             )
             if not quiet:
+                print(file=sys.stderr)
                 print(f"{kind:<13} {runs:>5} runs  {len(failed):>3} non-zero  {wall:7.1f} s  {dict(codes)}")
                 sys.stdout.flush()
     finally:
@@ -191,6 +202,7 @@ def main() -> int:
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown:
         p.error(f"unknown kinds {unknown}; choose from {', '.join(KINDS)}")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped stress still ends its busy loops
     out = args.out or tempfile.mkdtemp(prefix="stress-exits-")
     with open("/proc/sys/kernel/core_pattern") as f:
         pattern = f.read().strip()
