@@ -47,7 +47,7 @@ def test_a_group_the_user_made_is_closed_at_exit(monkeypatch):
     the interpreter. Now the exit handler is registered for any group fit joins, and it joins the workers."""
     registered: list = []
     monkeypatch.setattr(process_group, "atexit", types.SimpleNamespace(register=registered.append))
-    monkeypatch.setattr(process_group, "_closing", False)
+    monkeypatch.setattr(process_group, "_closing", False, raising=False)  # registered once per process
     env = dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
     for k, v in dict(env, MASTER_PORT=str(free_port())).items():
         monkeypatch.setenv(k, v)
