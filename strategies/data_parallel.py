@@ -205,20 +205,28 @@ class DataParallelStrategy(ParallelStrategy):
 
 
 class _ReplicaThreads:
-    """One long-lived thread per replica 1..N-1 (a pool could run two replicas on one thread)."""
+    """One long-lived thread per replica 1..N-1 (a pool could run two replicas on one thread).
+
+    `close` joins them: a thread still running when the interpreter shuts down is stopped by Python
+    (pthread_exit) the moment it wants the GIL back, and inside torch code (an op, or freeing a replica's
+    tensors and graph) that unwinds through a C++ destructor and aborts the process after a good run
+    ("terminate called without an active exception", exit 134)."""
 
     def __init__(self, n: int) -> None:
         self.queues: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(n)]
-        for i in range(1, n):
-            threading.Thread(
-                target=self._serve, args=(self.queues[i],), name=f"tandem-dp-{i}", daemon=True
-            ).start()
+        self.threads = [
+            threading.Thread(target=self._serve, args=(self.queues[i],), name=f"tandem-dp-{i}", daemon=True)
+            for i in range(1, n)
+        ]
+        for t in self.threads:
+            t.start()
 
     @staticmethod
     def _serve(q: queue.SimpleQueue[Any]) -> None:
         while (job := q.get()) is not None:
             future, fn, i = job
             future.set_result(fn(i))  # fn catches every exception itself
+            del job, future, fn  # free the replicas' tensors now, not when the next job comes
 
     def submit(self, i: int, fn: Callable[[int], Any]) -> Future[Any]:
         future: Future[Any] = Future()
@@ -226,8 +234,11 @@ class _ReplicaThreads:
         return future
 
     def close(self) -> None:
+        """Stop the threads and wait until each has ended, its last job's tensors freed."""
         for q in self.queues[1:]:
             q.put(None)
+        for t in self.threads:
+            t.join()
 
 
 def _device_indices(devices: Any) -> list[int]:
