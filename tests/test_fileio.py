@@ -11,6 +11,7 @@ import time
 import pytest
 import yaml
 
+import trainer.loggers.base as logger_base
 import trainer.loggers.csv_logs as csv_logs
 from trainer.fileio import atomic_write
 from trainer.loggers import CSVLogger
@@ -133,7 +134,9 @@ def read_csv(path: str) -> list[dict[str, str]]:
 def test_csv_logger_writes_every_file_through_atomic_write(tmp_path, monkeypatch):
     written: list[str] = []
     real = csv_logs.atomic_write
-    monkeypatch.setattr(csv_logs, "atomic_write", lambda p, d: (written.append(os.fspath(p)), real(p, d)))
+    spy = lambda p, d: (written.append(os.fspath(p)), real(p, d))  # noqa: E731
+    monkeypatch.setattr(csv_logs, "atomic_write", spy)  # metrics.csv
+    monkeypatch.setattr(logger_base, "atomic_write", spy)  # hparams.yaml (shared with TensorBoardLogger)
     logger = CSVLogger(str(tmp_path))
     logger.log_hyperparams({"lr": 0.1, "layers": [2, 3], "opt": {"name": "sgd"}})
     logger.log_metrics({"a": 1.0}, step=0)

@@ -6,6 +6,8 @@ import os
 import re
 from typing import Any
 
+from trainer.fileio import atomic_write
+
 _VERSION = re.compile(r"version_(\d+)")
 
 
@@ -173,8 +175,6 @@ def write_hparams_yaml(log_dir: str, params: dict[str, Any]) -> None:
     """`log_dir`/hparams.yaml with `params` as plain YAML (atomically: a link planted there is replaced, not
     followed)."""
     import yaml  # PyYAML comes with omegaconf
-
-    from trainer.fileio import atomic_write
 
     os.makedirs(log_dir, exist_ok=True)
     atomic_write(os.path.join(log_dir, "hparams.yaml"), yaml.safe_dump(yaml_safe(params), sort_keys=False))
