@@ -19,6 +19,23 @@ from trainer.errors import ConfigError, TaskError
 
 
 # ----- scatter and gather -----------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def _strategies_torn_down(monkeypatch):
+    """Tear down every DataParallelStrategy a test made, as a Trainer's stage does: the tests here call its
+    steps directly, and replica threads left running end the test process with an abort at its exit."""
+    made: list[DataParallelStrategy] = []
+    init = DataParallelStrategy.__init__
+
+    def record(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(DataParallelStrategy, "__init__", record)
+    yield
+    for strategy in made:
+        strategy.teardown()
+
+
 @pytest.mark.parametrize("n,replicas", [(7, 3), (2, 3), (4, 3), (8, 2), (1, 3), (10, 4)])
 def test_scatter_splits_like_torch_chunk(n, replicas):
     Pair = namedtuple("Pair", "a b")
