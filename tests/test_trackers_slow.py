@@ -40,13 +40,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 @pytest.fixture
 def offline_wandb(tmp_path, monkeypatch):
-    """W&B offline, everything under tmp_path; the run is closed after the test."""
+    """W&B offline, everything under tmp_path; the run is closed after the test, and so is the wandb service
+    this process started (wandb.init puts its address in os.environ["WANDB_SERVICE"], where the subprocess
+    of a later test would find it and send its records to this process's service instead of its own)."""
     for k, v in wandb_env(str(tmp_path)).items():
         monkeypatch.setenv(k, v)
     yield str(tmp_path)
     import wandb
 
     wandb.finish()
+    wandb.teardown()
+    monkeypatch.delenv("WANDB_SERVICE", raising=False)
 
 
 @pytest.fixture
@@ -287,6 +291,9 @@ def test_ddp_two_processes_make_one_run_with_rank_zeros_metrics(tmp_path, monkey
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     env = {**os.environ, **wandb_env(str(tmp_path)), "PYTHONPATH": os.path.dirname(HERE)}
+    # rank 0 starts its own wandb service: with a WANDB_SERVICE inherited from this process (an earlier
+    # in-process W&B test), its records went to that service, which had not written them when read (CI)
+    env.pop("WANDB_SERVICE", None)
     script = os.path.join(HERE, "scripts", "tracker_ddp.py")
     done = subprocess.run(
         [sys.executable, script, str(tmp_path)], env=env, capture_output=True, text=True, timeout=400
