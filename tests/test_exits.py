@@ -51,6 +51,8 @@ def test_a_group_the_user_made_is_closed_at_exit(monkeypatch):
     env = dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
     for k, v in dict(env, MASTER_PORT=str(free_port())).items():
         monkeypatch.setenv(k, v)
+    if dist.is_initialized():  # an earlier test's devices=1 group of one lives on in this process
+        dist.destroy_process_group()
     torch.randn(256, 256) @ torch.randn(256, 256)  # start the OpenMP workers first: not the group's threads
     before = native_threads()
     dist.init_process_group("gloo")  # the user's own group, as torchrun's env:// gives it
