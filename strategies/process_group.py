@@ -222,7 +222,7 @@ class ProcessGroupStrategy(ParallelStrategy):
             torch.cuda.set_device(device)
         self._root_device = device
         self.comm.device = device if device.type == "cuda" else torch.device("cpu")  # NCCL needs GPU tensors
-        if dist.is_initialized():  # the user's script, a launcher, or an earlier group of one made it
+        if dist.is_initialized():  # the user's script, or a launcher, made the group
             _close_at_exit()
             return
         backend = self.backend or ("nccl" if device.type == "cuda" else "gloo")
@@ -230,9 +230,10 @@ class ProcessGroupStrategy(ParallelStrategy):
         if backend == "gloo":
             bind_gloo_interface()
         _unpin_default_group()
-        # a group of one on a store of its own (nothing in os.environ), else the launcher's
-        private = (dist.HashStore(), "") if self._alone else _attempt_store(timeout)
-        if private is None:
+        private = None if self._alone else _attempt_store(timeout)
+        if self._alone:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        elif private is None:
             dist.init_process_group(backend, timeout=timeout)
         else:
             dist.init_process_group(
