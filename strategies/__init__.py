@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from strategies import group_exit  # noqa: F401 (registers the closing of process groups at exit)
 from strategies.base import Strategy
 from strategies.comm import Comm
 from strategies.parallel import ParallelStrategy

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import atexit
 import datetime
-import gc
 import os
 import sys
-import time
 from typing import Any
 
 import torch
@@ -26,61 +24,13 @@ from strategies.sharding import ShardSampler, shard_loader  # noqa: F401 (ShardS
 from strategies.syncbn import convert_sync_batchnorm
 from trainer.errors import ConfigError
 
-LINGER_S = 0.5  # see _destroy_group
-
-
-def _destroy_group() -> None:
-    """Close the default group while the interpreter is whole (registered with atexit).
-
-    Dropping the last reference to a gloo group joins its worker threads (torch releases the GIL for that),
-    and each worker first frees the tensors of its last collective, which needs the GIL. A group still
-    alive at interpreter shutdown leaves that free to a worker after Python stopped handing out the GIL,
-    and the process aborts ("terminate called without an active exception", exit -6) after a good run.
-    A group something else still holds (an FSDP model's device mesh) keeps its workers; they get
-    `LINGER_S` with the GIL free to finish before shutdown begins.
-    """
-    if not dist.is_initialized():
-        return
-    group, gloo = dist.group.WORLD, dist.get_backend() == "gloo"
-    dist.destroy_process_group()
-    _release_default_arguments(group)
-    gc.collect()  # the Trainer's cycles may still hold the group, or collectives' Work objects
-    if gloo and sys.getrefcount(group) > 2:  # held beyond this frame (and getrefcount's argument)
-        time.sleep(LINGER_S)
-
-
-def _release_default_arguments(group: Any) -> None:
-    """torch.distributed.nn.functional's functions take `group=group.WORLD` as a default, evaluated when it
-    was imported; imported after the group was made (the user's group, made before fit: building an
-    optimizer imports it through torch._dynamo), they hold the group, and its gloo workers outlive the
-    interpreter. At exit, after destroy_process_group, those defaults become None (the default group,
-    which is what the functions document)."""
-    functional = sys.modules.get("torch.distributed.nn.functional")
-    for fn in vars(functional).values() if functional is not None else ():
-        defaults = getattr(fn, "__defaults__", None)
-        if isinstance(defaults, tuple) and any(d is group for d in defaults):
-            fn.__defaults__ = tuple(None if d is group else d for d in defaults)
-
-
-_closing = False
-
-
-def _close_at_exit() -> None:
-    """Have the default group closed at interpreter exit, after the script's own code, whoever made the
-    group: ours, or the user's (a script that called init_process_group before fit aborted at exit once in
-    three runs of a two-node job, its gloo workers outliving Python). Registered once per process."""
-    global _closing
-    if not _closing:
-        atexit.register(_destroy_group)  # before interpreter shutdown: see _destroy_group
-        _closing = True
-
 
 def _unpin_default_group() -> None:
     """Import torch.distributed.nn before the group exists: its functions take `group=group.WORLD` as a
     default argument, evaluated at import. Imported later (building any torch optimizer imports it through
     torch._dynamo), they would hold the group for the life of the process, and destroy_process_group could
-    never close it (see _destroy_group). A group made before Tandem could do this is unpinned at exit by
-    _release_default_arguments."""
+    never close it before exit (see strategies/group_exit.py, which unpins a group made before Tandem could
+    do this)."""
     import torch.distributed.nn.functional  # noqa: F401
 
 
@@ -222,8 +172,9 @@ class ProcessGroupStrategy(ParallelStrategy):
             torch.cuda.set_device(device)
         self._root_device = device
         self.comm.device = device if device.type == "cuda" else torch.device("cpu")  # NCCL needs GPU tensors
-        if dist.is_initialized():  # the user's script, or a launcher, made the group
-            _close_at_exit()
+        if (
+            dist.is_initialized()
+        ):  # the user's script, or a launcher, made it (group_exit closes it all the same)
             return
         backend = self.backend or ("nccl" if device.type == "cuda" else "gloo")
         timeout = datetime.timedelta(seconds=self.timeout_s)
@@ -243,12 +194,11 @@ class ProcessGroupStrategy(ParallelStrategy):
                 world_size=self.comm.world_size,
                 timeout=timeout,
             )
-        _close_at_exit()
         if self.peer_timeout_s and is_multinode():  # one node's agent already sees its own dead workers
             prefix = f"{private[1]}/heartbeat" if private else None
             beat = Heartbeat(self.comm.rank, self.comm.world_size, self.peer_timeout_s, prefix=prefix)
             beat.start()
-            atexit.register(beat.stop)  # runs before _destroy_group (atexit is last-in, first-out)
+            atexit.register(beat.stop)  # runs before group_exit's (atexit is last-in, first-out)
 
     def setup(self, task: Any) -> None:
         if self.sync_batchnorm:

@@ -139,7 +139,9 @@ def test_the_group_is_closed_before_interpreter_exit(tmp_path):
     here each rank calls it and reports how many native threads are left (the gloo workers are gone)."""
     out = _run([sys.executable, SCRIPT, str(tmp_path / "x.pt"), "--report-threads"])
     assert out.returncode == 0, out.stderr[-3000:]
-    counts = re.findall(r"rank (\d) threads: before (\d+), after fit (\d+), after closing (\d+)", out.stdout)
+    counts = re.findall(
+        r"rank (\d) threads: before (\d+), after fit (\d+), after closing (\d+) \(", out.stdout
+    )
     assert sorted(c[0] for c in counts) == ["0", "1"], out.stdout[-2000:]
     for _, before, during, after in counts:
         assert int(during) > int(before)  # the group's worker threads were running

@@ -46,6 +46,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("out")
     p.add_argument("--devices", type=int, default=2)
+    p.add_argument("--strategy", default="ddp", choices=["ddp", "fsdp"])
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--fail-rank", type=int, default=-1)
     p.add_argument("--fail-step", type=int, default=-1)
@@ -56,7 +57,7 @@ def main() -> None:
     seed_everything(0)
     task = Net(args.fail_rank, args.fail_step, args.out + ".failed_at")
     trainer = Trainer(
-        strategy="ddp",
+        strategy=args.strategy,
         accelerator="cpu",
         devices=args.devices,
         max_epochs=2,
@@ -66,16 +67,17 @@ def main() -> None:
         enable_model_summary=False,
     )
     trainer.fit(task, DataLoader(make_data(), batch_size=args.batch_size))
-    if trainer.is_global_zero:
+    if trainer.is_global_zero and args.strategy == "ddp":
         torch.save({k: v.clone() for k, v in task.state_dict().items()}, args.out)
     if args.report_threads:
-        from strategies.process_group import _destroy_group
+        from strategies.group_exit import close_groups
 
         after_fit = threads()
         del trainer, task
-        _destroy_group()  # what atexit runs
+        held = close_groups()  # what atexit runs
         print(
             f"rank {os.environ['RANK']} threads: before {before}, after fit {after_fit}, after closing {threads()}"
+            f" (groups still held: {held})"
         )
 
 
