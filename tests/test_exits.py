@@ -157,5 +157,5 @@ def test_short_fits_of_every_strategy_exit_zero(tmp_path):
     results = json.loads(out.read_text())["results"]
     assert sorted(results) == sorted(("single", "dp", "ddp", "ddp-torchrun", "user-group", "fsdp"))
     for kind, r in results.items():
-        assert r["runs"] == 5 and r["failures"] == 0, (kind, r, proc.stderr[-4000:])
+        assert r["runs"] == 5 and r["failures"] == 0 and r["held"] == 0, (kind, r, proc.stderr[-4000:])
     assert proc.returncode == 0, proc.stderr[-4000:]

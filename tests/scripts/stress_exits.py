@@ -11,7 +11,8 @@ Kinds: single, dp (devices=2 on the CPU), ddp (self-launched, devices=2), ddp-to
 fsdp (torchrun, 2 processes). Each run gets its own directory under --out with `ulimit -c unlimited`;
 a failed run's directory (its stderr and any core file: core_pattern is read and printed) is kept, a
 good run's is removed. PYTHONFAULTHANDLER=1 prints every thread's Python stack at an abort. Prints a table
-(runs, failures, exit codes, wall time) and each failure's stderr tail; --json writes the numbers.
+(runs, failures, runs whose exit found a closed group still referenced, exit codes, wall time) and each
+failure's stderr tail; --json writes the numbers.
 
 `--fit KIND` is what each run executes: one short fit (3 steps of a tiny model).
 """
@@ -153,11 +154,13 @@ def stress(kinds: list[str], runs: int, load: int, out: str, timeout: float, qui
         for kind in kinds:
             codes: collections.Counter = collections.Counter()
             failed: list[str] = []
+            held = 0  # runs whose exit handler said a closed group was still referenced (strategies/group_exit.py)
             t0 = time.perf_counter()
             for i in range(runs):
                 where = tempfile.mkdtemp(prefix=f"{kind}-{i:03d}-", dir=out)
                 code, stderr = run_once(kind, where, timeout)
                 codes[str(code)] += 1
+                held += "[tandem] at exit" in stderr
                 print("." if code == 0 else "F", end="", file=sys.stderr, flush=True)
                 if code == 0:
                     shutil.rmtree(where, ignore_errors=True)
@@ -172,11 +175,19 @@ def stress(kinds: list[str], runs: int, load: int, out: str, timeout: float, qui
                 )
             wall = time.perf_counter() - t0
             results[kind] = dict(
-                runs=runs, failures=len(failed), codes=dict(codes), wall_s=round(wall, 1), failed=failed
+                runs=runs,
+                failures=len(failed),
+                held=held,
+                codes=dict(codes),
+                wall_s=round(wall, 1),
+                failed=failed,
             )
             if not quiet:
                 print(file=sys.stderr)
-                print(f"{kind:<13} {runs:>5} runs  {len(failed):>3} non-zero  {wall:7.1f} s  {dict(codes)}")
+                print(
+                    f"{kind:<13} {runs:>5} runs  {len(failed):>3} non-zero  {held:>3} held groups  {wall:7.1f} s  "
+                    f"{dict(codes)}"
+                )
                 sys.stdout.flush()
     finally:
         for p in loads:
