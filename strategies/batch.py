@@ -54,12 +54,31 @@ def batch_size_of(batch: Any) -> int:
 
 def move_to_device(batch: Any, device: torch.device, dtype: torch.dtype | None = None) -> Any:
     """Move every tensor to `device`; floating tensors are cast to `dtype` when given (precision "64")."""
+    return mover(device, dtype)(batch)
 
-    def move(t: torch.Tensor) -> torch.Tensor:
+
+def mover(device: torch.device, dtype: torch.dtype | None = None) -> Callable[[Any], Any]:
+    """`move(batch)`: move_to_device with `device` and `dtype` fixed, for a loop's every batch. A tuple or
+    list of tensors that are all on `device` already (with no dtype to cast to) is returned as it is."""
+
+    def move_one(t: torch.Tensor) -> torch.Tensor:
         if t.device == device and (dtype is None or not t.is_floating_point() or t.dtype == dtype):
             return t  # already there: skip .to(), which costs microseconds per call on the hot path
         if dtype is not None and t.is_floating_point():
             return t.to(device=device, dtype=dtype, non_blocking=True)
         return t.to(device, non_blocking=True)
 
-    return apply_to_tensors(batch, move)
+    def move(batch: Any) -> Any:
+        kind = type(batch)
+        if dtype is None and (kind is tuple or kind is list):  # the common batch, (x, y), on the CPU
+            for x in batch:
+                if type(x) is not _Tensor or x.device != device:
+                    break
+            else:
+                return batch
+        return apply_to_tensors(batch, move_one)
+
+    return move
+
+
+_Tensor = torch.Tensor

@@ -137,6 +137,11 @@ class Precision:
         """Context manager for the forward pass."""
         return self._autocast()
 
+    @property
+    def casts(self) -> bool:
+        """Whether `autocast()` does anything (after setup): full precision's is a no-op context."""
+        return self._autocast is not contextlib.nullcontext
+
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         """The loss to call backward on: scaled under 16-mixed, else unchanged."""
         return self.scaler.scale(loss) if self.scaler is not None else loss

@@ -34,6 +34,8 @@ class Closure:
         self.before_backward = hooks.caller("on_before_backward")
         self.after_backward = hooks.caller("on_after_backward")
         self.profiled = t.profiler is not None  # else no section is timed (not even entered)
+        self.run_step = t.strategy.step_runner(task, "training_step")  # under autocast, signature read once
+        self.plain_backward = self.run_backward is None and t.strategy.is_plain()  # just loss.backward()
         self.world_size = t.world_size
         self.nonfinite = t.config.detect_nonfinite != "off"
         self.out: Any = None
@@ -61,8 +63,7 @@ class Closure:
             with strategy.autocast(), self.t.profile("training_step"):
                 out = strategy.step(self.task, "training_step", self.batch, self.batch_idx)
         else:
-            with strategy.autocast():
-                out = strategy.step(self.task, "training_step", self.batch, self.batch_idx)
+            out = self.run_step(self.batch, self.batch_idx)
         if type(out) is _Tensor and out.ndim == 0 and out.requires_grad:  # the common case, checked inline
             loss = out
         else:
@@ -88,6 +89,8 @@ class Closure:
         if self.profiled:
             with self.t.profile("backward"):
                 strategy.backward(loss, sync=self.sync, run=self.run_backward)
+        elif self.plain_backward:
+            loss.backward()
         else:
             strategy.backward(loss, sync=self.sync, run=self.run_backward)
         if self.after_backward is not None:

@@ -234,11 +234,14 @@ def _stepper(t: Trainer, closure: Closure) -> Callable[[int], None]:
                 step_schedulers(t, "step")
 
         return step
-    optimizer = closure.optimizer
-    step_closure, strategy_step = StepClosure(t, optimizer, closure), t.strategy.optimizer_step
+    optimizer, strategy = closure.optimizer, t.strategy
+    step_closure, plain = StepClosure(t, optimizer, closure), strategy.is_plain()
 
     def step(batch_idx: int) -> None:
-        strategy_step(optimizer, step_closure)
+        if plain:  # what the strategy's optimizer_step would do
+            optimizer.step(step_closure)
+        else:
+            strategy.optimizer_step(optimizer, step_closure)
         state.global_step += 1
         if t.lr_scheduler_configs:
             step_schedulers(t, "step")
@@ -249,7 +252,7 @@ def _stepper(t: Trainer, closure: Closure) -> Callable[[int], None]:
 def _mover(t: Trainer) -> Callable[[Any], Any]:
     """`move(batch)`: the batch on the device, through the batch-transfer hooks where any is overridden."""
     if not t.hooks.transfer:
-        return t.strategy.batch_to_device
+        return t.strategy.batch_mover()
     return functools.partial(to_device, t)
 
 

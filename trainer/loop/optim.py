@@ -160,6 +160,7 @@ class StepClosure:
             trainer.strategy,
         )
         self.before_step = trainer.hooks.caller("on_before_optimizer_step")
+        self.unscale = None if self.strategy.is_plain() else self.strategy.unscale_gradients  # None: no-op
         task = trainer.task
         # Lightning clips only under automatic optimization; the default clipping methods do nothing
         # without a gradient_clip_val, so they are called only with one or where the task overrides them
@@ -171,7 +172,8 @@ class StepClosure:
     def __call__(self) -> Any:
         closure, optimizer = self.closure, self.optimizer
         result = closure() if closure is not None else None
-        self.strategy.unscale_gradients(optimizer)
+        if self.unscale is not None:
+            self.unscale(optimizer)
         if self.before_step is not None:
             self.before_step(optimizer)
         if self.clips:
