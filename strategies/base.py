@@ -90,12 +90,6 @@ class Strategy:
     def batch_to_device(self, batch: Any) -> Any:
         return move_to_device(batch, self.root_device, (self._precision or self.precision).param_dtype)
 
-    def batch_mover(self) -> Callable[[Any], Any]:
-        """`move(batch)`: batch_to_device for every batch of an epoch, its device and dtype looked up once."""
-        if type(self).batch_to_device is not Strategy.batch_to_device:  # a subclass moves its own way
-            return self.batch_to_device
-        return mover(self.root_device, (self._precision or self.precision).param_dtype)
-
     # ----- steps --------------------------------------------------------------------------------
     def step(
         self, task: Task, hook: str, batch: Any, batch_idx: int, dataloader_idx: int | None = None
@@ -103,38 +97,6 @@ class Strategy:
         """Run training_step, validation_step, test_step or predict_step (`hook`); dataloader_idx is passed
         (even 0) only when there are several loaders, as in Lightning."""
         return call_step(getattr(task, hook), batch, batch_idx, dataloader_idx)
-
-    def step_runner(self, task: Task, hook: str) -> Callable[[Any, int], Any]:
-        """`run(batch, batch_idx)`: `hook` (training_step) under autocast, as `step` runs it, resolved once for
-        an epoch of steps: its signature read once, and no context entered when autocast does nothing."""
-        if type(self).step is not Strategy.step or type(self).autocast is not Strategy.autocast:
-
-            def run(batch: Any, batch_idx: int) -> Any:  # a subclass steps its own way
-                with self.autocast():
-                    return self.step(task, hook, batch, batch_idx)
-
-            return run
-        fn = getattr(task, hook)
-        call = fn if _positional_count(getattr(fn, "__func__", fn)) >= 2 else lambda batch, _: fn(batch)
-        precision = self._precision or self.precision
-        if not precision.casts:
-            return call
-
-        def cast(batch: Any, batch_idx: int) -> Any:
-            with precision.autocast():
-                return call(batch, batch_idx)
-
-        return cast
-
-    def is_plain(self) -> bool:
-        """Whether backward, unscale_gradients and optimizer_step are no more than torch's own
-        `loss.backward()`, nothing, and `optimizer.step(closure)`: Strategy's methods, in a precision without
-        a scaler. The training loop then calls torch directly on its hot path."""
-        cls = type(self)
-        return (self._precision or self.precision).scaler is None and all(
-            getattr(cls, name) is getattr(Strategy, name)
-            for name in ("backward", "unscale_gradients", "optimizer_step")
-        )
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """Context for the forward pass under this precision."""
@@ -181,6 +143,48 @@ class Strategy:
                 f"{type(self).__name__}({name}={_show(own)}) conflicts with Trainer({name}={_show(value)}); "
                 f"set {name} in one place only."
             )
+
+
+# ----- derived from the contract, for the training loop's hot path (looked up once per epoch) ----------
+def batch_mover(strategy: Strategy) -> Callable[[Any], Any]:
+    """`move(batch)`: the strategy's batch_to_device, its device and dtype looked up once."""
+    if type(strategy).batch_to_device is not Strategy.batch_to_device:  # a subclass moves its own way
+        return strategy.batch_to_device
+    return mover(strategy.root_device, strategy.precision.param_dtype)
+
+
+def step_runner(strategy: Strategy, task: Task, hook: str) -> Callable[[Any, int], Any]:
+    """`run(batch, batch_idx)`: `hook` (training_step) under autocast, as the strategy's `step` runs it: its
+    signature read once, and no context entered when autocast does nothing."""
+    if type(strategy).step is not Strategy.step or type(strategy).autocast is not Strategy.autocast:
+
+        def run(batch: Any, batch_idx: int) -> Any:  # a subclass steps its own way
+            with strategy.autocast():
+                return strategy.step(task, hook, batch, batch_idx)
+
+        return run
+    fn = getattr(task, hook)
+    call = fn if _positional_count(getattr(fn, "__func__", fn)) >= 2 else lambda batch, _: fn(batch)
+    precision = strategy.precision
+    if not precision.casts:
+        return call
+
+    def cast(batch: Any, batch_idx: int) -> Any:
+        with precision.autocast():
+            return call(batch, batch_idx)
+
+    return cast
+
+
+def is_plain(strategy: Strategy) -> bool:
+    """Whether the strategy's backward, unscale_gradients and optimizer_step are no more than torch's own
+    `loss.backward()`, nothing, and `optimizer.step(closure)`: Strategy's methods, in a precision without a
+    scaler. The training loop then calls torch directly."""
+    cls = type(strategy)
+    return strategy.precision.scaler is None and all(
+        getattr(cls, name) is getattr(Strategy, name)
+        for name in ("backward", "unscale_gradients", "optimizer_step")
+    )
 
 
 def call_step(fn: Callable[..., Any], batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> Any:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from strategies.base import is_plain, step_runner
 from trainer.errors import TaskError
 
 if TYPE_CHECKING:
@@ -34,8 +35,8 @@ class Closure:
         self.before_backward = hooks.caller("on_before_backward")
         self.after_backward = hooks.caller("on_after_backward")
         self.profiled = t.profiler is not None  # else no section is timed (not even entered)
-        self.run_step = t.strategy.step_runner(task, "training_step")  # under autocast, signature read once
-        self.plain_backward = self.run_backward is None and t.strategy.is_plain()  # just loss.backward()
+        self.run_step = step_runner(t.strategy, task, "training_step")  # under autocast, signature read once
+        self.plain_backward = self.run_backward is None and is_plain(t.strategy)  # just loss.backward()
         self.world_size = t.world_size
         self.nonfinite = t.config.detect_nonfinite != "off"
         self.out: Any = None

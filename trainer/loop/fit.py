@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from strategies.base import batch_mover, is_plain
 from trainer import checkpoint
 from trainer.checkpoint.io import checkpoint_io
 from trainer.checkpoint.run import check_window_saves
@@ -235,7 +236,7 @@ def _stepper(t: Trainer, closure: Closure) -> Callable[[int], None]:
 
         return step
     optimizer, strategy = closure.optimizer, t.strategy
-    step_closure, plain = StepClosure(t, optimizer, closure), strategy.is_plain()
+    step_closure, plain = StepClosure(t, optimizer, closure), is_plain(strategy)
 
     def step(batch_idx: int) -> None:
         if plain:  # what the strategy's optimizer_step would do
@@ -252,7 +253,7 @@ def _stepper(t: Trainer, closure: Closure) -> Callable[[int], None]:
 def _mover(t: Trainer) -> Callable[[Any], Any]:
     """`move(batch)`: the batch on the device, through the batch-transfer hooks where any is overridden."""
     if not t.hooks.transfer:
-        return t.strategy.batch_mover()
+        return batch_mover(t.strategy)
     return functools.partial(to_device, t)
 
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from strategies.base import is_plain
 from trainer.errors import ConfigError, TaskError
 
 if TYPE_CHECKING:
@@ -160,7 +161,7 @@ class StepClosure:
             trainer.strategy,
         )
         self.before_step = trainer.hooks.caller("on_before_optimizer_step")
-        self.unscale = None if self.strategy.is_plain() else self.strategy.unscale_gradients  # None: no-op
+        self.unscale = None if is_plain(self.strategy) else self.strategy.unscale_gradients  # None: no-op
         task = trainer.task
         # Lightning clips only under automatic optimization; the default clipping methods do nothing
         # without a gradient_clip_val, so they are called only with one or where the task overrides them
