@@ -18,7 +18,8 @@ while the interpreter is whole:
 
 The handler is registered when `strategies` is imported (importing Trainer does it), before a script's own
 `atexit.register(dist.destroy_process_group)`: atexit runs last-in first-out, so the script's handler runs
-first and this one then finds the group closed and only drops the references.
+first and this one then finds the group closed and only drops the references. It acts only in a process
+where a fit joined a group (`joined`): a single-device run pays nothing at exit.
 """
 
 from __future__ import annotations
@@ -28,13 +29,22 @@ import gc
 import sys
 from typing import Any
 
+_joined = False  # a fit joined a process group in this process (ours, torchrun's or the user's)
+
+
+def joined() -> None:
+    """Called when a fit joins a process group: from then on, exit has a group to close. A process that never
+    joined one (a single-device run) pays nothing at exit, and a group Tandem never used is left alone."""
+    global _joined
+    _joined = True
+
 
 def close_groups() -> int:
     """Close the default group (if open) and drop the references that keep closed groups alive. Returns how
     many closed gloo groups are still referenced from somewhere else afterwards (their workers cannot be
     joined now: said on stderr)."""
     dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available():
+    if not _joined or dist is None or not dist.is_available():
         return 0
     world = dist.group.WORLD if dist.is_initialized() else None
     if world is not None:

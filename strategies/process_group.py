@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from strategies import attempt, fork, launch, slurm
+from strategies import attempt, fork, group_exit, launch, slurm
 from strategies.base import pick_device
 from strategies.comm import ProcessGroupComm
 from strategies.fork import ForkStart
@@ -172,9 +172,8 @@ class ProcessGroupStrategy(ParallelStrategy):
             torch.cuda.set_device(device)
         self._root_device = device
         self.comm.device = device if device.type == "cuda" else torch.device("cpu")  # NCCL needs GPU tensors
-        if (
-            dist.is_initialized()
-        ):  # the user's script, or a launcher, made it (group_exit closes it all the same)
+        group_exit.joined()  # closed at exit, whoever makes it (strategies/group_exit.py)
+        if dist.is_initialized():  # the user's script, or a launcher, made the group
             return
         backend = self.backend or ("nccl" if device.type == "cuda" else "gloo")
         timeout = datetime.timedelta(seconds=self.timeout_s)

@@ -53,6 +53,8 @@ def _clean_slate() -> int:
     """Close what earlier in-process tests left (a devices=1 group of one) and start the OpenMP workers
     (not a group's threads); the native thread count after that."""
     group_exit.close_groups()
+    if dist.is_initialized():  # a group no fit joined
+        dist.destroy_process_group()
     torch.randn(256, 256) @ torch.randn(256, 256)
     return native_threads()
 
