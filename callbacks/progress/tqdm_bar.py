@@ -148,14 +148,16 @@ class TQDMProgressBar(ProgressBar):
         if bar is None or self.is_disabled:
             return
         done = batch_idx + 1
-        if done % self.refresh_rate == 0 or done == bar.total:
-            self._set_metrics(trainer, bar)
-            # tqdm's update draws only `mininterval` after its last draw: before that, count without the call
-            drawn = getattr(bar, "last_print_t", None)
-            if drawn is None or done == bar.total or time.time() - drawn >= bar.mininterval:
-                bar.update(done - bar.n)
-            else:
-                bar.n = done
+        if done % self.refresh_rate and done != bar.total:
+            return
+        # tqdm's update draws only `mininterval` after its last draw: before that, count without the call
+        # (and without converting the metrics, which only a draw shows)
+        drawn = getattr(bar, "last_print_t", None)
+        if drawn is not None and done != bar.total and time.time() - drawn < bar.mininterval:
+            bar.n = done
+            return
+        self._set_metrics(trainer, bar)
+        bar.update(done - bar.n)
 
     def on_train_epoch_end(self, trainer: Trainer, task: Task) -> None:
         """Show the epoch's final metrics."""
