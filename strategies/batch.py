@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+_Tensor = torch.Tensor
+
 
 def apply_to_tensors(data: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     """Return `data` with `fn` applied to every tensor inside it, keeping the container types."""
@@ -79,6 +81,3 @@ def mover(device: torch.device, dtype: torch.dtype | None = None) -> Callable[[A
         return apply_to_tensors(batch, move_one)
 
     return move
-
-
-_Tensor = torch.Tensor

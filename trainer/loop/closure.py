@@ -61,8 +61,8 @@ class Closure:
             return self._with_grad()
         strategy = self.strategy
         if self.profiled:
-            with strategy.autocast(), self.t.profile("training_step"):
-                out = strategy.step(self.task, "training_step", self.batch, self.batch_idx)
+            with self.t.profile("training_step"):
+                out = self.run_step(self.batch, self.batch_idx)
         else:
             out = self.run_step(self.batch, self.batch_idx)
         if type(out) is _Tensor and out.ndim == 0 and out.requires_grad:  # the common case, checked inline
