@@ -123,7 +123,10 @@ def test_caller_does_what_call_does_and_is_none_for_hooks_nobody_overrides():
     assert only(None, 3) == 7 and order == [("a", 3)]  # one override: called as it is
     order.clear()
     hooks = Hooks(task, [A(), B()], trainer=None)
-    fn = hooks.caller("on_train_batch_start")
+    fn = hooks.caller("on_train_batch_start", result=True)
     assert fn(None, 1) == -1 == hooks.call("on_train_batch_start", None, 2)  # the last non-None result
     assert order == [("a", 1), ("b", 1), ("task", 1), ("a", 2), ("b", 2), ("task", 2)]
+    order.clear()
+    each = hooks.caller("on_train_batch_start")  # a hook whose result nobody reads: every override, in order
+    assert each(None, 4) is None and order == [("a", 4), ("b", 4), ("task", 4)]
     assert hooks.caller("on_train_batch_start", monitoring=True) is None  # no monitoring callback has it

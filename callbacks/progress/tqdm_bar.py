@@ -53,6 +53,7 @@ class TQDMProgressBar(ProgressBar):
         self.val_progress_bar: Any = None  # the open evaluation bar (validation, test or predict)
         self._eval_count = 0
         self._last_metrics_t = float("-inf")
+        self._train_rate = refresh_rate
 
     @property
     def refresh_rate(self) -> int:
@@ -131,6 +132,7 @@ class TQDMProgressBar(ProgressBar):
         """Open (or reset) the epoch's bar."""
         if self.is_disabled:
             return
+        self._train_rate = self.refresh_rate  # read once per epoch (is_enabled: it is > 0)
         total, start = self.total_train_batches, trainer.state.batch_in_epoch
         if self.train_progress_bar is None or self.leave:
             self._close_train()
@@ -145,17 +147,18 @@ class TQDMProgressBar(ProgressBar):
     ) -> None:
         """Advance every refresh_rate batches."""
         bar = self.train_progress_bar
-        if bar is None or self.is_disabled:
+        if bar is None or not self._enabled:  # (is_enabled was read when the epoch's bar opened)
             return
         done = batch_idx + 1
-        if done % self.refresh_rate and done != bar.total:
-            return
-        # tqdm's update draws only `mininterval` after its last draw: before that, count without the call
-        # (and without converting the metrics, which only a draw shows)
-        drawn = getattr(bar, "last_print_t", None)
-        if drawn is not None and done != bar.total and time.time() - drawn < bar.mininterval:
-            bar.n = done
-            return
+        if done != bar.total:
+            if done % self._train_rate:
+                return
+            # tqdm's update draws only `mininterval` after its last draw: before that, count without the call
+            # (and without converting the metrics, which only a draw shows)
+            drawn = getattr(bar, "last_print_t", None)
+            if drawn is not None and time.time() - drawn < bar.mininterval:
+                bar.n = done
+                return
         self._set_metrics(trainer, bar)
         bar.update(done - bar.n)
 

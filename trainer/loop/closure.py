@@ -40,11 +40,17 @@ class Closure:
         self.world_size = t.world_size
         self.nonfinite = t.config.detect_nonfinite != "off"
         self.out: Any = None
-        self.loss: torch.Tensor | None = None
         self.detached: torch.Tensor | None = None
         self.batch: Any = None
         self.batch_idx = 0
         self.window, self.zero, self.sync, self.rescale = 1, True, True, 1.0  # no accumulation (see prepare)
+        # nothing between training_step and backward but zero_grad and detach: no hook overridden around
+        # them, no profiler, no non-finite check, plain backward, no accumulation window (see prepare)
+        self.bare = self.plain_backward and not (
+            self.before_zero_grad or self.own_zero_grad or self.before_backward or self.after_backward
+            or self.profiled or self.nonfinite
+        )  # fmt: skip
+        self.lean = self.bare
 
     def prepare(
         self, batch: Any, batch_idx: int, window: int, zero: bool, sync: bool, rescale: float
@@ -55,23 +61,34 @@ class Closure:
         self.batch, self.batch_idx, self.window, self.zero, self.sync, self.rescale = (
             batch, batch_idx, window, zero, sync, rescale,
         )  # fmt: skip
+        self.lean = self.bare and window == 1 and zero and sync and rescale == 1.0
 
     def __call__(self) -> torch.Tensor | None:
         if not _grad_enabled():  # torch's optimizers call closures with gradients on; another may not
             return self._with_grad()
-        strategy = self.strategy
         if self.profiled:
             with self.t.profile("training_step"):
                 out = self.run_step(self.batch, self.batch_idx)
         else:
             out = self.run_step(self.batch, self.batch_idx)
         if type(out) is _Tensor and out.ndim == 0 and out.requires_grad:  # the common case, checked inline
+            if self.lean:  # what the rest of this method does when nothing else is asked for
+                self.out = out
+                self.optimizer.zero_grad(set_to_none=True)
+                self.detached = detached = out.detach()
+                out.backward()
+                return detached
             loss = out
         else:
             loss = loss_of(out, self.world_size)  # None: the task skips this batch
+        return self._after_step(out, loss)
+
+    def _after_step(self, out: Any, loss: torch.Tensor | None) -> torch.Tensor | None:
+        """The rest of the closure once training_step returned `out` (its loss `loss`, None to skip)."""
+        strategy = self.strategy
         if loss is not None and self.window > 1:
             loss = loss / self.window  # k micro-batches of b equal one batch of k*b
-        self.out, self.loss = out, loss
+        self.out = out
         if self.zero:  # a window starts: Lightning's moment to zero the gradients
             if self.before_zero_grad is not None:
                 self.before_zero_grad(self.optimizer)

@@ -100,9 +100,12 @@ def train_epoch(t: Trainer) -> None:
     closure = Closure(t) if automatic else None
     step = _stepper(t, closure) if closure is not None else None
     move = _mover(t)
-    batch_start, batch_end = hooks.caller("on_train_batch_start"), hooks.caller("on_train_batch_end")
+    batch_start = hooks.caller("on_train_batch_start", result=True)  # its -1 ends the epoch
+    batch_end = hooks.caller("on_train_batch_end")
     profiled = t.profiler is not None
     checked = state.global_step
+    stop_at = max_steps if max_steps != -1 else float("inf")
+    val_at = (start // val_every + 1) * val_every if val_every else 0  # the next batch count that validates
     batch_idx, cut, out_of_data = start - 1, False, False
     # Lightning's fetcher reads one batch ahead, so an iterable that changes state when it runs out is seen
     # at the same step. A map-style loader of known length is read at its step instead: the end is known
@@ -116,12 +119,13 @@ def train_epoch(t: Trainer) -> None:
                 out_of_data = True
                 break
             last = batch_idx + 1 == n
-            batch = nxt if ahead else next(batches, _END)
+            if ahead:
+                batch, nxt = nxt, next(batches, _END) if not last else _END
+            else:
+                batch = next(batches, _END)
             if batch is _END:
                 out_of_data = True
                 break
-            if ahead:
-                nxt = next(batches, _END) if not last else _END
         else:
             batch = nxt
             if not strategy.comm.join(batch is not _END):  # some rank is out of data: every rank ends
@@ -155,38 +159,37 @@ def train_epoch(t: Trainer) -> None:
                     step(batch_idx)  # type: ignore[misc]
             else:
                 step(batch_idx)  # type: ignore[misc]
-            out = closure.outputs() if batch_end is not None else None
         else:
             with strategy.autocast(), t.profile("training_step"):
                 out = strategy.step(task, "training_step", batch, batch_idx)
-        state.batch_in_epoch = batch_idx + 1
+        done = state.batch_in_epoch = batch_idx + 1
         if last and automatic:  # Lightning steps the epoch's other schedulers after its last batch
             step_schedulers(t, "epoch", plateau=False)
-        if timed is None:
-            validate_now = bool(val_every) and (batch_idx + 1) % val_every == 0 and not last
-        else:
+        if done == val_at:  # every val_every batches (none when val_every is 0: val_at stays 0)
+            val_at += val_every
+            validate_now = not last
+        elif timed is not None:
             validate_now = not last and _should_validate(t) and _time_due(t, timed)
+        else:
+            validate_now = False
         # a checkpoint written in on_train_batch_end records the due validation
         state.val_pending = validate_now
         if batch_end is not None:
-            batch_end(out, batch, batch_idx)
+            batch_end(closure.outputs() if closure is not None else out, batch, batch_idx)
+        global_step = state.global_step
         # log_every_n_steps=0: no step logging (Lightning)
-        if log_every and state.global_step % log_every == 0 and state.global_step != state.last_logged_step:
-            state.last_logged_step = state.global_step
+        if log_every and global_step % log_every == 0 and global_step != state.last_logged_step:
+            state.last_logged_step = global_step
             log_metrics(t, store.step_metrics())
         if validate_now:
             state.val_pending = False
-            _validate(t, batch_idx + 1, k)
-        if state.global_step != checked:  # a step boundary: the ranks agree on a stop request
-            checked = state.global_step
+            _validate(t, done, k)
+        if global_step != checked:  # a step boundary: the ranks agree on a stop request
+            checked = global_step
             check_stop(t)
         # a stop request or max_steps ends the epoch, never inside an accumulation window (its gradients
         # would be lost) and not at its last batch (the epoch's end runs)
-        if (
-            (state.should_stop or (max_steps != -1 and state.global_step >= max_steps))
-            and (not automatic or (batch_idx + 1) % k == 0)
-            and not last
-        ):
+        if (state.should_stop or global_step >= stop_at) and (not automatic or done % k == 0) and not last:
             if _stop_requested(t):  # as Lightning: a stop asked mid-epoch validates first
                 if _should_validate(t) and not validate_now:
                     _validate(t, batch_idx + 1, k)
@@ -237,6 +240,8 @@ def _stepper(t: Trainer, closure: Closure) -> Callable[[int], None]:
         return step
     optimizer, strategy = closure.optimizer, t.strategy
     step_closure, plain = StepClosure(t, optimizer, closure), is_plain(strategy)
+    if plain and step_closure.only_calls_closure:  # nothing to do after the closure: the optimizer runs it
+        step_closure = closure  # type: ignore[assignment]
 
     def step(batch_idx: int) -> None:
         if plain:  # what the strategy's optimizer_step would do

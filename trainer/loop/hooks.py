@@ -214,15 +214,20 @@ class Hooks:
     def __contains__(self, name: str) -> bool:
         return name in self._table
 
-    def caller(self, name: str, monitoring: bool | None = None) -> Callable[..., Any] | None:
+    def caller(
+        self, name: str, monitoring: bool | None = None, result: bool = False
+    ) -> Callable[..., Any] | None:
         """Hook `name` as one callable that does what ``call(name, ...)`` does, or None when nobody overrides
         it: the loop looks its per-batch hooks up once per epoch and pays nothing at a step for the others.
-        One override is returned as it is (its result is the last non-None result)."""
+        One override is returned as it is; several are called in order, returning the last non-None result
+        when `result` is asked for (on_train_batch_start's -1), else None."""
         groups = self._table.get(name)
         fns = None if groups is None else groups[0 if monitoring is None else 2 if monitoring else 1]
         if not fns:
             return None
-        return fns[0] if len(fns) == 1 else functools.partial(_call_all, tuple(fns))
+        if len(fns) == 1:
+            return fns[0]
+        return functools.partial(_call_all if result else _call_each, tuple(fns))
 
     def call(self, name: str, *args: Any, monitoring: bool | None = None) -> Any:
         """Call every override of hook `name` (with `monitoring` given, only the plain callbacks and the task,
@@ -237,6 +242,12 @@ class Hooks:
             if result is not None:
                 out = result
         return out
+
+
+def _call_each(fns: tuple[Callable[..., Any], ...], *args: Any) -> None:
+    """Call every function in order (a hook whose result nobody reads)."""
+    for fn in fns:
+        fn(*args)
 
 
 def _call_all(fns: tuple[Callable[..., Any], ...], *args: Any) -> Any:

@@ -169,6 +169,8 @@ class StepClosure:
             bool(trainer.config.gradient_clip_val)
             or ("configure_gradient_clipping" in trainer.hooks.custom and _clipping_overridden(task))
         )
+        # no unscaling, no on_before_optimizer_step, no clipping: calling this is calling `closure`
+        self.only_calls_closure = self.unscale is None and self.before_step is None and not self.clips
 
     def __call__(self) -> Any:
         closure, optimizer = self.closure, self.optimizer
