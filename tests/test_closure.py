@@ -132,3 +132,55 @@ def test_hooks_see_the_divided_loss_and_a_detached_output_under_accumulation():
 def test_a_closure_optimizer_under_16_mixed_is_refused():
     with pytest.raises(ConfigError, match="LBFGS"):
         fit(Net(OPTIMIZERS["lbfgs"]), precision="16-mixed", max_epochs=1)
+
+
+class Bare(Task):
+    """No hook around the step: the closure's lean path, and the optimizer gets the closure itself."""
+
+    def __init__(self, make_opt) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Linear(4, 1)
+        self.make_opt = make_opt
+
+    def training_step(self, batch, batch_idx):
+        return F.mse_loss(self.net(batch[0]), batch[1])
+
+    def configure_optimizers(self):
+        return self.make_opt(self.parameters())
+
+
+class Hooked(Bare):
+    """The same task with hooks that do nothing: the closure's full path, through the step closure."""
+
+    def on_before_backward(self, loss):
+        pass
+
+    def on_before_optimizer_step(self, optimizer):
+        pass
+
+
+@pytest.mark.parametrize("name", ["sgd", "lbfgs"])
+def test_the_lean_closure_trains_as_the_full_one_and_a_hand_loop(name):
+    from trainer.loop.closure import Closure
+    from trainer.loop.optim import StepClosure
+
+    given: list[type] = []
+    base = torch.optim.LBFGS if name == "lbfgs" else torch.optim.SGD
+    kwargs = dict(lr=0.5, max_iter=4) if name == "lbfgs" else dict(lr=0.1, momentum=0.9)
+
+    class Recording(base):  # type: ignore[misc, valid-type]
+        def step(self, closure=None):
+            given.append(type(closure))
+            return super().step(closure)
+
+    make = lambda params: Recording(params, **kwargs)  # noqa: E731
+    lean, full = Bare(make), Hooked(make)
+    fit(lean)
+    assert set(given) == {Closure}  # nothing to do around it: the optimizer calls the loop's closure
+    given.clear()
+    fit(full)
+    assert set(given) == {StepClosure}
+    for key, value in lean.net.state_dict().items():
+        assert torch.equal(value, full.net.state_dict()[key])  # bit-identical: the same operations
+        torch.testing.assert_close(value, hand_loop(make)[key], rtol=0, atol=1e-6)
