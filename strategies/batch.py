@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 _Tensor = torch.Tensor
+_CPU = torch.device("cpu")
 
 
 def apply_to_tensors(data: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
@@ -71,13 +72,21 @@ def mover(device: torch.device, dtype: torch.dtype | None = None) -> Callable[[A
         return t.to(device, non_blocking=True)
 
     def move(batch: Any) -> Any:
+        return apply_to_tensors(batch, move_one)
+
+    if dtype is not None:
+        return move
+    cpu = device == _CPU
+
+    def move_plain(batch: Any) -> Any:
         kind = type(batch)
-        if dtype is None and (kind is tuple or kind is list):  # the common batch, (x, y), on the CPU
+        if kind is tuple or kind is list:  # the common batch, (x, y): returned as it is when already there
             for x in batch:
-                if type(x) is not _Tensor or x.device != device:
+                # is_cpu reads a flag; .device builds a device object (the check runs for every batch)
+                if type(x) is not _Tensor or (not x.is_cpu if cpu else x.device != device):
                     break
             else:
                 return batch
         return apply_to_tensors(batch, move_one)
 
-    return move
+    return move_plain

@@ -36,6 +36,13 @@ class Comm:
     total = trainer.strategy.comm.reduce(torch.tensor(3.0), op="sum")
     """
 
+    # True where agree_stop is this class's: the process's own stop request is the answer, with no call
+    agrees_alone = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.agrees_alone = cls.agree_stop is Comm.agree_stop
+
     @property
     def world_size(self) -> int:
         return 1

@@ -172,3 +172,27 @@ def test_log_every_n_steps_0_logs_no_step_metrics_as_lightning(tmp_path):
     assert [r.get("loss_epoch") for r in table if r.get("loss_epoch")] and not any(
         r.get("loss_step") for r in table
     )
+
+
+def test_tensorboard_writes_a_steps_scalars_as_one_event(tmp_path):
+    """The writer's cost is per event: a step with several metrics is one event holding them all, and
+    TensorBoard's own reader sees each tag at its steps with its values (as Lightning's one per scalar)."""
+    import glob
+    import struct
+
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    logger = TensorBoardLogger(str(tmp_path), name="exp", version=0)
+    for metrics, step in CALLS:
+        logger.log_metrics(metrics, step)
+    logger.finalize("success")
+    (path,) = glob.glob(os.path.join(logger.log_dir, "events.out.tfevents.*"))
+    events = [e for e in EventFileLoader(path).Load() if e.HasField("summary")]
+    assert [(e.step, sorted(v.tag for v in e.summary.value)) for e in events] == [
+        (step, sorted(metrics)) for metrics, step in CALLS
+    ]
+    f32 = lambda x: struct.unpack("f", struct.pack("f", x))[0]  # noqa: E731  # a scalar event's precision
+    assert scalars(logger.log_dir) == {
+        "loss": [(step, f32(m["loss"])) for m, step in CALLS],
+        "acc": [(step, f32(m["acc"])) for m, step in CALLS if "acc" in m],
+    }

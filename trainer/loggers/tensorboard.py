@@ -73,10 +73,16 @@ class TensorBoardLogger(Logger):
         self._purge_step = step
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        metrics = add_prefix(metrics, self.prefix)
-        writer = self.experiment
-        for name, value in metrics.items():
-            writer.add_scalar(name, value, global_step=step)
+        """All of a step's scalars in one event (one Summary holding a value per tag, as add_scalar makes
+        them): the writer thread's cost is per event (serializing, a checksum in Python, opening the file),
+        so a step of several metrics costs what one did."""
+        from torch.utils.tensorboard.summary import Summary, scalar
+
+        values = [
+            value for name, x in add_prefix(metrics, self.prefix).items() for value in scalar(name, x).value
+        ]
+        if values:
+            self.experiment._get_file_writer().add_summary(Summary(value=values), step)
 
     def log_hyperparams(self, params: dict[str, Any], metrics: dict[str, float] | None = None) -> None:
         """Lightning's: `params` (with those given before) go to the HParams tab with `metrics`, each also

@@ -36,11 +36,15 @@ def check_stop(t: Trainer, val_start_rng: dict[str, Any] | None = None) -> None:
     if last is not None and now - last > state.agreement_gap:
         state.agreement_gap = now - last
     state.last_agreement = now
-    mine = NO_STOP  # the common case: no signal arrived (the handler sets state.stop_signal)
-    if state.stop_signal is not None:
+    comm = t.strategy.comm
+    if state.stop_signal is None:  # the common case: no signal arrived (the handler sets state.stop_signal)
+        if comm.agrees_alone:  # one process: no request, nothing to agree on
+            return
+        mine = NO_STOP
+    else:
         signals = t.session.signals if t.session is not None else None
         mine = signals.code(state.stop_signal) if signals else STOP
-    agreed = t.strategy.comm.agree_stop(mine)
+    agreed = comm.agree_stop(mine)
     if agreed:
         signals = t.session.signals if t.session is not None else None
         if agreed == REQUEUE and signals is not None:
