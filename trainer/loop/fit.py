@@ -119,13 +119,12 @@ def train_epoch(t: Trainer) -> None:
                 out_of_data = True
                 break
             last = batch_idx + 1 == n
-            if ahead:
-                batch, nxt = nxt, next(batches, _END) if not last else _END
-            else:
-                batch = next(batches, _END)
+            batch = nxt if ahead else next(batches, _END)
             if batch is _END:
                 out_of_data = True
                 break
+            if ahead:  # read one ahead only while there was data: an exhausted iterator is not asked again
+                nxt = next(batches, _END) if not last else _END
         else:
             batch = nxt
             if not strategy.comm.join(batch is not _END):  # some rank is out of data: every rank ends
@@ -192,7 +191,7 @@ def train_epoch(t: Trainer) -> None:
         if (state.should_stop or global_step >= stop_at) and (not automatic or done % k == 0) and not last:
             if _stop_requested(t):  # as Lightning: a stop asked mid-epoch validates first
                 if _should_validate(t) and not validate_now:
-                    _validate(t, batch_idx + 1, k)
+                    _validate(t, done, k)
                 break
             if _max_steps_reached(t):
                 break
@@ -240,7 +239,7 @@ def _stepper(t: Trainer, closure: Closure) -> Callable[[int], None]:
         return step
     optimizer, strategy = closure.optimizer, t.strategy
     step_closure, plain = StepClosure(t, optimizer, closure), is_plain(strategy)
-    if plain and step_closure.only_calls_closure:  # nothing to do after the closure: the optimizer runs it
+    if step_closure.only_calls_closure:  # (so the strategy is plain) the optimizer runs the closure itself
         step_closure = closure  # type: ignore[assignment]
 
     def step(batch_idx: int) -> None:
