@@ -54,9 +54,10 @@ class TensorBoardLogger(Logger):
 
     @property
     def experiment(self) -> Any:
-        """The SummaryWriter, created on first use (importing tensorboard is slow)."""
+        """torch's SummaryWriter, created on first use (importing tensorboard is slow); it writes each event
+        in this thread (trainer/loggers/event_file.py)."""
         if self._writer is None:
-            from torch.utils.tensorboard import SummaryWriter
+            from trainer.loggers.event_file import SummaryWriter
 
             os.makedirs(self.log_dir, exist_ok=True)
             kwargs = dict(self._writer_kwargs)
@@ -74,8 +75,8 @@ class TensorBoardLogger(Logger):
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         """All of a step's scalars in one event (one Summary holding a value per tag, as add_scalar makes
-        them): the writer thread's cost is per event (serializing, a checksum in Python, opening the file),
-        so a step of several metrics costs what one did."""
+        them): an event's cost (serializing, a checksum in Python, a write) is per event, so a step of
+        several metrics costs what one did."""
         from torch.utils.tensorboard.summary import Summary, scalar
 
         values = [
