@@ -31,6 +31,10 @@ Contenders:
   raw-again           the same loop again, as a control: its ratio to `raw` should be 1.000
   tandem              Trainer(logger=False, progress bar, checkpointing and model summary off)
   tandem-defaults     Trainer() defaults: TensorBoard logger, progress bar, checkpointing (into a temp dir)
+  raw-closure         (--ablation) the raw loop through opt.step(closure), as Lightning's contract steps
+  tandem-no-log       (--ablation) `tandem` with a task that does not call self.log
+  tandem-bare-task    (--ablation) and that calls the model without the two `self.model` lookups: what is
+                      left over `raw-closure` is the loop's own cost
   lightning           pytorch_lightning.Trainer with the same settings as `tandem` (when installed)
   lightning-defaults  pytorch_lightning.Trainer() defaults (when installed)
 Both frameworks' tasks call self.log("train/loss", loss, prog_bar=True) every step; the raw loop logs nothing.
@@ -175,6 +179,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--models", default="lstm,mlp,tiny", help="comma-separated subset of: " + ",".join(MODELS))
     p.add_argument("--only", default=None, help="comma-separated contenders to run (raw is always run)")
     p.add_argument("--no-lightning", action="store_true", help="skip Lightning even when it is installed")
+    p.add_argument(
+        "--ablation",
+        action="store_true",
+        help="also raw-closure, tandem-no-log, tandem-bare-task (see below)",
+    )
     p.add_argument("--import-repeats", type=int, default=None, help="fresh interpreters per import timing")
     p.add_argument("--show-bars", action="store_true", help="draw progress bars instead of discarding them")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "overhead.json"))
@@ -190,7 +199,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(
             "PyTorch Lightning not measured (install it with `pip install pytorch-lightning`, or `make bench`)."
         )
-    names = contenders(with_lightning)
+    names = contenders(with_lightning, args.ablation)
     if args.only:
         keep = {"raw", *args.only.split(",")}
         names = {n: fn for n, fn in names.items() if n in keep}

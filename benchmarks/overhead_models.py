@@ -96,8 +96,25 @@ def run_raw(model: torch.nn.Module, loader: DataLoader, workdir: str) -> None:
         opt.zero_grad(set_to_none=True)
 
 
-def wrapped(base: type, model: torch.nn.Module) -> Any:
-    """The same task code on either framework: a subclass of `base` (Task or LightningModule) around `model`."""
+def run_raw_closure(model: torch.nn.Module, loader: DataLoader, workdir: str) -> None:
+    """The raw loop through ``opt.step(closure)``, as Lightning's contract runs a step (--ablation)."""
+    opt = make_optimizer(model)
+    model.train()
+    for x, y in loader:
+
+        def closure(x: torch.Tensor = x, y: torch.Tensor = y) -> torch.Tensor:
+            opt.zero_grad(set_to_none=True)
+            loss = model.loss(model(x), y)  # type: ignore[operator]
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+
+
+def wrapped(base: type, model: torch.nn.Module, log: bool = True, lookups: bool = True) -> Any:
+    """The same task code on either framework: a subclass of `base` (Task or LightningModule) around `model`.
+    The --ablation variants leave out the self.log call, or also the two `self.model` lookups (in CPython
+    3.11 an nn.Module attribute builds and drops an AttributeError before `__getattr__` finds it)."""
 
     class Wrapped(base):  # type: ignore[misc, valid-type]
         def __init__(self) -> None:
@@ -106,8 +123,12 @@ def wrapped(base: type, model: torch.nn.Module) -> Any:
 
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
             x, y = batch
-            loss = self.model.loss(self.model(x), y)
-            self.log("train/loss", loss, prog_bar=True)
+            if lookups:
+                loss = self.model.loss(self.model(x), y)
+            else:
+                loss = model.loss(model(x), y)  # type: ignore[operator]
+            if log:
+                self.log("train/loss", loss, prog_bar=True)
             return loss
 
         def configure_optimizers(self) -> Any:
@@ -116,7 +137,7 @@ def wrapped(base: type, model: torch.nn.Module) -> Any:
     return Wrapped()
 
 
-def _tandem(model: torch.nn.Module, loader: DataLoader, workdir: str, defaults: bool) -> None:
+def _tandem(model: torch.nn.Module, loader: DataLoader, workdir: str, defaults: bool, **task: bool) -> None:
     """Tandem's Trainer, with its defaults or with logger, bar, checkpointing and summary off."""
     from trainer import Task, Trainer
 
@@ -124,7 +145,7 @@ def _tandem(model: torch.nn.Module, loader: DataLoader, workdir: str, defaults: 
     trainer = Trainer(
         max_epochs=1, accelerator="cpu", default_root_dir=workdir, enable_model_summary=defaults, **off
     )
-    trainer.fit(wrapped(Task, model), train_dataloaders=loader)
+    trainer.fit(wrapped(Task, model, **task), train_dataloaders=loader)
 
 
 def lightning_module() -> Any:
@@ -159,14 +180,21 @@ def lightning_available() -> bool:
     return True
 
 
-def contenders(with_lightning: bool) -> dict[str, Callable[[torch.nn.Module, DataLoader, str], None]]:
-    """Name -> function(model, loader, workdir) that trains the model on the loader."""
+def contenders(
+    with_lightning: bool, ablation: bool = False
+) -> dict[str, Callable[[torch.nn.Module, DataLoader, str], None]]:
+    """Name -> function(model, loader, workdir) that trains the model on the loader; with `ablation`, also
+    the rows that split `tandem`'s cost: torch's closure path, the task's self.log, its self.model lookups."""
     out: dict[str, Callable[[torch.nn.Module, DataLoader, str], None]] = {
         "raw": run_raw,
         "raw-again": run_raw,  # an A/A control: its ratio shows the harness's noise and bias (ideally 1.000)
         "tandem": lambda m, dl, d: _tandem(m, dl, d, defaults=False),
         "tandem-defaults": lambda m, dl, d: _tandem(m, dl, d, defaults=True),
     }
+    if ablation:
+        out["raw-closure"] = run_raw_closure
+        out["tandem-no-log"] = lambda m, dl, d: _tandem(m, dl, d, defaults=False, log=False)
+        out["tandem-bare-task"] = lambda m, dl, d: _tandem(m, dl, d, defaults=False, log=False, lookups=False)
     if with_lightning:
         out["lightning"] = lambda m, dl, d: _lightning(m, dl, d, defaults=False)
         out["lightning-defaults"] = lambda m, dl, d: _lightning(m, dl, d, defaults=True)

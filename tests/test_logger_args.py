@@ -196,3 +196,49 @@ def test_tensorboard_writes_a_steps_scalars_as_one_event(tmp_path):
         "loss": [(step, f32(m["loss"])) for m, step in CALLS],
         "acc": [(step, f32(m["acc"])) for m, step in CALLS if "acc" in m],
     }
+
+
+def test_tensorboard_writes_in_the_training_thread_and_each_event_reaches_the_file_at_once(tmp_path):
+    """No writer thread (tensorboard's opened the file per record and took the GIL from the training thread
+    for each system call); an event is on disk as soon as it is logged, before any flush, so a killed run
+    keeps it; `experiment` is still torch's SummaryWriter (add_text lands in the same file)."""
+    import glob
+    import threading
+
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from torch.utils.tensorboard import SummaryWriter
+
+    before = set(threading.enumerate())
+    logger = TensorBoardLogger(str(tmp_path), name="exp", version=0)
+    assert isinstance(logger.experiment, SummaryWriter)
+    logger.log_metrics({"loss": 0.5}, 3)
+    logger.experiment.add_text("note", "hello", 4)
+    assert set(threading.enumerate()) == before  # no thread started
+    (path,) = glob.glob(os.path.join(logger.log_dir, "events.out.tfevents.*"))
+    events = list(EventFileLoader(path).Load())  # read while the writer is open and unflushed
+    assert events[0].file_version == "brain.Event:2"
+    assert [(e.step, [v.tag for v in e.summary.value]) for e in events[1:]] == [
+        (3, ["loss"]),
+        (4, ["note/text_summary"]),
+    ]
+    logger.finalize("success")
+
+
+def test_event_files_opened_in_the_same_second_never_share_a_name(tmp_path, monkeypatch):
+    """Two writers in one directory within one second (two loggers, or a resume) each get a new file; an
+    existing file of that name, another process's, is never truncated."""
+    import time as time_module
+
+    from trainer.loggers import event_file
+
+    monkeypatch.setattr(time_module, "time", lambda: 1_700_000_000.0)
+    first = event_file.EventFile(str(tmp_path))
+    taken = first.path[:-1] + str(int(first.path[-1]) + 1)  # the name the next file would take
+    with open(taken, "wb") as f:
+        f.write(b"another run's events")
+    second = event_file.EventFile(str(tmp_path))
+    assert len({first.path, second.path, taken}) == 3
+    with open(taken, "rb") as f:
+        assert f.read() == b"another run's events"
+    first.close()
+    second.close()

@@ -53,11 +53,6 @@ class MetricStore:
         self._batch_no = (
             0  # counts set_batch calls; step values are written only in the batch that logged them
         )
-        # under automatic optimization (the loop sets keep_logged), this batch's last logged tensor that requires
-        # grad and its detached alias: a training_step that logs the loss it returns detaches it once, and the
-        # closure takes them before backward (so a logged tensor outside the loss frees its graph as before)
-        self.keep_logged = False
-        self._logged: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def entries(self) -> dict[str, _Entry]:
@@ -67,7 +62,6 @@ class MetricStore:
         """Start a new epoch of `stage`, dropping that stage's previous aggregates (others are kept)."""
         self.stage = stage
         self._stages[stage] = {}
-        self._logged = None
 
     def switch(self, stage: str) -> None:
         """Continue logging into `stage` (back to training after a mid-epoch validation)."""
@@ -76,14 +70,8 @@ class MetricStore:
 
     def set_batch(self, batch: Any) -> None:
         """Remember the current batch; its size is inferred only if an epoch aggregate needs it."""
-        self._batch, self._batch_size, self._logged = batch, None, None
+        self._batch, self._batch_size = batch, None
         self._batch_no += 1
-
-    def detached(self, value: torch.Tensor) -> torch.Tensor:
-        """`value.detach()`, or the alias this batch's self.log already made of that same tensor (a tensor
-        costs microseconds to make and free inside a step); either way the store lets go of what it kept."""
-        logged, self._logged = self._logged, None
-        return logged[1] if logged is not None and logged[0] is value else value.detach()
 
     def log(
         self,
@@ -113,11 +101,7 @@ class MetricStore:
         if entry is None:
             entry = entries[key] = _Entry(key, on_step, on_epoch, prog_bar, logger, sync_dist, reduce_fx)
         if isinstance(value, torch.Tensor) and value.ndim == 0:  # the common case: a loss
-            if value.requires_grad and self.keep_logged and self.stage == "train":  # for the closure
-                self._logged = (value, detached := value.detach())
-                value = detached
-            else:
-                value = value.detach()
+            value = value.detach()
         elif is_metric(value):
             entry.metric = value
             cached = getattr(value, "_forward_cache", None)

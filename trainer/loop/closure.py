@@ -29,7 +29,6 @@ class Closure:
         assert task is not None
         self.t, self.task, self.strategy = t, task, t.strategy
         self.optimizer = t.optimizers[0]
-        self.detach = t.metric_store.detached  # the loss's alias that self.log made, if it logged the loss
         self.run_backward = task.backward if "backward" in hooks.custom else None
         self.own_zero_grad = "optimizer_zero_grad" in hooks.custom
         self.before_zero_grad = hooks.caller("on_before_zero_grad")
@@ -76,7 +75,7 @@ class Closure:
             if self.lean:  # what the rest of this method does when nothing else is asked for
                 self.out = out
                 self.optimizer.zero_grad(set_to_none=True)
-                self.detached = detached = self.detach(out)
+                self.detached = detached = out.detach()
                 out.backward()
                 return detached
             loss = out
@@ -100,7 +99,7 @@ class Closure:
         if loss is None:
             self.detached = None
             return None
-        self.detached = self.detach(loss)  # what the optimizer and on_train_batch_end get (one detach per step)
+        self.detached = loss.detach()  # what the optimizer and on_train_batch_end get (one detach per step)
         if self.nonfinite and _nonfinite(self.t, loss, self.batch_idx):
             return self.detached
         if self.before_backward is not None:

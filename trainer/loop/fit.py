@@ -98,7 +98,6 @@ def train_epoch(t: Trainer) -> None:
     n = strategy.comm.agree_num_batches(t.num_training_batches)  # uneven ranks: all run the shortest epoch
     known = n != float("inf")
     closure = Closure(t) if automatic else None
-    store.keep_logged = automatic  # the closure reuses the detached loss that self.log made
     step = _stepper(t, closure) if closure is not None else None
     move = _mover(t)
     batch_start = hooks.caller("on_train_batch_start", result=True)  # its -1 ends the epoch
