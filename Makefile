@@ -30,6 +30,7 @@ test-slow: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) benchmarks/overhead.py
+	$(PY) benchmarks/tensorboard_events.py
 	$(PY) benchmarks/ddp.py
 
 lint: $(STAMP)

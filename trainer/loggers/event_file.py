@@ -3,9 +3,9 @@
 torch's SummaryWriter hands events to tensorboard's writer thread, which opens and closes the event file for
 every record (tensorboard's local file system appends that way) and computes its checksums in Python. Each of
 those system calls releases the GIL, and the training thread, which releases it in backward, must win it back:
-inside a fit that costs about 250 µs of CPU per event (5 µs per step at log_every_n_steps=50, measured by
-benchmarks/overhead.py's TensorBoard contender), against about 40 µs written here. A record reaches the OS
-(the page cache) at once, as with tensorboard's writer, so a killed run keeps every event it added.
+inside a fit that cost about 370 µs of CPU per event (7 µs per step at log_every_n_steps=50), against about
+40 µs written here (benchmarks/tensorboard_events.py). A record reaches the OS (the page cache) at once, as
+with tensorboard's writer, so a killed run keeps every event it added.
 
 `SummaryWriter` is torch's, with this file behind its FileWriter: `experiment.add_image` and the rest work
 unchanged; `flush_secs` and `max_queue` have nothing left to bound (every event is written through).
