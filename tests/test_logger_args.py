@@ -233,11 +233,13 @@ def test_event_files_opened_in_the_same_second_never_share_a_name(tmp_path, monk
 
     monkeypatch.setattr(time_module, "time", lambda: 1_700_000_000.0)
     first = event_file.EventFile(str(tmp_path))
-    taken = first.path[:-1] + str(int(first.path[-1]) + 1)  # the name the next file would take
+    stem, number = first.path.rsplit(".s", 1)
+    taken = f"{stem}.s{int(number) + 1}"  # the name the next file would take
     with open(taken, "wb") as f:
         f.write(b"another run's events")
     second = event_file.EventFile(str(tmp_path))
     assert len({first.path, second.path, taken}) == 3
+    assert second.path == f"{stem}.s{int(number) + 2}"  # the taken name was skipped
     with open(taken, "rb") as f:
         assert f.read() == b"another run's events"
     first.close()
