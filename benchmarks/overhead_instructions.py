@@ -8,10 +8,12 @@ Why: benchmarks/overhead.py measures time, and on this shared 2-core machine its
 Python bytecodes, which leaves out what those bytecodes cost in C (an AttributeError built and dropped, a
 tensor's `detach`, a context manager of torch's). Here every contender trains `tiny` under valgrind's
 cachegrind (`--cache-sim=no`: instructions only) for 200 and for 1200 steps; (instructions at 1200 - at 200)
-/ 1000 is one step's, setup and teardown cancel, and the raw loop's is subtracted. Every thread counts (the
-TensorBoard writer's too). Hash randomization and BLAS threads are fixed (PYTHONHASHSEED=0, one OpenBLAS
-thread): dict probing then repeats exactly; the raw loop's count, the same code in two checkouts, differed
-by 0.25% (2,300 of 909,000 instructions per step), the spread to allow for. Needs valgrind
+/ 1000 is one step's, setup and teardown cancel, and the raw loop's is subtracted. Every thread counts
+(valgrind runs one at a time; the kernel's work is not counted). Hash randomization and BLAS threads are
+fixed (PYTHONHASHSEED=0, one OpenBLAS thread): one checkout at one path then counts exactly the same twice,
+but two checkouts of the same loop at different paths differed by 1,350 instructions per step, and counts
+from different sessions by more (51,416 and 62,519 beyond raw for the same loop): compare only counts of
+one run, and mind that `--ref` checks out into a temporary path of another length. Needs valgrind
 (`apt-get install valgrind`); six valgrind runs of one to two minutes each per checkout.
 """
 
