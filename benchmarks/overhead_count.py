@@ -1,6 +1,6 @@
 """The loop's fixed cost per step as work, not time: Python bytecodes and calls per step beyond a raw loop.
 
-    python benchmarks/overhead_count.py                 # tandem (all off) and tandem-defaults on `tiny`
+    python benchmarks/overhead_count.py                 # floor, tandem (all off), tandem-defaults on `tiny`
     python benchmarks/overhead_count.py --top 20        # and the 20 functions that add the most bytecodes
     python benchmarks/overhead_count.py --ref d21ce1a   # the same count for an older commit, side by side
     python benchmarks/overhead_count.py --no-draw       # defaults' bar never redraws mid-epoch: deterministic
@@ -10,8 +10,9 @@ benchmarks/overhead.py, which measures time). The number of Python bytecodes the
 step does not depend on load: it is counted with `sys.settrace` opcode events in every Python frame (Tandem's,
 torch's, the standard library's). A contender's count per step is (count over 1200 steps - count over 200
 steps) / 1000, so setup and teardown cancel; the raw loop's count (the same model, optimizer, loader) is
-subtracted. Bytecodes run inside C (the kernels, autograd) are not counted: this is the Python overhead only.
-The one count that depends on time is the progress bar's redraw in `tandem-defaults` (at most every 0.1 s of
+subtracted. `floor` is benchmarks/overhead_models.py's run_floor: the least any trainer keeping Lightning's
+per-step contract with logging and a bar on adds to the raw loop. Bytecodes run inside C (the kernels, autograd) are not counted: this is the Python overhead only.
+The one count that depends on time is the progress bar's redraw in `tandem-defaults` and `floor` (at most every 0.1 s of
 wall clock, and tracing makes a step far slower than it is, so it redraws every few steps here instead of every
 few hundred); `--no-draw` gives the bar a huge min_interval_s, so that row counts what a step that draws
 nothing costs, the same on any machine.
@@ -38,6 +39,7 @@ sys.path.insert(0, ROOT)  # first: benchmarks/ (a script's sys.path[0]) holds a 
 import torch  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
+from benchmarks import overhead_models  # noqa: E402
 from benchmarks.overhead_models import TinyNet, run_raw, wrapped  # noqa: E402
 
 SHORT, LONG = 200, 1200
@@ -109,6 +111,17 @@ def _raw(n: int, counter: _Counter) -> None:
         sys.settrace(None)
 
 
+def _floor(n: int, counter: _Counter, draw: bool = True) -> None:
+    model, loader = TinyNet(), DataLoader(_Batches(n), batch_size=None)
+    with tempfile.TemporaryDirectory() as d, open(os.devnull, "w") as null:
+        with contextlib.redirect_stderr(null), contextlib.redirect_stdout(null):
+            sys.settrace(counter.trace)
+            try:
+                overhead_models.run_floor(model, loader, d, min_interval_s=0.1 if draw else 1e9)
+            finally:
+                sys.settrace(None)
+
+
 def per_step(run: Any) -> tuple[collections.Counter[str], float]:
     """Opcodes per step by function, and calls per step, of `run(n, counter)` (setup and teardown cancel)."""
     run(SHORT, _Counter())  # warm: first-use imports and caches
@@ -124,8 +137,15 @@ def measure(top: int, draw: bool = True) -> dict[str, Any]:
     torch.set_num_threads(1)
     raw_ops, raw_calls = per_step(_raw)
     out: dict[str, Any] = {"raw": {"opcodes": round(sum(raw_ops.values()), 1), "calls": round(raw_calls, 1)}}
-    for name, defaults in (("tandem", False), ("tandem-defaults", True)):
-        ops, calls = per_step(lambda n, c, d=defaults: _tandem(n, c, d, draw))
+    runs = {
+        "floor": lambda n, c: _floor(n, c, draw),
+        "tandem": lambda n, c: _tandem(n, c, False, draw),
+        "tandem-defaults": lambda n, c: _tandem(n, c, True, draw),
+    }
+    if not hasattr(overhead_models, "run_floor"):  # counted with --ref at a commit before the floor existed
+        del runs["floor"]
+    for name, run in runs.items():
+        ops, calls = per_step(run)
         extra = {k: ops.get(k, 0) - raw_ops.get(k, 0) for k in set(ops) | set(raw_ops)}
         out[name] = {
             "opcodes": round(sum(ops.values()), 1),
@@ -158,7 +178,7 @@ def _print(label: str, result: dict[str, Any]) -> None:
     print(
         f"{label}: raw loop {result['raw']['opcodes']:.0f} opcodes, {result['raw']['calls']:.0f} calls per step"
     )
-    for name in ("tandem", "tandem-defaults"):
+    for name in (k for k in result if k != "raw"):
         r = result[name]
         print(f"  {name:<16} +{r['extra_opcodes']:.0f} opcodes, +{r['extra_calls']:.1f} calls per step")
         for fn, v in r["top"]:

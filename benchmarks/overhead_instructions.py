@@ -14,7 +14,8 @@ fixed (PYTHONHASHSEED=0, one OpenBLAS thread): one checkout at one path then cou
 but two checkouts of the same loop at different paths differed by 1,350 instructions per step, and counts
 from different sessions by more (51,416 and 62,519 beyond raw for the same loop): compare only counts of
 one run, and mind that `--ref` checks out into a temporary path of another length. Needs valgrind
-(`apt-get install valgrind`); six valgrind runs of one to two minutes each per checkout.
+(`apt-get install valgrind`); ten valgrind runs of one to two minutes each per checkout, as many at once as
+there are cores.
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHORT, LONG = 200, 1200
-CONTENDERS = ("raw", "tandem", "tandem-defaults")
+CONTENDERS = ("raw", "raw-closure", "floor", "tandem", "tandem-defaults")
 
 # One training run of a contender on `tiny`, the model, data and options of benchmarks/overhead.py.
 RUN = r"""
@@ -38,12 +40,16 @@ import sys, tempfile
 sys.path.insert(0, sys.argv[3])
 import torch
 from torch.utils.data import DataLoader
-from benchmarks.overhead_models import TinyNet, run_raw, wrapped
+from benchmarks.overhead_models import TinyNet, run_floor, run_raw, run_raw_closure, wrapped
 name, n = sys.argv[1], int(sys.argv[2])
 g = torch.Generator().manual_seed(0)
 loader = DataLoader([TinyNet.batch(g) for _ in range(8)] * (n // 8), batch_size=None)
 if name == "raw":
     run_raw(TinyNet(), loader, "")
+elif name == "raw-closure":
+    run_raw_closure(TinyNet(), loader, "")
+elif name == "floor":  # its bar never redraws mid-epoch either
+    run_floor(TinyNet(), loader, tempfile.mkdtemp(), min_interval_s=1e9)
 else:
     from trainer import Task, Trainer
     if name == "tandem":
@@ -74,9 +80,12 @@ def instructions(tree: str, name: str, steps: int) -> int:
 
 def per_step(tree: str) -> dict[str, float]:
     """Instructions per step of each contender, and of each beyond the raw loop's."""
+    runs = [(name, steps) for name in CONTENDERS for steps in (LONG, SHORT)]
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # counts do not depend on what runs beside them
+        counts = dict(zip(runs, pool.map(lambda run: instructions(tree, *run), runs)))
     out: dict[str, float] = {}
     for name in CONTENDERS:
-        out[name] = (instructions(tree, name, LONG) - instructions(tree, name, SHORT)) / (LONG - SHORT)
+        out[name] = (counts[name, LONG] - counts[name, SHORT]) / (LONG - SHORT)
     for name in CONTENDERS[1:]:
         out[f"{name} beyond raw"] = out[name] - out["raw"]
     return out

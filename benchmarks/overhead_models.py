@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -111,6 +112,95 @@ def run_raw_closure(model: torch.nn.Module, loader: DataLoader, workdir: str) ->
         opt.step(closure)
 
 
+def run_floor(
+    model: torch.nn.Module,
+    loader: DataLoader,
+    workdir: str,
+    min_interval_s: float = 0.1,
+    lookups: bool = True,
+) -> None:
+    """(--ablation) The least Python any trainer runs per step to keep Lightning's per-step contract with
+    logging and a progress bar on: the raw closure loop, plus the task's training_step called as a method
+    (the same task code as the other contenders, two `self.model` lookups included), a `self.log` that keeps
+    the detached loss in a dict, `on_train_batch_end(outputs, batch, batch_idx)` called on two callbacks (a
+    tqdm bar that skips tqdm's update between draws, as Tandem's does, and a checkpoint callback with nothing
+    to do mid-epoch), a global step, a stop flag, and every 50 steps one TensorBoard scalar event written with
+    tensorboard's own record framing. No options, no hooks table, no checks: a floor, not a trainer.
+    `min_interval_s` is the bar's least time between draws (the TQDMProgressBar default, tqdm's 0.1 s);
+    `lookups=False` calls the model without the `self.model` lookups, as `wrapped(..., lookups=False)`."""
+    import time
+
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.summary.writer.record_writer import RecordWriter
+    from tqdm import tqdm
+
+    class Task(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+            self.metrics: dict[str, torch.Tensor] = {}
+
+        def log(self, name: str, value: torch.Tensor) -> None:
+            self.metrics[name] = value.detach()
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            if lookups:
+                loss = self.model.loss(self.model(x), y)
+            else:
+                loss = model.loss(model(x), y)  # type: ignore[operator]
+            self.log("train/loss", loss)
+            return loss
+
+    class Bar:
+        def __init__(self, total: int) -> None:
+            self.bar = tqdm(total=total, mininterval=min_interval_s)
+
+        def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+            bar, done = self.bar, batch_idx + 1
+            if time.time() - bar.last_print_t < bar.mininterval:
+                bar.n = done
+                return
+            bar.set_postfix({k: f"{v.item():.3g}" for k, v in task.metrics.items()}, refresh=False)
+            bar.update(done - bar.n)
+
+    class Checkpoint:
+        def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+            return None
+
+    task, opt = Task(), make_optimizer(model)
+    task.train()
+    callbacks = (Bar(len(loader)), Checkpoint())
+    global_step, should_stop = 0, False
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "events.out.tfevents.floor"), "wb") as f:
+        events = RecordWriter(f)
+        for batch_idx, batch in enumerate(loader):
+            out: list[torch.Tensor] = []
+
+            def closure(batch: Any = batch, batch_idx: int = batch_idx, out: list[Any] = out) -> torch.Tensor:
+                loss = task.training_step(batch, batch_idx)
+                opt.zero_grad(set_to_none=True)
+                out.append(detached := loss.detach())
+                loss.backward()
+                return detached
+
+            opt.step(closure)
+            global_step += 1
+            outputs = {"loss": out[0]}
+            for callback in callbacks:
+                callback.on_train_batch_end(outputs, batch, batch_idx)
+            if global_step % 50 == 0:
+                values = [Summary.Value(tag=k, simple_value=v.item()) for k, v in task.metrics.items()]
+                event = Event(wall_time=time.time(), step=global_step, summary=Summary(value=values))
+                events.write(event.SerializeToString())
+                f.flush()
+            if should_stop:
+                break
+        callbacks[0].bar.close()
+
+
 def wrapped(base: type, model: torch.nn.Module, log: bool = True, lookups: bool = True) -> Any:
     """The same task code on either framework: a subclass of `base` (Task or LightningModule) around `model`.
     The --ablation variants leave out the self.log call, or also the two `self.model` lookups (in CPython
@@ -184,7 +274,8 @@ def contenders(
     with_lightning: bool, ablation: bool = False
 ) -> dict[str, Callable[[torch.nn.Module, DataLoader, str], None]]:
     """Name -> function(model, loader, workdir) that trains the model on the loader; with `ablation`, also
-    the rows that split `tandem`'s cost: torch's closure path, the task's self.log, its self.model lookups."""
+    the rows that split `tandem`'s cost: torch's closure path, the task's self.log, its self.model lookups,
+    and the least any trainer keeping Lightning's per-step contract with logging and a bar on would add."""
     out: dict[str, Callable[[torch.nn.Module, DataLoader, str], None]] = {
         "raw": run_raw,
         "raw-again": run_raw,  # an A/A control: its ratio shows the harness's noise and bias (ideally 1.000)
@@ -193,8 +284,11 @@ def contenders(
     }
     if ablation:
         out["raw-closure"] = run_raw_closure
+        out["floor"] = run_floor
+        out["floor-bare-task"] = lambda m, dl, d: run_floor(m, dl, d, lookups=False)
         out["tandem-no-log"] = lambda m, dl, d: _tandem(m, dl, d, defaults=False, log=False)
         out["tandem-bare-task"] = lambda m, dl, d: _tandem(m, dl, d, defaults=False, log=False, lookups=False)
+        out["tandem-defaults-bare-task"] = lambda m, dl, d: _tandem(m, dl, d, defaults=True, lookups=False)
     if with_lightning:
         out["lightning"] = lambda m, dl, d: _lightning(m, dl, d, defaults=False)
         out["lightning-defaults"] = lambda m, dl, d: _lightning(m, dl, d, defaults=True)
