@@ -59,13 +59,15 @@ class Comm:
     def is_global_zero(self) -> bool:
         return self.rank == 0
 
-    def reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
-        """`op` ("sum", "mean", "max", "min") of the tensor over all ranks."""
+    def reduce(self, tensor: torch.Tensor, op: str = "mean", group: Any = None) -> torch.Tensor:
+        """`op` ("sum", "mean", "max", "min") of the tensor over all ranks, or over the ranks of `group` (a
+        torch.distributed process group)."""
         check_choice("reduce op", op, REDUCE_OPS)
         return tensor
 
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Every rank's tensor, stacked along a new dim 0 in rank order."""
+    def all_gather(self, tensor: torch.Tensor, group: Any = None, sync_grads: bool = False) -> torch.Tensor:
+        """Every rank's tensor (or every rank's of `group`), stacked along a new dim 0 in rank order; with
+        `sync_grads`, gradients flow back through the gather to each rank's tensor."""
         return tensor.unsqueeze(0)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
@@ -156,20 +158,27 @@ class ProcessGroupComm(Comm):
             )
         return e
 
-    def reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
+    def reduce(self, tensor: torch.Tensor, op: str = "mean", group: Any = None) -> torch.Tensor:
         import torch.distributed as dist
 
         check_choice("reduce op", op, REDUCE_OPS)
         ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
         out = tensor.detach().clone()
-        self.run(f"{op} all-reduce", dist.all_reduce, out, ops.get(op, dist.ReduceOp.MIN))
-        return out / self.world_size if op == "mean" else out
+        self.run(f"{op} all-reduce", dist.all_reduce, out, ops.get(op, dist.ReduceOp.MIN), group)
+        if op != "mean":
+            return out
+        return out / (self.world_size if group is None else dist.get_world_size(group))
 
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+    def all_gather(self, tensor: torch.Tensor, group: Any = None, sync_grads: bool = False) -> torch.Tensor:
         import torch.distributed as dist
 
-        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        self.run("all-gather", dist.all_gather, parts, tensor.contiguous())
+        if sync_grads:  # torch's autograd-aware gather: each rank's tensor gets its part of the gradient
+            from torch.distributed.nn.functional import all_gather
+
+            parts = self.run("all-gather", all_gather, tensor.contiguous(), group or dist.group.WORLD)
+            return torch.stack(parts)
+        parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+        self.run("all-gather", dist.all_gather, parts, tensor.contiguous(), group)
         return torch.stack(parts)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:

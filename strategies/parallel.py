@@ -28,13 +28,12 @@ class ParallelStrategy(Strategy):
     is_global_zero = view("comm.is_global_zero")
 
     def reduce(self, tensor: torch.Tensor, reduce_op: str = "mean", group: Any = None) -> torch.Tensor:
-        """`reduce_op` ("mean", "sum", "max", "min") over all ranks (the default group only)."""
-        return self.comm.reduce(
-            tensor, op={"avg": "mean"}.get(str(reduce_op).lower(), str(reduce_op).lower())
-        )
+        """`reduce_op` ("mean", "sum", "max", "min") over all ranks, or over the ranks of `group`."""
+        op = str(reduce_op).lower()
+        return self.comm.reduce(tensor, op={"avg": "mean"}.get(op, op), group=group)
 
     def all_gather(self, tensor: torch.Tensor, group: Any = None, sync_grads: bool = False) -> torch.Tensor:
-        return self.comm.all_gather(tensor)
+        return self.comm.all_gather(tensor, group=group, sync_grads=sync_grads)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         return self.comm.broadcast(obj, src)

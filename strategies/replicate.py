@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -67,13 +68,18 @@ def _walk(module: torch.nn.Module, seen: set[int]) -> Iterator[torch.nn.Module]:
 
 
 class _Recorder:
-    """Stands in for Task.log on a replica: keeps the calls, merged over replicas after the step."""
+    """Stands in for Task.log on a replica: keeps the calls, merged over replicas after the step. Each call is
+    bound to `log`'s signature (the task's own), so positional options keep their meaning and a wrong
+    keyword is the TypeError that self.log itself raises."""
 
-    def __init__(self) -> None:
+    def __init__(self, log: Any) -> None:
+        self.signature = inspect.signature(log)
         self.calls: list[tuple[str, Any, dict[str, Any]]] = []
 
-    def __call__(self, name: str, value: Any, **kwargs: Any) -> None:
-        self.calls.append((name, value, kwargs))
+    def __call__(self, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
+        options = self.signature.bind(name, value, *args, **kwargs).arguments
+        del options["name"], options["value"]
+        self.calls.append((name, value, options))
 
 
 class Replicas:
@@ -102,7 +108,7 @@ class Replicas:
         tracked = [t for t in tensors.values() if grad and t.requires_grad]
         # the tensors each replica computes with that need grad (replica 0 uses the task's own)
         self.inputs = [tracked] + [[c[id(t)] for t in tracked] for c in copies]
-        self.recorders = [_Recorder() for _ in devices]
+        self.recorders = [_Recorder(task.log) for _ in devices]
         self.modules: list[Task] = []
         for r, device in enumerate(devices):
             replica = self._clone(task, None if r == 0 else copies[r - 1], device, r, {})

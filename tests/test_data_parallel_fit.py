@@ -34,9 +34,9 @@ def fit(strategy: str, devices: int = 1, accumulate: int = 1, batchnorm: bool = 
     )
     real_log = trainer.metric_store.log
 
-    def counting(name, value, **kw):  # every self.log that reaches the metric store
+    def counting(name, value, *args, **kw):  # every self.log that reaches the metric store
         calls.append(name)
-        return real_log(name, value, **kw)
+        return real_log(name, value, *args, **kw)
 
     trainer.metric_store.log = counting
     trainer.fit(task, DataLoader(make_data(), batch_size=7), DataLoader(make_data(20, seed=1), batch_size=6))

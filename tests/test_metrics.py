@@ -178,3 +178,50 @@ class SyncTask(MetricTask):
         self.log("val/loss", F.cross_entropy(logits, y), sync_dist=True)
         self.acc(logits, y)
         self.log("val/acc", self.acc)
+
+
+class StepSyncTask(Task):
+    """Logs a rank-dependent value per step with each of sync_dist's variants; records the step values every
+    rank then sees, and in on_train_end checks the strategy's group and sync_grads collectives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(4, 3)
+        self.seen: list[dict[str, float]] = []
+        self.extra: dict[str, float] = {}
+
+    def setup(self, stage):
+        import torch.distributed as dist
+
+        self.group = dist.new_group([0, 1])  # every rank creates it, at the same moment
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.cross_entropy(self.net(x), y)
+        v = torch.tensor(float((self.global_rank + 1) * (batch_idx + 1)))
+        self.log("s/mean", v, sync_dist=True)
+        self.log("s/max", v, sync_dist=True, reduce_fx="max")
+        self.log("s/group", v, sync_dist=True, sync_dist_group=self.group)
+        self.log("s/rank_zero_only", v, sync_dist=True, rank_zero_only=True)
+        self.log("s/local", v)
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self.seen.append(
+            {k: v.item() for k, v in self.trainer.callback_metrics.items() if k.startswith("s/")}
+        )
+
+    def on_train_end(self):
+        strategy, rank = self.trainer.strategy, self.global_rank
+        t = torch.tensor([float(rank + 1)], requires_grad=True)
+        gathered = self.all_gather(t, sync_grads=True)
+        (gathered.sum() * (rank + 1)).backward()  # each rank's gradient: the sum of every rank's factor
+        self.extra = {
+            "gathered": gathered.detach().flatten().tolist(),
+            "grad": t.grad.item(),
+            "group_sum": strategy.reduce(t.detach(), "sum", group=self.group).item(),
+            "group_gather": self.all_gather(t.detach(), group=self.group).flatten().tolist(),
+        }
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)

@@ -132,7 +132,7 @@ def test_rank_zero_decides_and_any_rank_wants():
 
 
 def _ddp_run(rank: int, world_size: int, root: str) -> dict[str, object]:
-    from test_metrics import SyncTask, data
+    from test_metrics import StepSyncTask, SyncTask, data
 
     from strategies.ddp import DDPStrategy
 
@@ -147,7 +147,14 @@ def _ddp_run(rank: int, world_size: int, root: str) -> dict[str, object]:
         strategy=DDPStrategy(accelerator="cpu", devices=world_size), max_epochs=6, callbacks=[es, ck], **QUIET
     )
     trainer.fit(Scored(scores), loader(), loader(4, 2))
+    # 3. sync_dist on step values (at once, over a group, never with rank_zero_only); group and sync_grads
+    steps = StepSyncTask()
+    Trainer(strategy=DDPStrategy(accelerator="cpu", devices=world_size), max_steps=2, **QUIET).fit(
+        steps, DataLoader(data(16, seed=rank), batch_size=4)
+    )
     return {
+        "steps": steps.seen,
+        "collectives": steps.extra,
         "epoch": trainer.current_epoch,
         "step": trainer.global_step,
         "best": ck.best_model_path,
@@ -166,6 +173,19 @@ def test_ddp_metrics_sync_ranks_stop_together_and_agree_on_the_best_checkpoint(d
     for r in (r0, r1):  # torchmetrics accuracy and the sync_dist mean equal the single-process values
         assert r["metrics"]["val/acc"] == pytest.approx(single["val/acc"], abs=1e-6)
         assert r["metrics"]["val/loss"] == pytest.approx(single["val/loss"], abs=1e-5)
+    for rank, r in enumerate((r0, r1)):  # Lightning's step values: reduced on every rank, or this rank's own
+        assert r["steps"] == [
+            {"s/mean": 1.5 * b, "s/max": 2.0 * b, "s/group": 1.5 * b, "s/rank_zero_only": (rank + 1.0) * b,
+             "s/local": (rank + 1.0) * b}
+            for b in (1, 2)
+        ]  # fmt: skip
+        assert r["collectives"] == {
+            "gathered": [1.0, 2.0],
+            "grad": 3.0,
+            "group_sum": 3.0,
+            "group_gather": [1.0, 2.0],
+        }
+        del r["steps"]
     assert r0 == r1
     assert r0["epoch"] == 2 and r0["score"] == 4.0  # rank 0's metric decides which file is best
     assert os.listdir(tmp_path) == [os.path.basename(r0["best"])]

@@ -100,10 +100,13 @@ class Trainer:
         val_dataloaders: Any = None,
         datamodule: DataModule | None = None,
         ckpt_path: str | None = None,
+        weights_only: bool | None = None,
         *,
         model: Task | None = None,
     ) -> None:
-        """Train `task` (Lightning's `model=` too); data from the arguments, a DataModule, or the task."""
+        """Train `task` (Lightning's `model=` too); data from the arguments, a DataModule, or the task.
+        `ckpt_path` is read as plain data (torch.load's weights_only); `weights_only=False` (Lightning's
+        argument) unpickles a trusted checkpoint whole, which can run code that the file names."""
         if isinstance(train_dataloaders, DataModule):
             datamodule, train_dataloaders = train_dataloaders, None
         task = _one(task, model)
@@ -111,39 +114,51 @@ class Trainer:
         # wrapped, so that fit stays a few calls above backward (tests/test_trainer.py)
         workers = self.strategy.launch()
         if workers is None:
-            with Session(self, "fit", task, datamodule, ckpt_path, train_dataloaders, val_dataloaders):
+            with Session(
+                self, "fit", task, datamodule, ckpt_path, train_dataloaders, val_dataloaders, weights_only
+            ):
                 loop.fit(self)
             return
 
         def stage() -> None:  # in each worker forked from a notebook; rank 0's results come back
-            with Session(self, "fit", task, datamodule, ckpt_path, train_dataloaders, val_dataloaders):
+            with Session(
+                self, "fit", task, datamodule, ckpt_path, train_dataloaders, val_dataloaders, weights_only
+            ):
                 loop.fit(self)
 
         workers.run(self, task, stage)
 
     def validate(self, task: Task | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
-                 verbose: bool = True, datamodule: DataModule | None = None, *, model: Task | None = None) -> list[dict[str, float]]:  # fmt: skip
+                 verbose: bool = True, datamodule: DataModule | None = None, weights_only: bool | None = None,
+                 *, model: Task | None = None) -> list[dict[str, float]]:  # fmt: skip
         """Run one validation epoch; returns the logged epoch metrics per loader (printed when verbose)."""
-        return self._evaluate("validate", _one(task, model), dataloaders, ckpt_path, datamodule, verbose)
+        task = _one(task, model)
+        return self._evaluate("validate", task, dataloaders, ckpt_path, datamodule, verbose, weights_only)
 
     def test(self, task: Task | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
-             verbose: bool = True, datamodule: DataModule | None = None, *, model: Task | None = None) -> list[dict[str, float]]:  # fmt: skip
+             verbose: bool = True, datamodule: DataModule | None = None, weights_only: bool | None = None,
+             *, model: Task | None = None) -> list[dict[str, float]]:  # fmt: skip
         """Run one test epoch; returns the logged epoch metrics per loader (printed when verbose)."""
-        return self._evaluate("test", _one(task, model), dataloaders, ckpt_path, datamodule, verbose)
+        return self._evaluate(
+            "test", _one(task, model), dataloaders, ckpt_path, datamodule, verbose, weights_only
+        )
 
     def predict(self, task: Task | None = None, dataloaders: Any = None, datamodule: DataModule | None = None,
-                return_predictions: bool = True, ckpt_path: str | None = None, *, model: Task | None = None) -> Any:  # fmt: skip
+                return_predictions: bool = True, ckpt_path: str | None = None, weights_only: bool | None = None,
+                *, model: Task | None = None) -> Any:  # fmt: skip
         """Return predict_step's outputs, one list per loader (flattened when there is one loader)."""
-        out = self._evaluate("predict", _one(task, model), dataloaders, ckpt_path, datamodule, False)
+        out = self._evaluate(
+            "predict", _one(task, model), dataloaders, ckpt_path, datamodule, False, weights_only
+        )
         return out if return_predictions else None
 
     def _evaluate(self, stage: str, task: Task | None, loaders: Any, ckpt_path: str | None,
-                  dm: DataModule | None, verbose: bool) -> Any:  # fmt: skip
+                  dm: DataModule | None, verbose: bool, weights_only: bool | None) -> Any:  # fmt: skip
         if isinstance(loaders, DataModule):
             dm, loaders = loaders, None
 
         def run() -> Any:
-            with Session(self, stage, task, dm, ckpt_path, None, loaders):
+            with Session(self, stage, task, dm, ckpt_path, None, loaders, weights_only):
                 return evaluation.evaluate(self, stage)
 
         results = self._launched(task, run)

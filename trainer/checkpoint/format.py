@@ -166,8 +166,9 @@ def read(
             f"checkpoint {os.fspath(path)!r}",
             name,
             f"If you trust this file, allow that global first with torch.serialization.add_safe_globals([{name}]), "
-            "or load it with Task.load_from_checkpoint(path, weights_only=False) (never for files you did not "
-            "write).",
+            "or read it whole with weights_only=False: Task.load_from_checkpoint(path, weights_only=False), "
+            "trainer.fit(..., ckpt_path=path, weights_only=False) (or validate/test/predict); never for files "
+            "you did not write.",
         ) from e
 
 

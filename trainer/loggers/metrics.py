@@ -28,6 +28,7 @@ class _Entry:
     logger: bool
     sync_dist: bool
     reduce_fx: str
+    group: Any = None  # sync_dist_group: the ranks sync_dist reduces over (None: all)
     metric: Any = None
     total: torch.Tensor | None = None
     weight: int = 0
@@ -77,16 +78,26 @@ class MetricStore:
         self,
         name: str,
         value: Any,
+        prog_bar: bool = False,
+        logger: bool | None = None,
         on_step: bool | None = None,
         on_epoch: bool | None = None,
-        prog_bar: bool = False,
-        logger: bool = True,
-        sync_dist: bool = False,
         reduce_fx: str | Callable[..., Any] = "mean",
+        enable_graph: bool = False,
+        sync_dist: bool = False,
+        sync_dist_group: Any = None,
+        add_dataloader_idx: bool = True,
         batch_size: int | None = None,
-        **_: Any,  # Lightning's rarely used options (rank_zero_only, add_dataloader_idx, ...) are accepted
+        rank_zero_only: bool = False,
     ) -> None:
-        """Record `value` (tensor, number or torchmetrics Metric) under `name`."""
+        """Record `value` (tensor, number or torchmetrics Metric) under `name`, with Lightning's options:
+        `enable_graph` keeps the graph of a logged Metric's batch value (a tensor's is detached either way,
+        as Lightning's: it stores them without grad);
+        `sync_dist` reduces the step value at once and the epoch aggregate at epoch end by `reduce_fx` over
+        the ranks (of `sync_dist_group` when given), except with `rank_zero_only` (a value logged on rank 0
+        alone must not wait for the others); `add_dataloader_idx=False` keeps the name as it is when several
+        evaluation loaders run. (Lightning's `metric_attribute` names where a logged Metric lives so that it
+        can restore its state; the store holds the Metric itself and needs no name.)"""
         if reduce_fx != "mean":  # the default needs no check (this runs at every step)
             if not isinstance(reduce_fx, str):
                 reduce_fx = getattr(reduce_fx, "__name__", str(reduce_fx))
@@ -95,27 +106,42 @@ class MetricStore:
             training = self.stage == "train" and not self.in_epoch_hook
             on_step = training if on_step is None else on_step
             on_epoch = (not training) if on_epoch is None else on_epoch
-        key = name + self.dataloader_suffix if self.dataloader_suffix else name
+        suffix = self.dataloader_suffix
+        key = name + suffix if suffix and add_dataloader_idx else name
         entries = self._stages[self.stage]
         entry = entries.get(key)
-        if entry is None:
-            entry = entries[key] = _Entry(key, on_step, on_epoch, prog_bar, logger, sync_dist, reduce_fx)
+        if entry is None:  # the first time this name is logged in this stage's epoch
+            if add_dataloader_idx and "/dataloader_idx_" in name:
+                raise TaskError(
+                    f"self.log({name!r}): the name holds '/dataloader_idx_', which the Trainer appends itself "
+                    "with several evaluation loaders; drop it, or pass add_dataloader_idx=False."
+                )
+            sync = sync_dist and not rank_zero_only
+            entry = entries[key] = _Entry(
+                key, on_step, on_epoch, prog_bar, logger is not False, sync, reduce_fx, sync_dist_group
+            )
         if isinstance(value, torch.Tensor) and value.ndim == 0:  # the common case: a loss
             value = value.detach()
         elif is_metric(value):
             entry.metric = value
             cached = getattr(value, "_forward_cache", None)
-            value = cached if isinstance(cached, torch.Tensor) else None
-            if value is None:
+            if not isinstance(cached, torch.Tensor):
                 return
+            value = cached if enable_graph else cached.detach()
         else:
             value = self._as_tensor(name, value)
         if on_step:
-            entry.step_value = value
+            # as Lightning: with sync_dist every rank's step value is the reduced one (the epoch aggregate
+            # adds the local values and is reduced once, at epoch end)
+            step_value = self._sync(value, reduce_fx, entry.group) if entry.sync_dist else value
+            entry.step_value = step_value
             entry.step_batch = self._batch_no
-            self.callback_metrics[key + ("_step" if on_epoch else "")] = value
+            self.callback_metrics[key + ("_step" if on_epoch else "")] = step_value
         if on_epoch and entry.metric is None:
             self._accumulate(entry, value, batch_size)
+
+    def _sync(self, value: torch.Tensor, op: str, group: Any) -> torch.Tensor:
+        return self._reduce(value, op) if group is None else self._reduce(value, op, group)
 
     @staticmethod
     def _as_tensor(name: str, value: Any) -> torch.Tensor:
@@ -173,10 +199,10 @@ class MetricStore:
                 total = e.total
                 weight = torch.tensor(float(e.weight), device=total.device)
                 if e.sync_dist:
-                    total, weight = self._reduce(total, "sum"), self._reduce(weight, "sum")
+                    total, weight = self._sync(total, "sum", e.group), self._sync(weight, "sum", e.group)
                 value = total / weight
             else:
-                value = self._reduce(e.total, e.reduce_fx) if e.sync_dist else e.total
+                value = self._sync(e.total, e.reduce_fx, e.group) if e.sync_dist else e.total
             key = e.name + ("_epoch" if e.on_step else "")
             self.callback_metrics[key] = value
             self.callback_metrics[e.name] = value

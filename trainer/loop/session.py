@@ -35,13 +35,15 @@ LIMIT = {"train": "limit_train_batches", "val": "limit_val_batches", "test": "li
 
 
 class Session:
-    """``with Session(trainer, "fit", task, datamodule, ckpt_path, train, evals): loop.fit(trainer)``."""
+    """``with Session(trainer, "fit", task, datamodule, ckpt_path, train, evals): loop.fit(trainer)``;
+    `weights_only=False` reads the checkpoint to restore with a full unpickler (Lightning's argument)."""
 
     def __init__(
         self, trainer: Trainer, stage: str, task: Task | None, dm: DataModule | None, ckpt_path: str | None,
-        train: Any, evals: Any,
+        train: Any, evals: Any, weights_only: bool | None = None,
     ) -> None:  # fmt: skip
         self.t, self.stage, self.ckpt_path, self.train, self.evals = trainer, stage, ckpt_path, train, evals
+        self.weights_only = weights_only is not False
         task = task if task is not None else trainer.task
         task, self.compiler = unwrap_compiled(task, trainer.compiler)  # fit(torch.compile(task)) as Lightning
         if not isinstance(task, Task):
@@ -101,7 +103,9 @@ class Session:
         if path is None and stage == "fit" and t.config.resume == "auto":
             path = t.strategy.comm.broadcast(checkpoint.find_last(t))  # every rank loads the same file
         # the weights and callback states now; for fit the optimizer and loop states after on_fit_start
-        self.restoring = checkpoint.prepare_restore(t, path, stage) if path is not None else None
+        self.restoring = (
+            checkpoint.prepare_restore(t, path, stage, self.weights_only) if path is not None else None
+        )
         if stage == "fit":
             t.optimizers, t.lr_scheduler_configs = parse_optimizers(task.configure_optimizers())
             check_optimizers(t.optimizers, task.automatic_optimization, t.config.accumulate_grad_batches)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import warnings
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -94,19 +95,62 @@ class Task(LightningAttributes, TaskDefaults, ExportMixin, torch.nn.Module, Hype
     def global_step(self) -> int:
         return self._trainer.global_step if self._trainer is not None else 0
 
-    def log(self, name: str, value: Any, **kwargs: Any) -> None:
-        """Record a metric; see trainer.metrics.MetricStore.log for the options (Lightning's)."""
-        if self._trainer is not None:
-            if self._trainer.config.barebones:
-                raise TaskError(
-                    f"self.log({name!r}, ...) with Trainer(barebones=True): barebones logs nothing; remove it."
-                )
-            self._trainer.metric_store.log(name, value, **kwargs)
+    def log(
+        self,
+        name: str,
+        value: Any,
+        prog_bar: bool = False,
+        logger: bool | None = None,
+        on_step: bool | None = None,
+        on_epoch: bool | None = None,
+        reduce_fx: str | Callable[..., Any] = "mean",
+        enable_graph: bool = False,
+        sync_dist: bool = False,
+        sync_dist_group: Any = None,
+        add_dataloader_idx: bool = True,
+        batch_size: int | None = None,
+        metric_attribute: str | None = None,
+        rank_zero_only: bool = False,
+    ) -> None:
+        """Record a metric: Lightning's `LightningModule.log`, its arguments in its order (what each does:
+        trainer/loggers/metrics.py, `MetricStore.log`, and docs/logging.md)."""
+        t = self._trainer
+        if t is None:  # as Lightning: a step method called outside a Trainer (a unit test) logs nothing
+            warnings.warn(
+                f"self.log({name!r}) outside a Trainer (the task is not attached to one): not logged",
+                stacklevel=2,
+            )
+            return
+        if t.config.barebones:
+            raise TaskError(
+                f"self.log({name!r}, ...) with Trainer(barebones=True): barebones logs nothing; remove it."
+            )
+        t.metric_store.log(
+            name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, enable_graph, sync_dist,
+            sync_dist_group, add_dataloader_idx, batch_size, rank_zero_only,
+        )  # fmt: skip
 
-    def log_dict(self, values: Mapping[str, Any], **kwargs: Any) -> None:
-        """Log every item of a mapping with the same options."""
-        for name, value in values.items():
-            self.log(name, value, **kwargs)
+    def log_dict(
+        self,
+        dictionary: Mapping[str, Any],
+        prog_bar: bool = False,
+        logger: bool | None = None,
+        on_step: bool | None = None,
+        on_epoch: bool | None = None,
+        reduce_fx: str | Callable[..., Any] = "mean",
+        enable_graph: bool = False,
+        sync_dist: bool = False,
+        sync_dist_group: Any = None,
+        add_dataloader_idx: bool = True,
+        batch_size: int | None = None,
+        rank_zero_only: bool = False,
+    ) -> None:
+        """Log every item of a mapping (or a torchmetrics MetricCollection) with the same options."""
+        for name, value in dictionary.items():
+            self.log(
+                name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, enable_graph, sync_dist,
+                sync_dist_group, add_dataloader_idx, batch_size, None, rank_zero_only,
+            )  # fmt: skip
 
     def optimizers(self) -> Any:
         """The optimizer(s), wrapped so that .step() goes through the strategy (manual optimization)."""
@@ -137,16 +181,15 @@ class Task(LightningAttributes, TaskDefaults, ExportMixin, torch.nn.Module, Hype
         return self._trainer.loggers if self._trainer is not None else []
 
     def all_gather(self, data: Any, group: Any = None, sync_grads: bool = False) -> Any:
-        """Every rank's tensors stacked along a new dim 0 (nested collections too); unchanged on one process,
-        as in Lightning."""
-        if group is not None or sync_grads:
-            raise TaskError(
-                "all_gather(group=..., sync_grads=True) is not supported; gather on the default group."
-            )
+        """Every rank's tensors (every rank's of `group`) stacked along a new dim 0, nested collections too;
+        with `sync_grads`, gradients flow back to each rank's tensors. Unchanged on one process, as in
+        Lightning."""
         from strategies.batch import apply_to_tensors
 
         comm = self.trainer.strategy.comm
-        return apply_to_tensors(data, comm.all_gather) if comm.world_size > 1 else data
+        if comm.world_size == 1:
+            return data
+        return apply_to_tensors(data, lambda t: comm.all_gather(t, group=group, sync_grads=sync_grads))
 
     @classmethod
     def load_from_checkpoint(
