@@ -112,6 +112,17 @@ def run_raw_closure(model: torch.nn.Module, loader: DataLoader, workdir: str) ->
         opt.step(closure)
 
 
+class _FloorTask(torch.nn.Module):
+    """The floor's task base: `self.log` keeps the detached value in a dict, and that is all."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.metrics: dict[str, torch.Tensor] = {}
+
+    def log(self, name: str, value: torch.Tensor, **_: Any) -> None:
+        self.metrics[name] = value.detach()
+
+
 def run_floor(
     model: torch.nn.Module,
     loader: DataLoader,
@@ -135,24 +146,6 @@ def run_floor(
     from tensorboard.summary.writer.record_writer import RecordWriter
     from tqdm import tqdm
 
-    class Task(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-            self.metrics: dict[str, torch.Tensor] = {}
-
-        def log(self, name: str, value: torch.Tensor) -> None:
-            self.metrics[name] = value.detach()
-
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            x, y = batch
-            if lookups:
-                loss = self.model.loss(self.model(x), y)
-            else:
-                loss = model.loss(model(x), y)  # type: ignore[operator]
-            self.log("train/loss", loss)
-            return loss
-
     class Bar:
         def __init__(self, total: int) -> None:
             self.bar = tqdm(total=total, mininterval=min_interval_s)
@@ -169,7 +162,7 @@ def run_floor(
         def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
             return None
 
-    task, opt = Task(), make_optimizer(model)
+    task, opt = wrapped(_FloorTask, model, lookups=lookups), make_optimizer(model)
     task.train()
     callbacks = (Bar(len(loader)), Checkpoint())
     global_step, should_stop = 0, False

@@ -180,6 +180,7 @@ def test_sync_dist_reduces_the_step_value_at_once_over_the_group_and_never_with_
         return t * 3 / 2 if op == "mean" else t * 2
 
     store = MetricStore(reduce)
+    store.fx = "training_step"
     store.set_batch(torch.zeros(2, 1))
     store.log("m", torch.tensor(2.0), sync_dist=True, on_step=True, on_epoch=True)
     store.log("s", torch.tensor(2.0), sync_dist=True, reduce_fx="max", sync_dist_group="g")

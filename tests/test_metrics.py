@@ -89,6 +89,7 @@ def test_metric_object_in_test_equals_hand_accuracy():
 
 def test_step_values_are_written_only_in_the_batch_that_logged_them():
     store = MetricStore(lambda t, op: t)
+    store.fx = "training_step"
     store.set_batch(torch.zeros(2, 1))
     store.log("a", torch.tensor(1.0))
     store.log("b", torch.tensor(2.0), on_epoch=True)
@@ -103,9 +104,11 @@ def test_step_values_are_written_only_in_the_batch_that_logged_them():
 
 def test_progress_bar_shows_train_step_values_and_last_epoch_values_of_every_stage():
     store = MetricStore(lambda t, op: t)
+    store.fx = "training_step"
     store.set_batch(torch.zeros(4, 1))
     store.log("loss", torch.tensor(1.5), prog_bar=True)
     store.reset("val")
+    store.fx = "validation_step"
     store.set_batch(torch.zeros(4, 1))
     store.log("val/acc", torch.tensor(0.25), prog_bar=True)
     store.epoch_end()
@@ -115,6 +118,7 @@ def test_progress_bar_shows_train_step_values_and_last_epoch_values_of_every_sta
 
 def test_logged_values_stay_tensors_on_device_until_written():
     store = MetricStore(lambda t, op: t)
+    store.fx = "training_step"
     store.set_batch(torch.zeros(3, 1))
     value = torch.tensor(2.0, requires_grad=True) * 1
     store.log("x", value, on_epoch=True)
@@ -132,6 +136,7 @@ def test_sync_dist_reduces_sum_and_weight_at_epoch_end():
         return t * 2
 
     store = MetricStore(fake_reduce)
+    store.fx = "training_step"
     store.set_batch(torch.zeros(2, 1))
     store.log("m", torch.tensor(3.0), on_epoch=True, on_step=False, sync_dist=True)
     store.set_batch(torch.zeros(1, 1))
@@ -143,6 +148,7 @@ def test_sync_dist_reduces_sum_and_weight_at_epoch_end():
 
 def test_log_errors_name_the_problem():
     store = MetricStore(lambda t, op: t)
+    store.fx = "training_step"
     with pytest.raises(TaskError, match="shape"):
         store.log("v", torch.ones(3))
     with pytest.raises(TaskError, match="got str"):

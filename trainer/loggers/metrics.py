@@ -10,6 +10,7 @@ import torch
 
 from strategies.batch import batch_size_of
 from trainer.errors import TaskError, check_choice
+from trainer.loggers.log_rules import RULES, Rule, epoch_only, refusal
 
 REDUCE_FX = ("mean", "sum", "max", "min")
 
@@ -21,7 +22,7 @@ def is_metric(value: Any) -> bool:
 
 @dataclass
 class _Entry:
-    name: str
+    name: str  # the key: the logged name and, with several evaluation loaders, the loader's suffix
     on_step: bool
     on_epoch: bool
     prog_bar: bool
@@ -34,6 +35,11 @@ class _Entry:
     weight: int = 0
     step_value: torch.Tensor | None = None
     step_batch: int = field(default=-1)  # the batch (MetricStore._batch_no) in which step_value was logged
+    suffix: str = ""  # "/dataloader_idx_N" with several evaluation loaders (at the end of the key)
+
+    def forked(self, fork: str) -> str:
+        """The key of the step ("_step") or epoch ("_epoch") value: Lightning puts the fork before the suffix."""
+        return self.name[: len(self.name) - len(self.suffix)] + fork + self.suffix
 
 
 class MetricStore:
@@ -47,7 +53,9 @@ class MetricStore:
         self._stages: dict[str, dict[str, _Entry]] = {"train": {}}
         self.callback_metrics: dict[str, torch.Tensor] = {}
         self.stage = "train"
-        self.in_epoch_hook = False  # logging from on_*_epoch_end defaults to on_epoch=True
+        self._fx: str | None = None  # the step or hook running now (trainer/loggers/log_rules.py)
+        self._rule: Rule | None = None
+        self._opened: str | None = None  # the stage whose run open_run started and no epoch has yet
         self.dataloader_suffix = ""
         self._batch: Any = None
         self._batch_size: int | None = None
@@ -59,10 +67,32 @@ class MetricStore:
     def entries(self) -> dict[str, _Entry]:
         return self._stages[self.stage]
 
+    @property
+    def fx(self) -> str | None:
+        """The step or hook running now, which decides where self.log records (None: none of the Trainer's)."""
+        return self._fx
+
+    @fx.setter
+    def fx(self, name: str | None) -> None:
+        self._fx, self._rule = name, RULES.get(name) if name is not None else None
+
     def reset(self, stage: str) -> None:
         """Start a new epoch of `stage`, dropping that stage's previous aggregates (others are kept)."""
         self.stage = stage
         self._stages[stage] = {}
+        self._opened = None
+
+    def open_run(self, stage: str) -> None:
+        """A run of `stage` starts (fit's on_train_start follows): what it logs joins the first epoch."""
+        self.reset(stage)
+        self._opened = stage
+
+    def start_epoch(self, stage: str) -> None:
+        """An epoch of `stage` starts: drop the previous epoch's values, not what its run's start logged."""
+        if self._opened == stage:
+            self.stage, self._opened = stage, None
+        else:
+            self.reset(stage)
 
     def switch(self, stage: str) -> None:
         """Continue logging into `stage` (back to training after a mid-epoch validation)."""
@@ -102,10 +132,15 @@ class MetricStore:
             if not isinstance(reduce_fx, str):
                 reduce_fx = getattr(reduce_fx, "__name__", str(reduce_fx))
             check_choice("reduce_fx", reduce_fx, REDUCE_FX)
-        if on_step is None or on_epoch is None:
-            training = self.stage == "train" and not self.in_epoch_hook
-            on_step = training if on_step is None else on_step
-            on_epoch = (not training) if on_epoch is None else on_epoch
+        rule = self._rule
+        if rule is None:
+            raise TaskError(refusal(name, self._fx))
+        if on_step is None:
+            on_step = rule.on_step
+        if on_epoch is None:
+            on_epoch = rule.on_epoch
+        if not rule.batch and (on_step or not on_epoch):
+            raise TaskError(epoch_only(name, self._fx or "", on_step, on_epoch))
         suffix = self.dataloader_suffix
         key = name + suffix if suffix and add_dataloader_idx else name
         entries = self._stages[self.stage]
@@ -118,8 +153,9 @@ class MetricStore:
                 )
             sync = sync_dist and not rank_zero_only
             entry = entries[key] = _Entry(
-                key, on_step, on_epoch, prog_bar, logger is not False, sync, reduce_fx, sync_dist_group
-            )
+                key, on_step, on_epoch, prog_bar, logger is not False, sync, reduce_fx, sync_dist_group,
+                suffix=suffix if add_dataloader_idx else "",
+            )  # fmt: skip
         if isinstance(value, torch.Tensor) and value.ndim == 0:  # the common case: a loss
             value = value.detach()
         elif is_metric(value):
@@ -136,7 +172,10 @@ class MetricStore:
             step_value = self._sync(value, reduce_fx, entry.group) if entry.sync_dist else value
             entry.step_value = step_value
             entry.step_batch = self._batch_no
-            self.callback_metrics[key + ("_step" if on_epoch else "")] = step_value
+            if self.stage == "train":  # as Lightning: callbacks see training's step values, under the name
+                self.callback_metrics[key] = step_value  # too until the epoch's value replaces it; never an
+                if on_epoch:  # evaluation's (they reach the loggers only)
+                    self.callback_metrics[entry.forked("_step")] = step_value
         if on_epoch and entry.metric is None:
             self._accumulate(entry, value, batch_size)
 
@@ -179,7 +218,7 @@ class MetricStore:
     def step_metrics(self) -> dict[str, torch.Tensor]:
         """The step values logged during the current batch and meant for loggers (still tensors)."""
         return {
-            e.name + ("_step" if e.on_epoch else ""): e.step_value
+            (e.forked("_step") if e.on_epoch else e.name): e.step_value
             for e in self.entries.values()
             if e.on_step and e.logger and e.step_value is not None and e.step_batch == self._batch_no
         }
@@ -203,7 +242,7 @@ class MetricStore:
                 value = total / weight
             else:
                 value = self._sync(e.total, e.reduce_fx, e.group) if e.sync_dist else e.total
-            key = e.name + ("_epoch" if e.on_step else "")
+            key = e.forked("_epoch") if e.on_step else e.name
             self.callback_metrics[key] = value
             self.callback_metrics[e.name] = value
             if e.logger:
@@ -218,9 +257,9 @@ class MetricStore:
                 if not e.prog_bar:
                     continue
                 if e.on_step and stage in ("train", self.stage) and e.step_value is not None:
-                    out[e.name + ("_step" if e.on_epoch else "")] = e.step_value
+                    out[e.forked("_step") if e.on_epoch else e.name] = e.step_value
                 if e.on_epoch:
-                    key = e.name + ("_epoch" if e.on_step else "")
+                    key = e.forked("_epoch") if e.on_step else e.name
                     if key in self.callback_metrics:
                         out[key] = self.callback_metrics[key]
         return out

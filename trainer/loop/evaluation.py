@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer.loggers.reporting import finalize_loggers, log_metrics, log_stage_start
+from trainer.loop.hooks import run_as
 from trainer.loop.signals import check_stop
 from trainer.loop.transfer import to_device
 from trainer.seed import get_rng_state
@@ -46,7 +47,7 @@ def run_eval(t: Trainer, phase: str, limit: int | None = None) -> Any:
     custom = hooks.custom
     modes = [(m, m.training) for m in task.modules()]  # every submodule's own mode, restored afterwards
     if f"on_{prefix}_model_eval" in custom:
-        getattr(task, f"on_{prefix}_model_eval")()
+        run_as(t, f"on_{prefix}_model_eval", getattr(task, f"on_{prefix}_model_eval"))
     else:
         task.eval()
     store.reset(phase)
@@ -62,6 +63,7 @@ def run_eval(t: Trainer, phase: str, limit: int | None = None) -> Any:
     start_rng = get_rng_state() if agree else None  # a stop inside this validation checkpoints this moment
     # inside fit, validation's tensors may meet training's later: no_grad there, as Lightning does
     standalone = t.config.inference_mode and t.state.stage != "fit"
+    store.fx = step_name  # self.log's rules inside an evaluation batch (trainer/loggers/log_rules.py)
     with torch.inference_mode() if standalone else torch.no_grad():
         for dl_idx, (loader, n) in enumerate(zip(loaders, sizes)):
             store.dataloader_suffix = f"/dataloader_idx_{dl_idx}" if multi else ""
@@ -79,22 +81,26 @@ def run_eval(t: Trainer, phase: str, limit: int | None = None) -> Any:
                 if phase == "predict":
                     outputs.append(out)
                 hooks.call(f"on_{prefix}_batch_end", out, batch, batch_idx, *extra)
+                if phase != "predict" and not t.state.sanity_checking:  # step values go to the loggers, at
+                    seen = t.session.eval_batches  # type: ignore[union-attr]  # the batches this loader ran
+                    done = seen.get((phase, dl_idx), 0)  # since its data was loaded (Lightning's step here)
+                    log_metrics(t, store.step_metrics(), step=done)
+                    seen[(phase, dl_idx)] = done + 1
                 if agree > 0:
                     agree -= 1
                     check_stop(t, start_rng)
             predictions.append(outputs)
     store.dataloader_suffix = ""
-    store.in_epoch_hook = True
+    store.fx = None
     hooks.call(f"on_{prefix}_epoch_end")
     logged = store.epoch_end()
-    store.in_epoch_hook = False
     results: list[dict[str, float]] = []
     if not t.state.sanity_checking:
         log_metrics(t, logged)
         results = _per_loader({k: float(v) for k, v in logged.items()}, len(loaders))
     hooks.call(f"on_{prefix}_end")
     if f"on_{prefix}_model_train" in custom:
-        getattr(task, f"on_{prefix}_model_train")()
+        run_as(t, f"on_{prefix}_model_train", getattr(task, f"on_{prefix}_model_train"))
     else:  # as Lightning: each submodule back to its own mode (a frozen BatchNorm stays in eval)
         for module, training in modes:
             module.training = training

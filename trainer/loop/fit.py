@@ -22,6 +22,7 @@ from trainer.loggers.reporting import finalize_loggers, log_metrics, log_stage_s
 from trainer.loop.closure import Closure
 from trainer.loop.data import SkipBatchSampler, rebuild, rebuildable, set_epoch
 from trainer.loop.evaluation import run_eval
+from trainer.loop.hooks import run_as
 from trainer.loop.optim import StepClosure, step_schedulers
 from trainer.loop.signals import check_stop
 from trainer.loop.transfer import to_device
@@ -62,6 +63,7 @@ def fit(t: Trainer) -> None:
     if state.resume_rng is not None and state.batch_in_epoch == 0:  # resuming at an epoch boundary
         set_rng_state(state.resume_rng)
         state.resume_rng = None
+    t.metric_store.open_run("train")  # what on_train_start logs joins the first epoch's aggregates
     hooks.call("on_train_start")
     _warn_if_no_steps(t)
     while not _done(t):
@@ -85,7 +87,7 @@ def train_epoch(t: Trainer) -> None:
     timed = _val_check_seconds(t)  # a wall-time val_check_interval: validate once it has passed
     set_epoch(t.train_dataloader, state.epoch)
     state.phase = "train"
-    store.reset("train")
+    store.start_epoch("train")
     if state.batch_in_epoch == 0:  # as Lightning: a run resumed inside an epoch does not start it again
         hooks.call("on_train_epoch_start")
     cfg = t.config  # again after the hook: GradientAccumulationScheduler may have changed it
@@ -112,6 +114,7 @@ def train_epoch(t: Trainer) -> None:
     # without reading, and random draws in the data set then keep their order for bit-identical resume.
     ahead = not known or not _map_style(t.train_dataloader)
     nxt = next(batches, _END) if ahead and (not known or start < n) else None
+    store.fx = "training_step"  # self.log's rules inside a training batch (trainer/loggers/log_rules.py)
     while True:
         batch_idx += 1
         if known:
@@ -198,11 +201,10 @@ def train_epoch(t: Trainer) -> None:
     state.epoch_finished = cut or out_of_data
     if state.epoch_finished and not cut and _should_validate(t) and (timed is None or _time_due(t, timed)):
         _validate(t, state.batch_in_epoch, k)
-    store.in_epoch_hook = True
+    store.fx = None  # the training batches are over
     hooks.call("on_train_epoch_end", monitoring=False)  # the task and plain callbacks may still log
     log_metrics(t, store.epoch_end())  # so that checkpointing and early stopping see the aggregates
     hooks.call("on_train_epoch_end", monitoring=True)
-    store.in_epoch_hook = False
     if not state.epoch_finished:  # stopped inside the epoch: a resume continues it
         return
     if automatic:  # the plateau schedulers after the epoch's metrics (under manual the task steps them)
@@ -217,10 +219,11 @@ def _validate(t: Trainer, done: int, k: int) -> None:
     t.session.load("val")  # type: ignore[union-attr]
     if t.task.automatic_optimization is False or done % k == 0:  # type: ignore[union-attr]
         if "on_validation_model_zero_grad" in t.hooks.custom:
-            t.task.on_validation_model_zero_grad()  # type: ignore[union-attr]
+            run_as(t, "on_validation_model_zero_grad", t.task.on_validation_model_zero_grad)  # type: ignore[union-attr]
         else:
             t.task.zero_grad()  # type: ignore[union-attr]
     run_eval(t, "val")
+    t.metric_store.fx = "training_step"  # back inside the training batch
     t.session.last_val_time = time.monotonic()  # type: ignore[union-attr]
 
 

@@ -209,6 +209,7 @@ class Hooks:
             self._table[hook.name] = (every + own, plain, [fn for m, fn in cbs if m])
         # the task's own versions of Lightning's overridable methods (optimizer_step, backward, ...)
         self.custom = frozenset(n for n in DEFAULTS if task is not None and overrides(task, n))
+        self._trainer = trainer
         self.transfer: dict[str, Any] = {}  # who runs each batch-transfer hook (loop/transfer.py), per stage
 
     def __contains__(self, name: str) -> bool:
@@ -236,12 +237,26 @@ class Hooks:
         groups = self._table.get(name)
         if groups is None:
             return None
-        out = None
-        for fn in groups[0 if monitoring is None else 2 if monitoring else 1]:
-            result = fn(*args)
-            if result is not None:
-                out = result
-        return out
+        fns = groups[0 if monitoring is None else 2 if monitoring else 1]
+        store = getattr(self._trainer, "metric_store", None)
+        if store is None:
+            return _call_all(fns, *args)
+        running, store.fx = store.fx, name  # self.log's rules are the hook's (trainer/loggers/log_rules.py)
+        try:
+            return _call_all(fns, *args)
+        finally:
+            store.fx = running
+
+
+def run_as(t: Any, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)`, a method of Lightning's that the loop calls directly (configure_optimizers, a batch-transfer
+    hook, lr_scheduler_step, ...), with self.log's rules of `name` while it runs."""
+    store = t.metric_store
+    running, store.fx = store.fx, name
+    try:
+        return fn(*args)
+    finally:
+        store.fx = running
 
 
 def _call_each(fns: tuple[Callable[..., Any], ...], *args: Any) -> None:

@@ -10,6 +10,7 @@ import torch
 
 from strategies.base import is_plain
 from trainer.errors import ConfigError, TaskError
+from trainer.loop.hooks import run_as
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -115,7 +116,7 @@ def step_schedulers(trainer: Trainer, interval: str, plateau: bool | None = None
 
 def _step_one(trainer: Trainer, scheduler: Any, metric: Any) -> None:
     if "lr_scheduler_step" in trainer.hooks.custom:
-        trainer.task.lr_scheduler_step(scheduler, metric)  # type: ignore[union-attr]
+        run_as(trainer, "lr_scheduler_step", trainer.task.lr_scheduler_step, scheduler, metric)  # type: ignore[union-attr]
     elif metric is None:
         scheduler.step()
     else:

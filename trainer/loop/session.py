@@ -18,7 +18,7 @@ from trainer.loggers import agree_versions
 from trainer.loggers.reporting import finalize_loggers
 from trainer.loop.batch_indices import track_indices
 from trainer.loop.data import num_batches, with_worker_seeding
-from trainer.loop.hooks import Hooks, overrides
+from trainer.loop.hooks import Hooks, overrides, run_as
 from trainer.loop.optim import TaskOptimizer, check_optimizers, parse_optimizers
 from trainer.loop.reinit import recording_init_args
 from trainer.loop.signals import StopSignals
@@ -54,6 +54,7 @@ class Session:
         self.uncompile: Callable[[], None] | None = None
         self.recompiles: RecompileWatch | None = None
         self.restoring: checkpoint.Restoring | None = None
+        self.eval_batches: dict[tuple[str, int], int] = {}  # (phase, loader) -> batches run since it loaded
         self.last_val_time = (
             0.0  # time.monotonic() of the last validation in fit (a time-based val_check_interval)
         )
@@ -95,7 +96,7 @@ class Session:
             dm.setup(stage)
         t.hooks.call("setup", stage)
         if "configure_model" in t.hooks.custom:
-            task.configure_model()
+            run_as(t, "configure_model", task.configure_model)
         t.strategy.setup(task)
         t.loaders, t.loader_sizes = {}, {}
         self._check_data()
@@ -107,7 +108,9 @@ class Session:
             checkpoint.prepare_restore(t, path, stage, self.weights_only) if path is not None else None
         )
         if stage == "fit":
-            t.optimizers, t.lr_scheduler_configs = parse_optimizers(task.configure_optimizers())
+            t.optimizers, t.lr_scheduler_configs = parse_optimizers(
+                run_as(t, "configure_optimizers", task.configure_optimizers)
+            )
             check_optimizers(t.optimizers, task.automatic_optimization, t.config.accumulate_grad_batches)
             if not task.automatic_optimization and t.config.gradient_clip_val:  # Lightning refuses it too
                 raise TaskError(
@@ -135,6 +138,7 @@ class Session:
         """`phase`'s loaders, asked for once, when the loop first needs them (as Lightning asks)."""
         t = self.t
         if phase not in t.loaders:
+            self.eval_batches = {k: n for k, n in self.eval_batches.items() if k[0] != phase}
             if phase == "train":
                 self._load_train()
             else:
@@ -205,6 +209,7 @@ class Session:
 
     def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> None:
         t = self.t
+        t.metric_store.fx = None  # no step runs any more
         try:
             if error is not None:
                 t.hooks.call("on_exception", error)

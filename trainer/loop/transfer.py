@@ -6,7 +6,7 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from trainer.loop.hooks import overrides
+from trainer.loop.hooks import overrides, run_as
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -39,13 +39,14 @@ def to_device(t: Trainer, batch: Any, dataloader_idx: int = 0) -> Any:
     if not owners:
         return strategy.batch_to_device(batch)
     if "on_before_batch_transfer" in owners:
-        batch = owners["on_before_batch_transfer"].on_before_batch_transfer(batch, dataloader_idx)
+        hook = owners["on_before_batch_transfer"].on_before_batch_transfer
+        batch = run_as(t, "on_before_batch_transfer", hook, batch, dataloader_idx)
     if "transfer_batch_to_device" in owners:
-        batch = owners["transfer_batch_to_device"].transfer_batch_to_device(
-            batch, strategy.root_device, dataloader_idx
-        )
+        hook = owners["transfer_batch_to_device"].transfer_batch_to_device
+        batch = run_as(t, "transfer_batch_to_device", hook, batch, strategy.root_device, dataloader_idx)
     else:
         batch = strategy.batch_to_device(batch)
     if "on_after_batch_transfer" in owners:
-        batch = owners["on_after_batch_transfer"].on_after_batch_transfer(batch, dataloader_idx)
+        hook = owners["on_after_batch_transfer"].on_after_batch_transfer
+        batch = run_as(t, "on_after_batch_transfer", hook, batch, dataloader_idx)
     return batch
