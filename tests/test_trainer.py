@@ -150,11 +150,16 @@ def test_validate_after_fit_reuses_the_task(tmp_path):
 
 
 def test_fit_validates_every_epoch_and_exposes_metrics(tmp_path):
+    from trainer.loggers import CSVLogger
+
     task = Net()
     t = trainer(tmp_path, max_epochs=3)
     t.fit(task, loader(), loader(4, seed=3))
     assert t.current_epoch == 3 and t.global_step == 6
     assert float(t.callback_metrics["val/loss"]) == pytest.approx(_mse(task, make_data(4, 3))[0], rel=1e-5)
+    assert t.logged_metrics == {}  # as Lightning: what reached a logger, and there is none
+    t = trainer(tmp_path, max_epochs=3, logger=CSVLogger(str(tmp_path)))
+    t.fit(Net(), loader(), loader(4, seed=3))
     assert t.logged_metrics["val/loss"] == pytest.approx(float(t.callback_metrics["val/loss"]))
 
 

@@ -8,7 +8,7 @@ import inspect
 
 import pytest
 import torch
-from callback_tasks import QUIET
+from conftest import QUIET
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainer import Task, Trainer

@@ -18,11 +18,11 @@ def log_metrics(t: Trainer, metrics: dict[str, torch.Tensor], step: int | None =
     """Send metrics to the loggers (rank 0, not during the sanity check); one host copy per device. The step
     is Lightning's: inside fit the optimizer steps taken before the current one (global_step - 1 after a
     step), else global_step; without a `step` "epoch" is added as an int unless the task logged its own."""
-    if not metrics:
-        return
+    if not metrics or not t.loggers:  # as Lightning: logged_metrics holds what went to a logger (and
+        return  # without one nothing is converted: no host copy)
     values: dict[str, float | int] = {k: float(v) for k, v in to_floats(metrics).items()}
     t.logged_metrics.update(values)
-    if t.loggers and t.is_global_zero and not t.state.sanity_checking:
+    if t.is_global_zero and not t.state.sanity_checking:
         if step is None:
             values.setdefault("epoch", t.state.epoch)
             step = t.state.global_step
