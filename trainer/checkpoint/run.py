@@ -80,9 +80,10 @@ class Restoring:
 
 def prepare_restore(t: Trainer, path: str, stage: str, weights_only: bool = True) -> Restoring:
     """Read `path` ("best", "last", a file or a directory; a file as plain data unless `weights_only` is
-    False) and restore what Lightning restores before the optimizers exist: the task's on_load_checkpoint (which may rename or drop keys of
-    checkpoint["state_dict"]), then the weights, the DataModule's state, the callbacks' on_load_checkpoint
-    and their states (a finetuning callback rebuilds its parameter groups from them in on_fit_start)."""
+    False) and restore what Lightning restores before the optimizers exist: the task's on_load_checkpoint
+    (which may rename or drop keys of checkpoint["state_dict"]), then the weights, the DataModule's state,
+    the callbacks' on_load_checkpoint and their states (a finetuning callback rebuilds its parameter groups
+    from them in on_fit_start)."""
     path = _existing(resolve_path(t, path))
     check_same_file_everywhere(t, path)
     task, io = t.task, checkpoint_io(t.strategy)

@@ -238,14 +238,9 @@ class Hooks:
         if groups is None:
             return None
         fns = groups[0 if monitoring is None else 2 if monitoring else 1]
-        store = getattr(self._trainer, "metric_store", None)
-        if store is None:
+        if getattr(self._trainer, "metric_store", None) is None:  # a dispatcher without a trainer
             return _call_all(fns, *args)
-        running, store.fx = store.fx, name  # self.log's rules are the hook's (trainer/loggers/log_rules.py)
-        try:
-            return _call_all(fns, *args)
-        finally:
-            store.fx = running
+        return run_as(self._trainer, name, _call_all, fns, *args)  # with self.log's rules of the hook
 
 
 def run_as(t: Any, name: str, fn: Callable[..., Any], *args: Any) -> Any:
