@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.loop.hooks import CALLBACK, add_hook_stubs
+from tandem_core.hooks import CALLBACK, add_hook_stubs
 
 
 class Callback:
@@ -49,7 +49,7 @@ def check_state_keys(callbacks: list[Callback]) -> None:
             continue  # keeps no state: nothing to mix up
         other = seen.setdefault(cb.state_key, cb)
         if other is not cb:
-            from trainer.errors import ConfigError
+            from tandem_core.errors import ConfigError
 
             raise ConfigError(
                 f"two callbacks save their state under the same key {cb.state_key!r}: {other!r} and {cb!r}; "

@@ -20,7 +20,7 @@ from callbacks.checkpoint_names import (
 )
 from callbacks.checkpoint_schedule import SaveSchedule
 from callbacks.monitor import Monitor, at_train_epoch_end, fitting, rank_zero_decides
-from trainer.errors import ConfigError
+from tandem_core.errors import ConfigError
 
 if TYPE_CHECKING:
     from trainer.task.base import Task

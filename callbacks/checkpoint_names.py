@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 
-from trainer.errors import ConfigError
+from tandem_core.errors import ConfigError
 
 _FIELD = re.compile(r"\{([^{}:]+)(?::([^{}]*))?\}")
 _LAST = re.compile(r"(last(?:-v\d+)?\.ckpt)(\.old-[0-9a-f]{12})?")

@@ -9,7 +9,7 @@ from callbacks.checkpoint import ModelCheckpoint
 from callbacks.model_summary import ModelSummary
 from callbacks.progress import ProgressBar, TQDMProgressBar
 from callbacks.timer import Timer
-from trainer.errors import ConfigError
+from tandem_core.errors import ConfigError
 
 if TYPE_CHECKING:
     from trainer.options import TrainerConfig

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from callbacks.base import Callback
-from trainer.errors import ConfigError, MissingExtraError
+from tandem_core.errors import ConfigError, MissingExtraError
 
 if TYPE_CHECKING:
     from trainer.task.base import Task

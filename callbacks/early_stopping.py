@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Callback
 from callbacks.monitor import Monitor, any_rank_wants, at_train_epoch_end, fitting
-from trainer.errors import ConfigError
+from tandem_core.errors import ConfigError
 
 if TYPE_CHECKING:
     from trainer.task.base import Task

@@ -13,7 +13,7 @@ from torch.nn import Module, ModuleDict
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from callbacks.base import Callback
-from trainer.errors import ConfigError
+from tandem_core.errors import ConfigError
 
 if TYPE_CHECKING:
     from trainer.task.base import Task

@@ -6,8 +6,8 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Callback
-from trainer.errors import ConfigError
-from trainer.loop.hooks import overrides
+from tandem_core.errors import ConfigError
+from tandem_core.hooks import overrides
 
 if TYPE_CHECKING:
     from trainer.task.base import Task

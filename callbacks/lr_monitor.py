@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from callbacks.base import Callback
-from trainer.errors import ConfigError, check_choice
+from tandem_core.errors import ConfigError, check_choice
 
 if TYPE_CHECKING:
     from trainer.task.base import Task

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from trainer.errors import ConfigError, check_choice
+from tandem_core.errors import ConfigError, check_choice
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer

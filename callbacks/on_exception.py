@@ -6,7 +6,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Checkpoint
-from trainer.errors import ConfigError
+from tandem_core.errors import ConfigError
 
 if TYPE_CHECKING:
     from trainer.task.base import Task

@@ -13,7 +13,7 @@ import torch.nn.utils.prune as pytorch_prune
 from torch import Tensor, nn
 
 from callbacks.base import Callback
-from trainer.errors import ConfigError
+from tandem_core.errors import ConfigError
 
 if TYPE_CHECKING:
     from trainer.task.base import Task

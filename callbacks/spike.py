@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from callbacks.base import Callback
-from trainer.errors import ConfigError, TandemError, check_choice
+from tandem_core.errors import ConfigError, TandemError, check_choice
 
 if TYPE_CHECKING:
     from trainer.task.base import Task
@@ -98,7 +98,7 @@ class SpikeDetection(Callback):
         if trainer.is_global_zero:
             path = str(self.exclude_batches_path)
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            from trainer.fileio import atomic_write
+            from tandem_core.fileio import atomic_write
 
             atomic_write(path, json.dumps(self.bad_batches, indent=4))
         raise TrainingSpikeException(batch_idx=batch_idx)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Callback
 from callbacks.monitor import rank_zero_decides
-from trainer.errors import ConfigError, check_choice
+from tandem_core.errors import ConfigError, check_choice
 
 if TYPE_CHECKING:
     from trainer.task.base import Task

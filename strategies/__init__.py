@@ -13,7 +13,7 @@ from strategies.comm import Comm
 from strategies.parallel import ParallelStrategy
 from strategies.precision import Precision
 from strategies.single import SingleDeviceStrategy
-from trainer.errors import ConfigError
+from tandem_core.errors import ConfigError
 
 # name -> ("module:Class", constructor arguments); imported on demand so that `import trainer` stays fast.
 STRATEGIES: dict[str, tuple[str, dict[str, Any]]] = {

@@ -23,7 +23,7 @@ import uuid
 
 import torch.distributed as dist
 
-from trainer.errors import DistributedError
+from tandem_core.errors import DistributedError
 
 KEY = "tandem/attempt"
 POLL_S = 0.05

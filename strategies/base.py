@@ -20,7 +20,7 @@ import torch
 from strategies.batch import move_to_device, mover
 from strategies.comm import Comm
 from strategies.precision import Precision
-from trainer.errors import ConfigError
+from tandem_core.errors import ConfigError
 
 if TYPE_CHECKING:
     from strategies.fork import ForkStart

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from trainer.errors import DistributedError, check_choice
+from tandem_core.errors import DistributedError, check_choice
 
 REDUCE_OPS = ("sum", "mean", "max", "min")
 # what gloo (and the c10d store) say when a peer's connection ends: the peer died or its node left

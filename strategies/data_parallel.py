@@ -20,7 +20,7 @@ from strategies.parallel import ParallelStrategy
 from strategies.precision import Precision
 from strategies.replicate import Replicas, tensors_in
 from strategies.single import pick_device
-from trainer.errors import ConfigError, TaskError
+from tandem_core.errors import ConfigError, TaskError
 
 if TYPE_CHECKING:
     from trainer.task.base import Task

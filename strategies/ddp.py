@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from strategies.precision import Precision
 from strategies.process_group import ProcessGroupStrategy, ShardSampler
-from trainer.errors import check_choice
+from tandem_core.errors import check_choice
 
 if TYPE_CHECKING:
     from strategies.compiled import BucketSplits

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.errors import ConfigError, DistributedError
+from tandem_core.errors import ConfigError, DistributedError
 
 if TYPE_CHECKING:
     from strategies.process_group import ProcessGroupStrategy

@@ -13,8 +13,8 @@ import torch
 from strategies.fsdp_wrap import check_supported, resolve_classes, shard_task
 from strategies.precision import Precision
 from strategies.process_group import ProcessGroupStrategy
+from tandem_core.errors import CheckpointError, ConfigError, TaskError
 from trainer.checkpoint.io import ShardedCheckpointIO
-from trainer.errors import CheckpointError, ConfigError, TaskError
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh

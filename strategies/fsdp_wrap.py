@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from trainer.errors import ConfigError, DistributedError
+from tandem_core.errors import ConfigError, DistributedError
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh

@@ -13,7 +13,7 @@ import uuid
 from typing import Any, NoReturn
 
 from strategies import slurm
-from trainer.errors import ConfigError
+from tandem_core.errors import ConfigError
 
 _RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 

@@ -8,7 +8,7 @@ import os
 import socket
 import struct
 
-from trainer.errors import DistributedError
+from tandem_core.errors import DistributedError
 
 _SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
 

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from strategies.base import Strategy
-from trainer.views import view
+from tandem_core.views import view
 
 
 class ParallelStrategy(Strategy):

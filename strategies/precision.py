@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from trainer.errors import ConfigError, check_choice
+from tandem_core.errors import ConfigError, check_choice
 
 # Lightning's names and their short aliases.
 _ALIASES = {

@@ -22,7 +22,7 @@ from strategies.parallel import ParallelStrategy
 from strategies.precision import Precision
 from strategies.sharding import ShardSampler, shard_loader  # noqa: F401 (ShardSampler: re-exported)
 from strategies.syncbn import convert_sync_batchnorm
-from trainer.errors import ConfigError
+from tandem_core.errors import ConfigError
 
 
 def _unpin_default_group() -> None:

@@ -15,7 +15,7 @@ from torch import nn
 
 from strategies.autotune import AUTO_ITERATIONS, AUTO_MIN_GAIN, TRIAL_ITERATIONS, AutoTuner
 from strategies.buckets import AutoBuckets, BucketLayout, BucketStats, assign_buckets
-from trainer.errors import DistributedError
+from tandem_core.errors import DistributedError
 
 __all__ = [
     "AUTO_ITERATIONS",

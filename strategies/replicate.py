@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from strategies.batch import apply_to_tensors
-from trainer.errors import TaskError
+from tandem_core.errors import TaskError
 from trainer.loggers.metrics import is_metric
 
 if TYPE_CHECKING:

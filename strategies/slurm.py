@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 
-from trainer.errors import ConfigError
+from tandem_core.errors import ConfigError
 
 INTERACTIVE_NAMES = ("bash", "interactive")
 _COUNT = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")

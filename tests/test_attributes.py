@@ -12,8 +12,8 @@ from pytorch_lightning import LightningModule
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from tandem_core.errors import TaskError
 from trainer import Task, Trainer
-from trainer.errors import TaskError
 
 #: names Tandem refuses when used, and a word of the error that says what to use instead
 REFUSED = {"to_tensorrt": "torch_tensorrt", "configure_sharded_model": "configure_model"}

@@ -15,7 +15,7 @@ from strategies.buckets import BucketLayout
 from strategies.costmodel import LinkCost, buckets_for_cap, choose_buckets
 from strategies.ddp import DDPStrategy
 from strategies.reducer import AUTO_ITERATIONS, AUTO_MIN_GAIN, TRIAL_ITERATIONS, Reducer
-from trainer.errors import ConfigError, DistributedError
+from tandem_core.errors import ConfigError, DistributedError
 
 STEPS = AUTO_ITERATIONS + TRIAL_ITERATIONS + 1
 

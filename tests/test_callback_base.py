@@ -15,8 +15,8 @@ from callbacks import (
     OnExceptionCheckpoint,
     StochasticWeightAveraging,
 )
+from tandem_core.errors import ConfigError
 from trainer import Trainer
-from trainer.errors import ConfigError
 
 
 def test_two_callbacks_with_one_state_key_are_refused_naming_both():

@@ -10,8 +10,8 @@ from callback_tasks import Scored, loader
 from callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, ModelSummary, TQDMProgressBar
 from strategies.comm import Comm
 from strategies.single import SingleDeviceStrategy
+from tandem_core.errors import ConfigError
 from trainer import Trainer
-from trainer.errors import ConfigError
 from trainer.loggers import CSVLogger
 
 

@@ -22,8 +22,8 @@ from callbacks import (
     StochasticWeightAveraging,
 )
 from callbacks.spike import TrainingSpikeException
+from tandem_core.errors import ConfigError
 from trainer import Trainer, Tuner
-from trainer.errors import ConfigError
 
 pytestmark = pytest.mark.slow
 EPOCHS = 4

@@ -22,10 +22,10 @@ from helpers.checkpointing import CountingData, Net, run_fit
 from helpers.crafted import declare_size, deflated_bomb, point_item_at, tensor_bytes
 from torch.utils.data import DataLoader
 
+from tandem_core.errors import CheckpointError
 from trainer import Trainer
 from trainer.checkpoint.checks import FORMAT_VERSION
 from trainer.checkpoint.io import ShardedCheckpointIO, load
-from trainer.errors import CheckpointError
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -10,9 +10,9 @@ from conftest import FAST
 from helpers.checkpointing import Net, run_fit
 from torch import nn
 
+from tandem_core.errors import CheckpointError, TandemError
 from trainer import Trainer
 from trainer.checkpoint import io as ckpt_io
-from trainer.errors import CheckpointError, TandemError
 
 # ----- user mistakes -----------------------------------------------------------------------------
 

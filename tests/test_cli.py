@@ -140,7 +140,7 @@ def test_a_typo_from_the_real_command_line(tmp_path):
 
 
 def test_debug_shows_the_traceback():
-    from trainer.errors import ConfigError
+    from tandem_core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="did you mean 'max_epochs'"):
         main(["fit", "--config", config("single.yaml"), "--debug", "trainer.max_epoch=3"])

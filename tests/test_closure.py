@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from tandem_core.errors import ConfigError
 from tests.conftest import FAST
 from trainer import Task, Trainer
-from trainer.errors import ConfigError
 
 
 class SAM(torch.optim.Optimizer):

@@ -11,8 +11,8 @@ import pytest
 import torch
 from conftest import FAST
 
+from tandem_core.errors import ConfigError
 from trainer import Trainer
-from trainer.errors import ConfigError
 
 
 def comm(strategy: Any) -> Any:

@@ -14,8 +14,8 @@ from conftest import QUIET
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import Callback
+from tandem_core.errors import ConfigError
 from trainer import Task, Trainer
-from trainer.errors import ConfigError
 
 WIDTH, DEPTH = 256, 6
 

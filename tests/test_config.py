@@ -16,9 +16,9 @@ from config_fixtures import HERE, base
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tandem_core.errors import ConfigError
 from trainer import TandemError
 from trainer import config as C
-from trainer.errors import ConfigError
 from trainer.options import TrainerConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -15,9 +15,9 @@ import pytest
 import torch
 from config_fixtures import HERE, Counter, TinyData, TinyTask, base
 
+from tandem_core.errors import ConfigError
 from trainer import Trainer
 from trainer import config as C
-from trainer.errors import ConfigError
 from trainer.options import TrainerConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -13,10 +13,10 @@ import pytest
 import torch
 import yaml
 
+from tandem_core.errors import ConfigError
 from tests.lightning_cli_fixtures import HERE
 from trainer import config as C
 from trainer.cli import lightning_options, main
-from trainer.errors import ConfigError
 
 pytest.importorskip("jsonargparse")
 from pytorch_lightning.cli import LightningCLI  # noqa: E402

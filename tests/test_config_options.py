@@ -10,8 +10,8 @@ import math
 import pytest
 from conftest import FAST
 
+from tandem_core.errors import ConfigError
 from trainer import Trainer
-from trainer.errors import ConfigError
 from trainer.options import OptionError, TrainerConfig
 
 

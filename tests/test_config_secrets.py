@@ -11,10 +11,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from tandem_core.errors import CheckpointError
 from trainer import DataModule, Task
 from trainer import config as C
 from trainer.cli import main
-from trainer.errors import CheckpointError
 
 HERE = __name__
 SECRET = "sk-live-0123456789abcdef"

@@ -16,10 +16,10 @@ import torch
 import yaml
 from config_fixtures import BUILT, HERE, base
 
+from tandem_core.errors import ConfigError
 from trainer import config as C
 from trainer.cli import main
 from trainer.config.types import slot_types
-from trainer.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -16,8 +16,8 @@ from torch.utils.data import (
     TensorDataset,
 )
 
+from tandem_core.errors import ConfigError
 from trainer import DataModule, Task, Trainer
-from trainer.errors import ConfigError
 from trainer.loop.data import SkipBatchSampler, num_batches, rebuild, rebuildable, set_epoch
 
 

@@ -14,8 +14,8 @@ from helpers.dp import CPU, MLP, assert_same, grads_of, make_data
 from torch.utils.data import DataLoader, TensorDataset
 
 from strategies.data_parallel import DataParallelStrategy, ReplicaError, gather, scatter
+from tandem_core.errors import ConfigError, TaskError
 from trainer import Task, Trainer
-from trainer.errors import ConfigError, TaskError
 
 
 # ----- scatter and gather -----------------------------------------------------------------------------

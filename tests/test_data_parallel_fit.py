@@ -14,8 +14,8 @@ from torch.utils.data import DataLoader
 
 from strategies import resolve_strategy
 from strategies.data_parallel import DataParallelStrategy
+from tandem_core.errors import ConfigError
 from trainer import Trainer
-from trainer.errors import ConfigError
 
 
 # ----- through the Trainer: same weights, logs, validation, prediction --------------------------------------

@@ -16,8 +16,8 @@ from conftest import QUIET
 from torch.utils.data import DataLoader
 
 from strategies.ddp import DDPStrategy, ShardSampler
+from tandem_core.errors import ConfigError
 from trainer import Task, Trainer
-from trainer.errors import ConfigError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "scripts", "ddp_train.py")

@@ -8,8 +8,8 @@ from callback_tasks import Scored, loader
 from conftest import FAST
 
 from callbacks import DeviceStatsMonitor
+from tandem_core.errors import ConfigError
 from trainer import Trainer
-from trainer.errors import ConfigError
 from trainer.loggers import Logger
 
 pytest.importorskip("psutil", reason="the stats extra: pip install 'tandem-trainer[stats]'")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tandem_core.errors import ConfigError
 from trainer import Trainer
 from trainer.devices import count, valid_form
-from trainer.errors import ConfigError
 
 pl = pytest.importorskip("pytorch_lightning")
 

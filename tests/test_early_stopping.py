@@ -11,8 +11,8 @@ from callback_tasks import QUIET, Scored, fit, loader
 from callbacks import EarlyStopping, ModelCheckpoint
 from strategies.comm import Comm
 from strategies.single import SingleDeviceStrategy
+from tandem_core.errors import ConfigError
 from trainer import Trainer
-from trainer.errors import ConfigError
 
 
 @pytest.mark.parametrize(

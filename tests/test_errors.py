@@ -9,8 +9,8 @@ from conftest import FAST
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from tandem_core.errors import CheckpointError, ConfigError, TaskError
 from trainer import TandemError, Task, Trainer
-from trainer.errors import CheckpointError, ConfigError, TaskError
 
 
 def data() -> DataLoader:

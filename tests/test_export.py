@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tandem_core.errors import TaskError
 from trainer import Task
-from trainer.errors import TaskError
 
 
 class Mlp(Task):

@@ -15,10 +15,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from tandem_core.errors import TaskError
 from tests.conftest import free_port
 from trainer import Task, Trainer
 from trainer.checkpoint import load
-from trainer.errors import TaskError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FT = os.path.join(HERE, "scripts", "ft_train.py")

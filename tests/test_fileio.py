@@ -13,7 +13,7 @@ import yaml
 
 import trainer.loggers.base as logger_base
 import trainer.loggers.csv_logs as csv_logs
-from trainer.fileio import atomic_write
+from tandem_core.fileio import atomic_write
 from trainer.loggers import CSVLogger
 
 

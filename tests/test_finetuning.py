@@ -11,7 +11,7 @@ from averaging_tasks import Regress, as_plain, assert_equal, fit, loader, state
 from torch import nn
 
 from callbacks import BackboneFinetuning, BaseFinetuning, LambdaCallback, ModelCheckpoint
-from trainer.errors import ConfigError
+from tandem_core.errors import ConfigError
 
 EPOCHS, UNFREEZE = 4, 1
 

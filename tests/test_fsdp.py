@@ -15,9 +15,9 @@ from torch.utils.data import DataLoader
 from callbacks import Callback, EarlyStopping
 from strategies.ddp import DDPStrategy
 from strategies.fsdp import FSDPStrategy
+from tandem_core.errors import ConfigError
 from tests.conftest import FAST, run_distributed
 from trainer import Trainer
-from trainer.errors import ConfigError
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts"))
 from fsdp_train import WIDTH, Block, Tower, full_state, make_data  # noqa: E402

@@ -14,10 +14,10 @@ from torch.utils.data import DataLoader
 
 from callbacks import Callback, ModelCheckpoint
 from strategies.fsdp import FSDPStrategy
+from tandem_core.errors import CheckpointError
 from tests.conftest import FAST, free_port, run_distributed
 from trainer import Trainer
 from trainer.checkpoint import load
-from trainer.errors import CheckpointError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "scripts", "fsdp_train.py")

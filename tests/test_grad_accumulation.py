@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from averaging_tasks import Regress, as_plain, assert_equal, fit, loader, state
 
 from callbacks import GradientAccumulationScheduler, LambdaCallback
-from trainer.errors import ConfigError
+from tandem_core.errors import ConfigError
 
 SCHEDULE, EPOCHS = {1: 2, 3: 4}, 4  # epoch 0 accumulates 1 (added, as Lightning does)
 

@@ -8,9 +8,10 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import Callback
+from tandem_core.hooks import CALLBACK, HOOKS, TASK, overrides
 from tests.conftest import FAST
 from trainer import Task, Trainer
-from trainer.loop.hooks import CALLBACK, HOOKS, TASK, Hooks, overrides
+from trainer.loop.hooks import Hooks
 
 
 class Tiny(Task):

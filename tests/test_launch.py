@@ -12,7 +12,7 @@ import pytest
 
 from strategies import launch, slurm
 from strategies.ddp import DDPStrategy
-from trainer.errors import ConfigError
+from tandem_core.errors import ConfigError
 
 TORCHRUN = {
     "RANK": "1",

@@ -9,8 +9,8 @@ import warnings
 import pytest
 import torch
 
+from tandem_core.errors import ConfigError
 from trainer import Trainer
-from trainer.errors import ConfigError
 from trainer.options import NONE_IS_DEFAULT, TrainerConfig
 from trainer.porting import LIGHTNING_STRATEGIES, LIGHTNING_VALUES
 

@@ -16,8 +16,8 @@ import torchmetrics
 from conftest import QUIET
 from torch.utils.data import DataLoader, TensorDataset
 
+from tandem_core.errors import TaskError
 from trainer import Task, Trainer
-from trainer.errors import TaskError
 from trainer.loggers.metrics import MetricStore
 
 pl = pytest.importorskip("pytorch_lightning")

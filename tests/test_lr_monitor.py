@@ -9,7 +9,7 @@ import torch
 from callback_tasks import Scored, fit
 
 from callbacks import LearningRateMonitor
-from trainer.errors import ConfigError
+from tandem_core.errors import ConfigError
 from trainer.loggers import CSVLogger
 
 

@@ -10,8 +10,8 @@ from helpers.regression import Regressor, assert_same_weights, dataset, make_net
 from torch import nn
 from torch.utils.data import DataLoader
 
+from tandem_core.errors import TaskError
 from trainer import Task, Trainer
-from trainer.errors import TaskError
 
 
 class Manual(Task):

@@ -9,8 +9,8 @@ import torchmetrics
 from conftest import QUIET
 from torch.utils.data import DataLoader, TensorDataset
 
+from tandem_core.errors import ConfigError, TaskError
 from trainer import Task, Trainer
-from trainer.errors import ConfigError, TaskError
 from trainer.loggers.metrics import MetricStore, to_floats
 
 

@@ -12,8 +12,8 @@ from callback_tasks import CountFiles, Scored, fit, loader
 from callbacks import Callback, ModelCheckpoint
 from callbacks.checkpoint_names import format_name, newest_last, parse_template, unique_path
 from callbacks.checkpoint_schedule import SaveSchedule
+from tandem_core.errors import ConfigError
 from trainer import Trainer
-from trainer.errors import ConfigError
 
 SCORES = [5.0, 3.0, 8.0, 1.0, 7.0, 2.0]
 

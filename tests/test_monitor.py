@@ -15,8 +15,8 @@ from torch.utils.data import DataLoader
 
 from callbacks import EarlyStopping, ModelCheckpoint
 from callbacks.monitor import Monitor, any_rank_wants, at_train_epoch_end, rank_zero_decides
+from tandem_core.errors import ConfigError
 from trainer import Trainer
-from trainer.errors import ConfigError
 
 
 def fake_trainer(**overrides):

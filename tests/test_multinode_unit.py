@@ -18,7 +18,7 @@ import torch.distributed as dist
 from strategies import attempt, multinode
 from strategies.comm import ProcessGroupComm
 from strategies.process_group import _attempt_store
-from trainer.errors import DistributedError
+from tandem_core.errors import DistributedError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TWO_NODES = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1", "RANK": "0", "MASTER_PORT": "29999"}
@@ -202,9 +202,9 @@ def _check_resume_file(rank: int, world: int, root: str) -> str:
     """Rank r resumes from root/node{r}/last.ckpt: one file per node, as on nodes without shared storage."""
     from types import SimpleNamespace
 
+    from tandem_core.errors import CheckpointError
     from trainer.checkpoint.io import atomic_save
     from trainer.checkpoint.run import check_same_file_everywhere
-    from trainer.errors import CheckpointError
 
     t = SimpleNamespace(strategy=SimpleNamespace(comm=ProcessGroupComm()))
     here = os.path.join(root, f"node{rank}")

@@ -10,8 +10,8 @@ from torch import nn
 from torch.optim.lr_scheduler import ReduceLROnPlateau, StepLR
 from torch.utils.data import DataLoader, TensorDataset
 
+from tandem_core.errors import ConfigError, TaskError
 from trainer import Task, Trainer
-from trainer.errors import ConfigError, TaskError
 from trainer.loop.optim import SchedulerConfig, parse_optimizers
 
 

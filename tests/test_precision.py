@@ -11,8 +11,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from strategies.precision import Precision
+from tandem_core.errors import ConfigError
 from trainer import Task, Trainer
-from trainer.errors import ConfigError
 
 FAST = dict(
     logger=False,

@@ -11,8 +11,8 @@ from conftest import FAST
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import BasePredictionWriter
+from tandem_core.errors import ConfigError
 from trainer import Task, Trainer
-from trainer.errors import ConfigError
 
 N = 22
 

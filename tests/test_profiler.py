@@ -10,8 +10,8 @@ import os
 import pytest
 import torch
 
+from tandem_core.errors import ConfigError
 from trainer import Task, Trainer
-from trainer.errors import ConfigError
 from trainer.profiler import PyTorchProfiler, SimpleProfiler
 
 

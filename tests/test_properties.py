@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader, TensorDataset
 
 from strategies.batch import apply_to_tensors, batch_size_of, move_to_device
+from tandem_core.errors import TandemError
 from trainer import Task, Trainer
-from trainer.errors import TandemError
 from trainer.options import NONE_IS_DEFAULT, OptionError, TrainerConfig
 
 ANY = st.one_of(

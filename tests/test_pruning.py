@@ -12,7 +12,7 @@ import torch.nn.utils.prune as prune
 from averaging_tasks import Regress, as_plain, assert_equal, fit, loader, state
 
 from callbacks import ModelCheckpoint, ModelPruning
-from trainer.errors import ConfigError
+from tandem_core.errors import ConfigError
 
 EPOCHS, AMOUNT = 3, 0.3
 

@@ -25,7 +25,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from strategies.reducer import AUTO_ITERATIONS, Reducer
-from trainer.errors import DistributedError
+from tandem_core.errors import DistributedError
 
 # ---------------------------------------------------------------- one spawn for every distributed check
 

@@ -16,8 +16,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import ModelCheckpoint
 from callbacks import checkpoint_names as names
+from tandem_core.errors import CheckpointError
 from trainer import Task, Trainer
-from trainer.errors import CheckpointError
 from trainer.loggers import CSVLogger
 
 

@@ -16,8 +16,8 @@ from torch.utils.data import DataLoader
 from callbacks import Callback, ModelCheckpoint
 from callbacks import checkpoint_names as names
 from strategies.fsdp import FSDPStrategy
+from tandem_core.errors import CheckpointError
 from trainer import Trainer
-from trainer.errors import CheckpointError
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts"))
 from fsdp_train import Tower, make_data  # noqa: E402

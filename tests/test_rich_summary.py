@@ -37,7 +37,7 @@ def test_rich_table_holds_the_columns_and_totals(monkeypatch):
 def test_needs_rich(monkeypatch):
     import importlib.util
 
-    from trainer.errors import MissingExtraError
+    from tandem_core.errors import MissingExtraError
 
     real = importlib.util.find_spec
     monkeypatch.setattr(

@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import ModelCheckpoint
+from tandem_core.errors import CheckpointError
 from trainer import DataModule, Task, Trainer
 from trainer.cli import main
-from trainer.errors import CheckpointError
 
 HERE = __name__
 ADAM = functools.partial(torch.optim.Adam, lr=0.01)

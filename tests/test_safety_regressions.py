@@ -27,11 +27,11 @@ from conftest import FAST
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import ModelCheckpoint
+from tandem_core.errors import CheckpointError, ConfigError
 from trainer import Task, Trainer
 from trainer import config as C
 from trainer.checkpoint import load
 from trainer.cli import main
-from trainer.errors import CheckpointError, ConfigError
 
 HERE = __name__
 

@@ -18,8 +18,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from strategies import launch, slurm
 from strategies.ddp import DDPStrategy
+from tandem_core.errors import ConfigError
 from trainer import Task, Trainer
-from trainer.errors import ConfigError
 from trainer.options import OptionError
 from trainer.plugins import SLURMEnvironment
 from trainer.plugins.environments import SLURMEnvironment as FromEnvironments

@@ -10,9 +10,9 @@ from strategies import Strategy, resolve_strategy
 from strategies.data_parallel import DataParallelStrategy
 from strategies.ddp import DDPStrategy
 from strategies.single import SingleDeviceStrategy
+from tandem_core.errors import ConfigError
 from tests.conftest import FAST
 from trainer import Task, Trainer
-from trainer.errors import ConfigError
 
 
 def test_the_base_contract_has_at_most_17_public_members():  # 17th: compile (where compilation happens is the strategy's)

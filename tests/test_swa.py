@@ -11,7 +11,7 @@ from averaging_tasks import Regress, as_plain, assert_equal, fit, loader, params
 from torch.optim.swa_utils import SWALR, AveragedModel, update_bn
 
 from callbacks import LambdaCallback, ModelCheckpoint, StochasticWeightAveraging
-from trainer.errors import ConfigError
+from tandem_core.errors import ConfigError
 
 EPOCHS, START, SWA_LR, ANNEAL = 5, 3, 0.02, 2
 

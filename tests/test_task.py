@@ -11,8 +11,8 @@ from conftest import FAST
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from tandem_core.errors import TaskError
 from trainer import Task, Trainer
-from trainer.errors import TaskError
 
 
 def data(n: int = 8) -> DataLoader:

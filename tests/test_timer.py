@@ -10,8 +10,8 @@ from callback_tasks import Scored, fit
 
 from callbacks import Timer
 from callbacks.timer import parse_duration
+from tandem_core.errors import ConfigError
 from trainer import Trainer
-from trainer.errors import ConfigError
 
 
 class Slow(Scored):

@@ -10,8 +10,8 @@ import time
 import pytest
 import torch
 
+from tandem_core.errors import ConfigError
 from tests.helpers.trackers import needs_mlflow, needs_wandb
-from trainer.errors import ConfigError
 from trainer.loggers import MLFlowLogger, WandbLogger
 from trainer.loggers.trackers import ModelUploads, NoOpExperiment
 

@@ -317,7 +317,7 @@ def test_ddp_two_processes_make_one_run_with_rank_zeros_metrics(tmp_path, monkey
 @needs_mlflow
 def test_mlflow_says_what_to_change(tmp_path, monkeypatch):
     """A file store this mlflow refuses, and params a resumed run would change (MLflow keeps them)."""
-    from trainer.errors import ConfigError
+    from tandem_core.errors import ConfigError
 
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

@@ -14,8 +14,8 @@ from conftest import FAST
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import BatchSizeFinder, Callback, LearningRateFinder
+from tandem_core.errors import ConfigError
 from trainer import Task, Trainer, Tuner
-from trainer.errors import ConfigError
 from trainer.seed import get_rng_state
 
 # Net keeps batch_size as an attribute and as a hyperparameter (both are set): the finder says so

@@ -86,7 +86,7 @@ def test_validation_moments_equal_lightnings(interval, every, monkeypatch):
 
 
 def test_time_based_interval_is_checked_when_given():
-    from trainer.errors import ConfigError
+    from tandem_core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="val_check_interval must be a usable duration"):
         Trainer(val_check_interval="30 seconds")

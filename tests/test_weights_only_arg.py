@@ -11,8 +11,8 @@ import torch
 from conftest import QUIET
 from torch.utils.data import DataLoader, TensorDataset
 
+from tandem_core.errors import CheckpointError
 from trainer import Task, Trainer
-from trainer.errors import CheckpointError
 
 
 class Extra:

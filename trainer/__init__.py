@@ -1,7 +1,7 @@
 """Tandem: a small, fast, Lightning-style trainer for PyTorch.
 
 Names are imported on first use (PEP 562), so `import trainer` is cheap and `strategies`, which needs
-`trainer.errors`, can be imported before or after this package without a cycle.
+`tandem_core.errors`, can be imported before or after this package without a cycle.
 """
 
 from __future__ import annotations
@@ -13,18 +13,18 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "DataModule": "trainer.task.datamodule",
-    "TandemError": "trainer.errors",
+    "TandemError": "tandem_core.errors",
     "Task": "trainer.task.base",
     "Trainer": "trainer.trainer",
     "Tuner": "trainer.tuner",
     "seed_everything": "trainer.seed",
-    "rank_zero_only": "trainer.rank_zero",
+    "rank_zero_only": "tandem_core.rank_zero",
 }
 __all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:
-    from trainer.errors import TandemError  # noqa: F401
-    from trainer.rank_zero import rank_zero_only  # noqa: F401
+    from tandem_core.errors import TandemError  # noqa: F401
+    from tandem_core.rank_zero import rank_zero_only  # noqa: F401
     from trainer.seed import seed_everything  # noqa: F401
     from trainer.task.base import Task  # noqa: F401
     from trainer.task.datamodule import DataModule  # noqa: F401

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from trainer.errors import ConfigError, TandemError, check_choice
+from tandem_core.errors import ConfigError, TandemError, check_choice
 
 COMMANDS = ("fit", "validate", "test", "predict")
 # LightningCLI's option form of an override: --trainer.max_epochs=3, --model.lr 0.1, --optimizer Adam

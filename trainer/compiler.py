@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from trainer.errors import ConfigError
+from tandem_core.errors import ConfigError
 
 STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
 # the Trainer's side of a step: run eagerly from compiled steps (dynamo would guard on the metric store's

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from trainer.errors import ConfigError
+from tandem_core.errors import ConfigError
 
 
 def valid_form(devices: Any) -> bool:

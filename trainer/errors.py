@@ -1,55 +1,25 @@
-"""Errors a user can cause. Each message says what to change."""
+"""The errors a user can cause, under their public name (defined in the bottom layer, tandem_core.errors)."""
 
-from __future__ import annotations
+from tandem_core.errors import (
+    CheckpointError,
+    ConfigError,
+    DistributedError,
+    MissingExtraError,
+    TandemError,
+    TaskError,
+    check_choice,
+    did_you_mean,
+    require,
+)
 
-import difflib
-from collections.abc import Iterable
-
-
-class TandemError(Exception):
-    """Base class of every error Tandem raises for a user mistake."""
-
-
-class ConfigError(TandemError, ValueError):
-    """A Trainer argument or config value is invalid."""
-
-
-class TaskError(TandemError):
-    """A Task hook returned something Tandem cannot use."""
-
-
-class CheckpointError(TandemError):
-    """A checkpoint is missing, unreadable, or belongs to a different model."""
-
-
-class DistributedError(TandemError):
-    """Ranks disagree (shapes, unused parameters) or a collective failed."""
-
-
-def did_you_mean(name: str, choices: Iterable[str]) -> str:
-    """Return ", did you mean 'x'?" for the closest choice, or ''."""
-    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
-    return f", did you mean '{close[0]}'?" if close else ""
-
-
-def check_choice(kind: str, value: str, choices: Iterable[str]) -> None:
-    """Raise ConfigError if `value` is not among `choices`, listing them."""
-    options = list(choices)
-    if value not in options:
-        valid = ", ".join(repr(c) for c in options)
-        raise ConfigError(f"unknown {kind} {value!r}{did_you_mean(str(value), options)} (valid: {valid})")
-
-
-class MissingExtraError(TandemError, ModuleNotFoundError):
-    """An optional package a feature needs is not installed; the message names the pip extra."""
-
-
-def require(module: str, feature: str, extra: str) -> None:
-    """Raise MissingExtraError unless `module` can be imported (`feature` needs it; `extra` installs it)."""
-    import importlib.util
-
-    if importlib.util.find_spec(module) is None:
-        raise MissingExtraError(
-            f"{feature} needs the {module!r} package, which is not installed: "
-            f"pip install 'tandem-trainer[{extra}]' (or pip install {module})."
-        )
+__all__ = [
+    "CheckpointError",
+    "ConfigError",
+    "DistributedError",
+    "MissingExtraError",
+    "TaskError",
+    "TandemError",
+    "check_choice",
+    "did_you_mean",
+    "require",
+]

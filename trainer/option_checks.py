@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from trainer.errors import ConfigError, did_you_mean
+from tandem_core.errors import ConfigError, did_you_mean
 
 Check = Callable[[str, Any], None]  # check(name, value) raises OptionError when the value is invalid
 ACCELERATORS = ("auto", "cpu", "cuda", "gpu", "mps")

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from trainer.errors import did_you_mean
+from tandem_core.errors import did_you_mean
 
 if TYPE_CHECKING:
     from datetime import timedelta

@@ -124,7 +124,7 @@ def _show(value: Any) -> str:
 
 def option_answer(name: str, value: Any) -> str | None:
     """None when TrainerConfig takes `value` for option `name`, else its error message."""
-    from trainer.errors import ConfigError
+    from tandem_core.errors import ConfigError
     from trainer.options import TrainerConfig
 
     try:
@@ -164,7 +164,7 @@ def strategy_answer(name: str) -> tuple[str, str]:
     """(status, detail) for a strategy name: Y (a Tandem name), alias (a Lightning name Tandem maps to one of
     its strategies), or refused with the message Tandem gives."""
     from strategies import REFUSED, STRATEGIES, _load
-    from trainer.errors import ConfigError
+    from tandem_core.errors import ConfigError
 
     if name in REFUSED:
         return "refused", REFUSED[name]
@@ -196,7 +196,7 @@ def strategies_table() -> list[str]:
 
 def loggers_table() -> list[str]:
     import trainer.loggers as loggers
-    from trainer.errors import ConfigError
+    from tandem_core.errors import ConfigError
 
     rows = ["| logger | Tandem | constructor |", "|---|---|---|"]
     names = list(LIGHTNING_LOGGERS) + sorted(

@@ -12,10 +12,11 @@ import torch
 from callbacks.base import Callback
 from strategies import resolve_strategy
 from strategies.base import Strategy
+from tandem_core.errors import ConfigError
+from tandem_core.views import view
 from trainer import checkpoint
 from trainer.compiler import from_option as compile_option
 from trainer.devices import count as count_devices
-from trainer.errors import ConfigError
 from trainer.loggers import Logger, TensorBoardLogger, align_versions
 from trainer.loggers.metrics import MetricStore
 from trainer.loggers.reporting import print_results
@@ -29,7 +30,6 @@ from trainer.options import TrainerConfig
 from trainer.profiler import make_profiler
 from trainer.task.base import Task
 from trainer.task.datamodule import DataModule
-from trainer.views import view
 
 _NO_PROFILE = contextlib.nullcontext()
 

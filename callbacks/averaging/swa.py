@@ -13,7 +13,7 @@ from torch.optim.swa_utils import SWALR, update_bn
 
 from callbacks.averaging.weight_averaging import detached_copy, refuse_sharded
 from callbacks.base import Callback
-from trainer.errors import ConfigError
+from tandem_core.errors import ConfigError
 from trainer.loop.optim import SchedulerConfig
 
 if TYPE_CHECKING:

@@ -14,8 +14,8 @@ import torch
 from torch.optim.swa_utils import AveragedModel, get_ema_avg_fn
 
 from callbacks.base import Callback
-from trainer.errors import ConfigError
-from trainer.loop.hooks import overrides
+from tandem_core.errors import ConfigError
+from tandem_core.hooks import overrides
 
 if TYPE_CHECKING:
     from trainer.task.base import Task

@@ -6,7 +6,7 @@ import warnings
 from typing import TYPE_CHECKING
 
 from callbacks.base import Callback
-from trainer.errors import ConfigError
+from tandem_core.errors import ConfigError
 from trainer.tuner import attrs
 
 if TYPE_CHECKING:

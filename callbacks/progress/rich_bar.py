@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from callbacks.progress.base import ProgressBar
-from trainer.errors import require
+from tandem_core.errors import require
 
 if TYPE_CHECKING:
     from trainer.task.base import Task

@@ -7,7 +7,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from callbacks.progress.base import ProgressBar
-from trainer.errors import ConfigError
+from tandem_core.errors import ConfigError
 
 if TYPE_CHECKING:
     from trainer.task.base import Task

@@ -6,7 +6,7 @@ from typing import Any
 
 from callbacks.model_summary import ModelSummary
 from callbacks.summary.table import human_count
-from trainer.errors import require
+from tandem_core.errors import require
 
 
 class RichModelSummary(ModelSummary):

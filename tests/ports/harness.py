@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from callbacks import Callback
-from trainer.errors import TandemError
+from tandem_core.errors import TandemError
 
 #: Trainer options that keep a port's run quiet without changing what it computes
 QUIET: dict[str, Any] = dict(enable_progress_bar=False, enable_model_summary=False)

@@ -14,9 +14,9 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import Callback
+from tandem_core.errors import TaskError
 from tests.ports.harness import QUIET
 from trainer import Task, Trainer
-from trainer.errors import TaskError
 
 _NONE: Callable[..., Any] = lambda self, *args, **kwargs: None  # noqa: E731
 

@@ -25,7 +25,7 @@ from typing import IO, Any
 
 import torch
 
-from trainer.errors import CheckpointError
+from tandem_core.errors import CheckpointError
 
 FORMAT_VERSION = 2  # what save() writes as "tandem_version"; reading checks it
 _KINDS = {

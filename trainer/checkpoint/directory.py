@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tandem_core.errors import CheckpointError
 from trainer.checkpoint.checks import _check_count, check_compatible, check_contents, regular_file, resumable
 from trainer.checkpoint.format import read
-from trainer.errors import CheckpointError
 
 if TYPE_CHECKING:
     from strategies.comm import Comm

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from trainer.errors import CheckpointError
+from tandem_core.errors import CheckpointError
 
 TARGET, PARTIAL, ARGS, NOT_SAVED = "_target_", "_partial_", "_args_", "_not_saved_"
 _PLAIN = (type(None), bool, int, float, str, torch.Tensor, torch.dtype, torch.device, torch.Size)
@@ -83,8 +83,8 @@ def decode(value: Any, expected: Any = Any, where: str = "hyper_parameters", pat
 
 
 def _rebuild(value: dict[str, Any], expected: Any, where: str, path: str) -> Any:
+    from tandem_core.errors import ConfigError
     from trainer.config.types import annotations, check, describe
-    from trainer.errors import ConfigError
 
     target = value[TARGET]
     try:

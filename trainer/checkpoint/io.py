@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tandem_core.errors import CheckpointError
+from tandem_core.fileio import atomic_write
 from trainer.checkpoint.checks import _check_count, check_compatible, check_contents, resumable
 from trainer.checkpoint.directory import (
     _existing,
@@ -31,8 +33,6 @@ from trainer.checkpoint.directory import (
     write_dir,
 )
 from trainer.checkpoint.format import read
-from trainer.errors import CheckpointError
-from trainer.fileio import atomic_write
 
 if TYPE_CHECKING:
     from strategies.comm import Comm
@@ -209,7 +209,7 @@ def _by_name(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
 
 # ----- files --------------------------------------------------------------------------------------
 def atomic_save(obj: Any, path: str | os.PathLike[str]) -> None:
-    """torch.save `obj` to `path` atomically (see trainer.fileio.atomic_write). A failed write (a full disk)
+    """torch.save `obj` to `path` atomically (see tandem_core.fileio.atomic_write). A failed write (a full disk)
     leaves the previous file; torch reports it as a RuntimeError of its zip writer, raised here as a
     CheckpointError that names the file and the system's error."""
     try:

@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tandem_core.errors import CheckpointError, ConfigError
+from tandem_core.hooks import overrides
 from trainer.checkpoint.checks import FORMAT_VERSION, check_compatible, resumable
 from trainer.checkpoint.directory import _existing, _read_meta
 from trainer.checkpoint.find import resolve_path, run_id
 from trainer.checkpoint.format import decode_for, encode, missing
 from trainer.checkpoint.io import checkpoint_io, load
-from trainer.errors import CheckpointError, ConfigError
-from trainer.loop.hooks import overrides
 from trainer.loop.optim import step_schedulers
 from trainer.secrets import redact, unresolved
 

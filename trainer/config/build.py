@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tandem_core.errors import ConfigError, TandemError
 from trainer.config.load import Source, load, resolve
 from trainer.config.save import SaveRunConfig
 from trainer.config.schema import FROM_TRAINER
 from trainer.config.targets import TARGET, built, instantiate, locate, params
 from trainer.config.types import describe, slot_types
-from trainer.errors import ConfigError, TandemError
 from trainer.options import TrainerConfig
 from trainer.secrets import env_values
 

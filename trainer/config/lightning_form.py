@@ -19,7 +19,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from trainer.errors import ConfigError, did_you_mean
+from tandem_core.errors import ConfigError, did_you_mean
 
 CLASS_PATH, INIT_ARGS, DICT_KWARGS = "class_path", "init_args", "dict_kwargs"
 TARGET = "_target_"

@@ -13,9 +13,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from tandem_core.errors import ConfigError, TandemError
 from trainer.config import lightning_form
 from trainer.config.schema import SECTIONS, validate
-from trainer.errors import ConfigError, TandemError
 
 Source = str | os.PathLike | Mapping[str, Any] | DictConfig
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
+from tandem_core.errors import ConfigError
 from trainer.config.targets import PARTIAL, TARGET, instantiate
-from trainer.errors import ConfigError
 
 OPTIMIZER = Callable[..., torch.optim.Optimizer]
 SCHEDULER = Callable[..., torch.optim.lr_scheduler.LRScheduler]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import OmegaConf
 
 from callbacks.base import Callback
-from trainer.fileio import atomic_write
+from tandem_core.fileio import atomic_write
 from trainer.secrets import split
 
 if TYPE_CHECKING:

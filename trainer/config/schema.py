@@ -10,9 +10,9 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
+from tandem_core.errors import ConfigError, did_you_mean
 from trainer.config.targets import PARTIAL, TARGET, locate, params
 from trainer.config.types import annotations, check, narrow, slot_types
-from trainer.errors import ConfigError, did_you_mean
 from trainer.options import OptionError, TrainerConfig
 
 SECTIONS = (

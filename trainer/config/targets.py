@@ -12,8 +12,8 @@ import inspect
 import pkgutil
 from typing import Any
 
+from tandem_core.errors import ConfigError, TandemError, did_you_mean
 from trainer.config.types import annotations, check, narrow
-from trainer.errors import ConfigError, TandemError, did_you_mean
 
 TARGET, PARTIAL = "_target_", "_partial_"
 

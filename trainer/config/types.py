@@ -19,7 +19,7 @@ import types
 import typing
 from typing import Any
 
-from trainer.errors import ConfigError
+from tandem_core.errors import ConfigError
 
 _UNION = (typing.Union, types.UnionType)
 _ITEMS = (list, tuple, set, frozenset, collections.abc.Sequence, collections.abc.Iterable)

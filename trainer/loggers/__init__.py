@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from trainer.errors import ConfigError
+from tandem_core.errors import ConfigError
 from trainer.loggers.base import Logger, agree_versions, align_versions, claim_version
 from trainer.loggers.csv_logs import CSVLogger
 from trainer.loggers.mlflow_logger import MLFlowLogger

@@ -6,7 +6,7 @@ import os
 import re
 from typing import Any
 
-from trainer.fileio import atomic_write
+from tandem_core.fileio import atomic_write
 
 _VERSION = re.compile(r"version_(\d+)")
 

@@ -8,7 +8,7 @@ import io
 import os
 from typing import Any
 
-from trainer.fileio import atomic_write
+from tandem_core.fileio import atomic_write
 from trainer.loggers.base import Logger, add_prefix, write_hparams_yaml
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from strategies.batch import batch_size_of
-from trainer.errors import TaskError, check_choice
+from tandem_core.errors import TaskError, check_choice
 from trainer.loggers.log_rules import RULES, Rule, epoch_only, refusal
 
 REDUCE_FX = ("mean", "sum", "max", "min")

@@ -10,7 +10,7 @@ import warnings
 from typing import Any
 from urllib.parse import urlparse
 
-from trainer.errors import ConfigError, require
+from tandem_core.errors import ConfigError, require
 from trainer.loggers.base import Logger, add_prefix, flatten
 from trainer.loggers.trackers import ModelUploads, NoOpExperiment, is_rank_zero
 

@@ -7,8 +7,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from trainer.errors import ConfigError
-from trainer.rank_zero import _global_rank
+from tandem_core.errors import ConfigError
+from tandem_core.rank_zero import _global_rank
 
 
 def is_rank_zero() -> bool:

@@ -6,7 +6,7 @@ import os
 import warnings
 from typing import Any
 
-from trainer.errors import ConfigError, require
+from tandem_core.errors import ConfigError, require
 from trainer.loggers.base import Logger, add_prefix, yaml_safe
 from trainer.loggers.trackers import ModelUploads, NoOpExperiment, is_rank_zero
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from strategies.base import is_plain, step_runner
-from trainer.errors import TaskError
+from tandem_core.errors import TaskError
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer

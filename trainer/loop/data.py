@@ -10,7 +10,7 @@ from typing import Any
 
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler
 
-from trainer.errors import ConfigError
+from tandem_core.errors import ConfigError
 from trainer.seed import worker_init_fn
 
 

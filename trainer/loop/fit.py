@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from strategies.base import batch_mover, is_plain
+from tandem_core.errors import TaskError
 from trainer import checkpoint
 from trainer.checkpoint.io import checkpoint_io
 from trainer.checkpoint.run import check_window_saves
-from trainer.errors import TaskError
 from trainer.loggers.reporting import finalize_loggers, log_metrics, log_stage_start
 from trainer.loop.closure import Closure
 from trainer.loop.data import SkipBatchSampler, rebuild, rebuildable, set_epoch

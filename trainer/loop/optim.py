@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from strategies.base import is_plain
-from trainer.errors import ConfigError, TaskError
+from tandem_core.errors import ConfigError, TaskError
 from trainer.loop.hooks import run_as
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, Sampler
 
-from trainer.errors import TandemError
+from tandem_core.errors import TandemError
 from trainer.loop.data import rebuild
 
 _RECORD = "_tandem_init_args"  # (args, kwargs) of the outermost __init__ call, set on the instance

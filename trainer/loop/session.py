@@ -10,15 +10,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tandem_core.errors import TaskError
+from tandem_core.hooks import overrides
 from trainer import checkpoint
 from trainer.compiler import RecompileWatch, unwrap_compiled
 from trainer.compiler import apply as apply_compiler
-from trainer.errors import TaskError
 from trainer.loggers import agree_versions
 from trainer.loggers.reporting import finalize_loggers
 from trainer.loop.batch_indices import track_indices
 from trainer.loop.data import num_batches, with_worker_seeding
-from trainer.loop.hooks import Hooks, overrides, run_as
+from trainer.loop.hooks import Hooks, run_as
 from trainer.loop.optim import TaskOptimizer, check_optimizers, parse_optimizers
 from trainer.loop.reinit import recording_init_args
 from trainer.loop.signals import StopSignals

@@ -6,7 +6,8 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from trainer.loop.hooks import overrides, run_as
+from tandem_core.hooks import overrides
+from trainer.loop.hooks import run_as
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer

@@ -21,7 +21,7 @@ import signal
 import subprocess
 
 from strategies import slurm
-from trainer.errors import ConfigError
+from tandem_core.errors import ConfigError
 
 __all__ = ["SLURMEnvironment"]
 

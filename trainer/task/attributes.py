@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from trainer.errors import TaskError
-from trainer.loop.hooks import default
+from tandem_core.errors import TaskError
+from tandem_core.hooks import default
 
 
 def _no_loader(name: str) -> Any:

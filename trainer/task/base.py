@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.errors import TaskError
-from trainer.loop.hooks import TASK, add_hook_stubs, default
+from tandem_core.errors import TaskError
+from tandem_core.hooks import TASK, add_hook_stubs, default
 from trainer.task.attributes import LightningAttributes
 from trainer.task.defaults import TaskDefaults
 from trainer.task.export import ExportMixin

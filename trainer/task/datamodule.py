@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from strategies.batch import move_to_device
-from trainer.errors import CheckpointError, TaskError
-from trainer.loop.hooks import default
+from tandem_core.errors import CheckpointError, TaskError
+from tandem_core.hooks import default
 from trainer.task.hparams import HyperparametersMixin
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from strategies.batch import move_to_device
-from trainer.loop.hooks import default
+from tandem_core.hooks import default
 from trainer.loop.optim import clip_gradients
 
 if TYPE_CHECKING:

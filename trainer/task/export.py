@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from trainer.errors import TaskError, require
+from tandem_core.errors import TaskError, require
 
 
 class ExportMixin:
@@ -98,7 +98,7 @@ class ExportMixin:
         finally:
             self.train(mode)  # type: ignore[attr-defined]
         if file_path is not None:
-            from trainer.fileio import atomic_write
+            from tandem_core.fileio import atomic_write
 
             atomic_write(file_path, lambda f: torch.jit.save(module, f))
         return module

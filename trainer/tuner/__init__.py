@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from trainer.errors import ConfigError
+from tandem_core.errors import ConfigError
 
 if TYPE_CHECKING:
     from trainer.task.base import Task

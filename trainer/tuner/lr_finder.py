@@ -12,7 +12,7 @@ import torch
 from torch.optim.lr_scheduler import LRScheduler
 
 from callbacks.base import Callback
-from trainer.errors import ConfigError, require
+from tandem_core.errors import ConfigError, require
 from trainer.loop.optim import SchedulerConfig
 from trainer.tuner import attrs
 from trainer.tuner.run import run_fit_trial
