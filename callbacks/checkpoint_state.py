@@ -117,8 +117,8 @@ def owned(cb: ModelCheckpoint, path: str) -> bool:
 
 def stored_token(path: str) -> str | None:
     """The ModelCheckpoint run token stored in the checkpoint at `path` (file or directory), or None."""
-    from trainer.checkpoint.directory import META
-    from trainer.checkpoint.format import read
+    from strategies.checkpoint.directory import META
+    from strategies.checkpoint.files import read
 
     path = os.path.realpath(path)  # a link (save_last="link") is this run's when its target is
     head = os.path.join(path, META) if os.path.isdir(path) else path

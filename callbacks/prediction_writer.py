@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Callback
+from strategies.data.indices import batch_indices
 from tandem_core.errors import ConfigError
-from trainer.loop.batch_indices import batch_indices
 
 if TYPE_CHECKING:
     from trainer.task.base import Task

@@ -254,10 +254,12 @@ class ModelPruning(Callback):
         """Every (layer, name) to prune: the given pairs (checked to be in the task), or by default each of
         `parameter_names` that is a Parameter of a non-container layer."""
         names = parameter_names or ModelPruning.PARAMETER_NAMES
-        from trainer.task.base import Task
-
-        containers = (Task, nn.Sequential, nn.ModuleList, nn.ModuleDict)
-        layers = [m for m in pl_module.modules() if m is not pl_module and not isinstance(m, containers)]
+        containers = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+        layers = [
+            m
+            for m in pl_module.modules()
+            if m is not pl_module and not isinstance(m, containers) and not _is_task(m)
+        ]
         if not parameters_to_prune:
             return [(m, p) for p in names for m in layers if isinstance(getattr(m, p, None), nn.Parameter)]
         pairs = list(parameters_to_prune) if isinstance(parameters_to_prune, (list, tuple)) else None
@@ -282,3 +284,10 @@ class ModelPruning(Callback):
 
 def _is_pruning_method(method: Any) -> bool:
     return inspect.isclass(method) and issubclass(method, pytorch_prune.BasePruningMethod)
+
+
+def _is_task(module: nn.Module) -> bool:
+    """A Task nested in the task (a container, as Lightning skips a LightningModule): it has the Task's steps."""
+    return callable(getattr(module, "training_step", None)) and callable(
+        getattr(module, "configure_optimizers", None)
+    )

@@ -90,3 +90,8 @@ def mover(device: torch.device, dtype: torch.dtype | None = None) -> Callable[[A
         return apply_to_tensors(batch, move_one)
 
     return move_plain
+
+
+def is_metric(value: Any) -> bool:
+    """A torchmetrics Metric, detected without importing torchmetrics (it is slow to import)."""
+    return hasattr(value, "compute") and hasattr(value, "reset") and hasattr(value, "update")

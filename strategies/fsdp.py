@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from strategies.checkpoint.io import ShardedCheckpointIO
 from strategies.fsdp_wrap import check_supported, resolve_classes, shard_task
 from strategies.precision import Precision
 from strategies.process_group import ProcessGroupStrategy
 from tandem_core.errors import CheckpointError, ConfigError, TaskError
-from trainer.checkpoint.io import ShardedCheckpointIO
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh

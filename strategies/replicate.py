@@ -11,9 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from strategies.batch import apply_to_tensors
+from strategies.batch import apply_to_tensors, is_metric
 from tandem_core.errors import TaskError
-from trainer.loggers.metrics import is_metric
 
 if TYPE_CHECKING:
     from trainer.task.base import Task

@@ -19,7 +19,7 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
-from trainer.loop.reinit import LoaderError, rebatch, reinstantiate
+from strategies.data.reinit import LoaderError, rebatch, reinstantiate
 
 
 class ShardSampler(Sampler[int]):

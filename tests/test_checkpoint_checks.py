@@ -22,10 +22,10 @@ from helpers.checkpointing import CountingData, Net, run_fit
 from helpers.crafted import declare_size, deflated_bomb, point_item_at, tensor_bytes
 from torch.utils.data import DataLoader
 
+from strategies.checkpoint.checks import FORMAT_VERSION
+from strategies.checkpoint.io import ShardedCheckpointIO, load
 from tandem_core.errors import CheckpointError
 from trainer import Trainer
-from trainer.checkpoint.checks import FORMAT_VERSION
-from trainer.checkpoint.io import ShardedCheckpointIO, load
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,7 +67,7 @@ LOADERS: dict[str, Callable[[str, Any], Any]] = {
 _PEAK = """
 import json, sys, torch
 sys.path[:0] = [{root!r}]
-from trainer.checkpoint.io import load
+from strategies.checkpoint.io import load
 def status(key):  # kB; VmHWM is the peak resident size, VmRSS the current one
     return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(key + ":")) * 1024
 read = load if {tandem} else lambda p: torch.load(p, weights_only=True)

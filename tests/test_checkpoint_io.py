@@ -12,7 +12,7 @@ from torch import nn
 
 from tandem_core.errors import CheckpointError, TandemError
 from trainer import Trainer
-from trainer.checkpoint import io as ckpt_io
+from strategies.checkpoint import io as ckpt_io
 
 # ----- user mistakes -----------------------------------------------------------------------------
 

@@ -16,9 +16,10 @@ from torch.utils.data import (
     TensorDataset,
 )
 
+from strategies.data.reinit import rebuild, rebuildable
 from tandem_core.errors import ConfigError
 from trainer import DataModule, Task, Trainer
-from trainer.loop.data import SkipBatchSampler, num_batches, rebuild, rebuildable, set_epoch
+from trainer.loop.data import SkipBatchSampler, num_batches, set_epoch
 
 
 def tensors(n: int = 20) -> TensorDataset:

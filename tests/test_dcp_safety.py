@@ -20,11 +20,11 @@ from conftest import FAST
 from helpers.checkpointing import CountingData, Net
 from torch.utils.data import DataLoader
 
+from strategies.checkpoint import dcp_read
+from strategies.checkpoint.directory import dir_payload
+from strategies.checkpoint.io import CheckpointIO, ShardedCheckpointIO, load
 from tandem_core.errors import CheckpointError
 from trainer import Trainer
-from trainer.checkpoint import dcp_read
-from trainer.checkpoint.directory import dir_payload
-from trainer.checkpoint.io import CheckpointIO, ShardedCheckpointIO, load
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 OPT_ITEM = "optim0/param_groups.net.0.weight.lr"  # a non-tensor item that resuming reads

@@ -134,7 +134,7 @@ def test_without_validation_the_validation_interval_does_not_change_the_saves(tm
 
 
 def test_writes_go_through_atomic_save_and_leave_no_temporary_files(tmp_path, monkeypatch):
-    import trainer.checkpoint.io as ckpt_io
+    import strategies.checkpoint.io as ckpt_io
 
     written = []
     real = ckpt_io.atomic_save

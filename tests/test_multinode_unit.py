@@ -202,8 +202,8 @@ def _check_resume_file(rank: int, world: int, root: str) -> str:
     """Rank r resumes from root/node{r}/last.ckpt: one file per node, as on nodes without shared storage."""
     from types import SimpleNamespace
 
+    from strategies.checkpoint.io import atomic_save
     from tandem_core.errors import CheckpointError
-    from trainer.checkpoint.io import atomic_save
     from trainer.checkpoint.run import check_same_file_everywhere
 
     t = SimpleNamespace(strategy=SimpleNamespace(comm=ProcessGroupComm()))

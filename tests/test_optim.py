@@ -11,8 +11,9 @@ from torch.optim.lr_scheduler import ReduceLROnPlateau, StepLR
 from torch.utils.data import DataLoader, TensorDataset
 
 from tandem_core.errors import ConfigError, TaskError
+from tandem_core.optim import SchedulerConfig
 from trainer import Task, Trainer
-from trainer.loop.optim import SchedulerConfig, parse_optimizers
+from trainer.loop.optim import parse_optimizers
 
 
 def params() -> list[nn.Parameter]:

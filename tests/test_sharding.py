@@ -1,4 +1,4 @@
-"""strategies/sharding.py and trainer/loop/reinit.py: each process's shard of a loader of any class.
+"""strategies/sharding.py and strategies/data/reinit.py: each process's shard of a loader of any class.
 
 The reference is torch's own DistributedSampler on a plain DataLoader: a DataLoader subclass (PyG-style,
 with its own __init__) must give each rank exactly those indices, epoch by epoch; what cannot be rebuilt is
@@ -20,10 +20,10 @@ from conftest import FAST, run_distributed
 from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler
 
+from strategies.data.reinit import LoaderError, recording_init_args
 from strategies.sharding import SamplerShards, ShardSampler, shard_loader
 from trainer import Task, Trainer, seed_everything
 from trainer.loop.data import set_epoch
-from trainer.loop.reinit import LoaderError, recording_init_args
 
 N, BATCH, EPOCHS = 13, 2, 3
 

@@ -13,6 +13,7 @@ from callbacks.base import Callback
 from strategies import resolve_strategy
 from strategies.base import Strategy
 from tandem_core.errors import ConfigError
+from tandem_core.optim import SchedulerConfig
 from tandem_core.views import view
 from trainer import checkpoint
 from trainer.compiler import from_option as compile_option
@@ -23,7 +24,6 @@ from trainer.loggers.reporting import print_results
 from trainer.loop import evaluation
 from trainer.loop import fit as loop
 from trainer.loop.hooks import Hooks
-from trainer.loop.optim import SchedulerConfig
 from trainer.loop.session import Session, set_torch_flags
 from trainer.loop.state import LoopState
 from trainer.options import TrainerConfig
@@ -175,6 +175,26 @@ class Trainer:
     def save_checkpoint(self, path: str, weights_only: bool = False) -> None:
         """Write a checkpoint atomically (rank 0 writes, every rank waits)."""
         checkpoint.save(self, path, weights_only)
+
+    # ----- what callbacks reach through the trainer they receive: callbacks sit below trainer/ and never import
+    # it (docs/concepts.md, "Layers"); these run the loop's own machinery for them
+    def _to_device(self, batch: Any, dataloader_idx: int = 0) -> Any:
+        """`batch` moved as the loop moves it: the batch-transfer hooks, else the strategy (SWA's batch-norm pass)."""
+        from trainer.loop.transfer import to_device
+
+        return to_device(self, batch, dataloader_idx)
+
+    def _lr_find(self, task: Task, **options: Any) -> Any:
+        """The learning-rate search of LearningRateFinder (trainer/tuner/lr_finder.py)."""
+        from trainer.tuner.lr_finder import lr_find
+
+        return lr_find(self, task, **options)
+
+    def _scale_batch_size(self, *args: Any) -> Any:
+        """The batch-size search of BatchSizeFinder (trainer/tuner/batch_size.py)."""
+        from trainer.tuner.batch_size import scale_batch_size
+
+        return scale_batch_size(self, *args)
 
     def profile(self, name: str) -> contextlib.AbstractContextManager[Any]:
         """Time a section of the loop under `name` when a profiler is on (else a no-op context)."""

@@ -14,7 +14,7 @@ from torch.optim.swa_utils import SWALR, update_bn
 from callbacks.averaging.weight_averaging import detached_copy, refuse_sharded
 from callbacks.base import Callback
 from tandem_core.errors import ConfigError
-from trainer.loop.optim import SchedulerConfig
+from tandem_core.optim import SchedulerConfig
 
 if TYPE_CHECKING:
     from trainer.task.base import Task
@@ -230,11 +230,9 @@ class _TrainingSteps(nn.Module):
         self._trainer = trainer
 
     def forward(self, item: _Batch) -> Any:
-        from trainer.loop.transfer import to_device
-
         t = self._trainer
         with t.strategy.autocast():
-            return self.task.training_step(to_device(t, item.batch), item.index)
+            return self.task.training_step(t._to_device(item.batch), item.index)
 
 
 class _Batch:

@@ -6,8 +6,8 @@ import warnings
 from typing import TYPE_CHECKING
 
 from callbacks.base import Callback
+from callbacks.finders import attrs
 from tandem_core.errors import ConfigError
-from trainer.tuner import attrs
 
 if TYPE_CHECKING:
     from trainer.task.base import Task
@@ -68,8 +68,6 @@ class BatchSizeFinder(Callback):
             )
 
     def scale_batch_size(self, trainer: Trainer, pl_module: Task) -> None:
-        from trainer.tuner.batch_size import scale_batch_size
-
         if (
             len(
                 trainer.loaders.get(
@@ -82,8 +80,8 @@ class BatchSizeFinder(Callback):
             > 1
         ):
             raise ConfigError(f"The batch size finder works with one {trainer.state.stage} dataloader.")
-        self.optimal_batch_size = scale_batch_size(
-            trainer, self._mode, self._steps_per_trial, self._init_val, self._max_trials, self._batch_arg_name,
+        self.optimal_batch_size = trainer._scale_batch_size(
+            self._mode, self._steps_per_trial, self._init_val, self._max_trials, self._batch_arg_name,
             self._margin, self._max_val,
         )  # fmt: skip
 

@@ -10,8 +10,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from strategies.checkpoint.checks import FORMAT_VERSION  # noqa: E402
 from trainer.checkpoint import atomic_save  # noqa: E402
-from trainer.checkpoint.checks import FORMAT_VERSION  # noqa: E402
 
 path, plain = sys.argv[1], "--plain" in sys.argv
 start = int(os.environ.get("GENERATION", "0"))

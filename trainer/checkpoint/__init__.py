@@ -1,9 +1,9 @@
 """Checkpoints: what a run saves and restores (run.py), which file is meant (find.py), the file and
 directory forms (io.py), what a file may hold (format.py) and reading sharded directories safely (dcp_read.py)."""
 
-from trainer.checkpoint.checks import check_compatible
+from strategies.checkpoint.checks import check_compatible
+from strategies.checkpoint.io import atomic_save, load
 from trainer.checkpoint.find import find_last, resolve_path, run_id, stop_path
-from trainer.checkpoint.io import atomic_save, load
 from trainer.checkpoint.run import Restoring, check_window_saves, prepare_restore, rebuild_task, restore, save
 
 __all__ = [

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from strategies.checkpoint.directory import META
 from tandem_core.errors import CheckpointError
-from trainer.checkpoint.directory import META
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer

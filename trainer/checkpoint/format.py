@@ -8,9 +8,6 @@ the dict ``{"_target_": "torch.optim.Adam", "_partial_": True, "lr": 0.01}`` and
 from __future__ import annotations
 
 import functools
-import os
-import pickle
-import re
 import sys
 import warnings
 from types import UnionType as _UnionType
@@ -145,42 +142,3 @@ def resolve_loaded(path: str) -> Any:
     for part in name.split("."):
         obj = getattr(obj, part)  # AttributeError: the caller keeps the value as plain data
     return obj
-
-
-def read(
-    path: str, map_location: Any = "cpu", weights_only: bool = True, mmap: bool = False
-) -> dict[str, Any]:
-    """torch.load with weights_only=True; a file that needs more is a CheckpointError naming the global."""
-    from trainer.checkpoint.checks import check_file
-
-    check_file(
-        os.fspath(path), weights_only
-    )  # a regular file whose records fit in it, before torch allocates
-    try:
-        return torch.load(path, map_location=map_location, weights_only=weights_only, mmap=mmap)
-    except pickle.UnpicklingError as e:
-        name = refused_global(e)
-        if name is None:
-            raise
-        raise unsafe(
-            f"checkpoint {os.fspath(path)!r}",
-            name,
-            f"If you trust this file, allow that global first with torch.serialization.add_safe_globals([{name}]), "
-            "or read it whole with weights_only=False: Task.load_from_checkpoint(path, weights_only=False), "
-            "trainer.fit(..., ckpt_path=path, weights_only=False) (or validate/test/predict); never for files "
-            "you did not write.",
-        ) from e
-
-
-def refused_global(e: pickle.UnpicklingError) -> str | None:
-    """The global (module.name) that torch.load(weights_only=True) refused, as its error names it."""
-    wanted = re.search(r"GLOBAL ([\w.]+)", str(e))
-    return None if wanted is None else wanted.group(1)
-
-
-def unsafe(what: str, name: str, remedy: str) -> CheckpointError:
-    """The refusal of `what` (a checkpoint, or a file in one) that needs the global `name` to load."""
-    return CheckpointError(
-        f"{what} needs {name!r} to load, and loading it could run code from the file; Tandem reads only plain "
-        f"data from checkpoints. {remedy}"
-    )

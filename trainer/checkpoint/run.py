@@ -1,5 +1,5 @@
 """What a Trainer saves in a checkpoint and restores from one; which file is meant is trainer/checkpoint/find.py,
-how the states are written and read is trainer/checkpoint/io.py (one file) and directory.py (a directory of shards)."""
+how the states are written and read is strategies/checkpoint/io.py (one file) and directory.py (a directory of shards)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from strategies.checkpoint.checks import FORMAT_VERSION, check_compatible, resumable
+from strategies.checkpoint.directory import _existing, _read_meta
+from strategies.checkpoint.io import checkpoint_io, load
 from tandem_core.errors import CheckpointError, ConfigError
 from tandem_core.hooks import overrides
-from trainer.checkpoint.checks import FORMAT_VERSION, check_compatible, resumable
-from trainer.checkpoint.directory import _existing, _read_meta
 from trainer.checkpoint.find import resolve_path, run_id
 from trainer.checkpoint.format import decode_for, encode, missing
-from trainer.checkpoint.io import checkpoint_io, load
 from trainer.loop.optim import step_schedulers
 from trainer.secrets import redact, unresolved
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 
 def save(t: Trainer, path: str, weights_only: bool = False) -> None:
-    """Write the run's state to `path` in the strategy's form (trainer/checkpoint/io.py); every rank
+    """Write the run's state to `path` in the strategy's form (strategies/checkpoint/io.py); every rank
     contributes its own part and returns once the checkpoint is complete."""
     task, comm, io = t.task, t.strategy.comm, checkpoint_io(t.strategy)
     if task is None:

@@ -8,16 +8,11 @@ from typing import Any
 
 import torch
 
-from strategies.batch import batch_size_of
+from strategies.batch import batch_size_of, is_metric
 from tandem_core.errors import TaskError, check_choice
 from trainer.loggers.log_rules import RULES, Rule, epoch_only, refusal
 
 REDUCE_FX = ("mean", "sum", "max", "min")
-
-
-def is_metric(value: Any) -> bool:
-    """A torchmetrics Metric, detected without importing torchmetrics (it is slow to import)."""
-    return hasattr(value, "compute") and hasattr(value, "reset") and hasattr(value, "update")
 
 
 @dataclass

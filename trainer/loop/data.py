@@ -1,15 +1,16 @@
-"""DataLoaders: counting and limiting batches, rebuilding with another sampler, resuming mid-epoch."""
+"""DataLoaders in the loop: counting and limiting batches, worker seeding, epochs, resuming mid-epoch (rebuilding
+a loader with another sampler is strategies/data/reinit.py)."""
 
 from __future__ import annotations
 
-import inspect
 import os
 from collections.abc import Iterator
 from itertools import islice
 from typing import Any
 
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler
+from torch.utils.data import BatchSampler, Sampler
 
+from strategies.data.reinit import rebuild, rebuildable
 from tandem_core.errors import ConfigError
 from trainer.seed import worker_init_fn
 
@@ -39,26 +40,6 @@ def num_batches(loader: Any, limit: int | float) -> int | float:
             f"pass at least {1 / n:.4g} or an int."
         )
     return out
-
-
-def rebuildable(loader: Any) -> bool:
-    """Only plain map-style DataLoaders can be rebuilt faithfully from their attributes."""
-    return type(loader) is DataLoader and not isinstance(loader.dataset, IterableDataset)
-
-
-def rebuild(loader: DataLoader, **overrides: Any) -> DataLoader:
-    """A copy of `loader` with some DataLoader arguments replaced (sampler, batch_sampler, worker_init_fn)."""
-    params = inspect.signature(DataLoader.__init__).parameters
-    kwargs = {k: getattr(loader, k) for k in params if k not in ("self", "shuffle") and hasattr(loader, k)}
-    if loader.batch_size is not None:  # its batch_sampler was built from sampler + batch_size: rebuild it
-        kwargs.pop("batch_sampler", None)
-    kwargs.update(overrides)
-    if kwargs.get("batch_sampler") is not None:  # exclusive with batch_size, sampler and drop_last
-        kwargs.update(batch_size=1, sampler=None, drop_last=False)
-    if kwargs.get("num_workers", 0) == 0:
-        kwargs.pop("prefetch_factor", None)
-        kwargs["persistent_workers"] = False
-    return DataLoader(**kwargs)
 
 
 def with_worker_seeding(loader: Any) -> Any:

@@ -14,13 +14,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from strategies.base import batch_mover, is_plain
+from strategies.checkpoint.io import checkpoint_io
+from strategies.data.reinit import rebuild, rebuildable
 from tandem_core.errors import TaskError
 from trainer import checkpoint
-from trainer.checkpoint.io import checkpoint_io
 from trainer.checkpoint.run import check_window_saves
 from trainer.loggers.reporting import finalize_loggers, log_metrics, log_stage_start
 from trainer.loop.closure import Closure
-from trainer.loop.data import SkipBatchSampler, rebuild, rebuildable, set_epoch
+from trainer.loop.data import SkipBatchSampler, set_epoch
 from trainer.loop.evaluation import run_eval
 from trainer.loop.hooks import run_as
 from trainer.loop.optim import StepClosure, step_schedulers

@@ -3,33 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from strategies.base import is_plain
 from tandem_core.errors import ConfigError, TaskError
+from tandem_core.optim import SchedulerConfig
 from trainer.loop.hooks import run_as
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
-
-
-@dataclass
-class SchedulerConfig:
-    """One learning-rate scheduler and when to step it (Lightning's keys)."""
-
-    scheduler: Any
-    interval: str = "epoch"
-    frequency: int = 1
-    monitor: str | None = None
-    strict: bool = True
-    name: str | None = None
-
-    @property
-    def is_plateau(self) -> bool:
-        return isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
 
 _SCHED_KEYS = {"scheduler", "interval", "frequency", "monitor", "strict", "name"}

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from strategies.data.indices import track_indices
+from strategies.data.reinit import recording_init_args
 from tandem_core.errors import TaskError
 from tandem_core.hooks import overrides
 from trainer import checkpoint
@@ -17,11 +19,9 @@ from trainer.compiler import RecompileWatch, unwrap_compiled
 from trainer.compiler import apply as apply_compiler
 from trainer.loggers import agree_versions
 from trainer.loggers.reporting import finalize_loggers
-from trainer.loop.batch_indices import track_indices
 from trainer.loop.data import num_batches, with_worker_seeding
 from trainer.loop.hooks import Hooks, run_as
 from trainer.loop.optim import TaskOptimizer, check_optimizers, parse_optimizers
-from trainer.loop.reinit import recording_init_args
 from trainer.loop.signals import StopSignals
 from trainer.loop.transfer import transfer_owners
 from trainer.task.base import Task
@@ -274,7 +274,7 @@ def _unshuffled(loader: Any) -> Any:
     """The loader with its samples in order (overfit_batches), when it can be rebuilt."""
     from torch.utils.data import RandomSampler, SequentialSampler
 
-    from trainer.loop.data import rebuild, rebuildable
+    from strategies.data.reinit import rebuild, rebuildable
 
     if rebuildable(loader) and isinstance(loader.sampler, RandomSampler):
         return rebuild(loader, sampler=SequentialSampler(loader.dataset))

@@ -68,8 +68,8 @@ class DataModule(HyperparametersMixin):
     ) -> Any:
         """A new DataModule of this class from a Trainer checkpoint: built from the saved DataModule
         hyperparameters (updated by `kwargs`), with its saved state loaded. Plain data only, as every load."""
+        from strategies.checkpoint.io import load
         from trainer.checkpoint.format import decode_for, missing
-        from trainer.checkpoint.io import load
 
         if hparams_file is not None:
             raise TaskError(

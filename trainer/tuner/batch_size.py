@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from trainer.tuner import attrs
+from callbacks.finders import attrs
 from trainer.tuner.run import run_eval_trial, run_fit_trial
 from trainer.tuner.snapshot import Snapshot
 

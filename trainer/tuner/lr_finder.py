@@ -12,9 +12,9 @@ import torch
 from torch.optim.lr_scheduler import LRScheduler
 
 from callbacks.base import Callback
+from callbacks.finders import attrs
 from tandem_core.errors import ConfigError, require
-from trainer.loop.optim import SchedulerConfig
-from trainer.tuner import attrs
+from tandem_core.optim import SchedulerConfig
 from trainer.tuner.run import run_fit_trial
 from trainer.tuner.snapshot import Snapshot
 

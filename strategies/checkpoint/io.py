@@ -7,7 +7,7 @@
   that name stays until then.
 
 Every strategy reads both, as plain data only: files with torch.load(weights_only=True), directories
-through trainer/checkpoint/dcp_read.py. Loading a directory reshards: DCP gives each rank the parts of the saved tensors
+through strategies/checkpoint/dcp_read.py. Loading a directory reshards: DCP gives each rank the parts of the saved tensors
 that its own tensors (sharded or whole) cover, so a run saved by N processes resumes on any other number.
 A strategy chooses how it writes through a `checkpoint_io` attribute (FSDPStrategy has one); the others
 use `CheckpointIO()`.
@@ -20,10 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tandem_core.errors import CheckpointError
-from tandem_core.fileio import atomic_write
-from trainer.checkpoint.checks import _check_count, check_compatible, check_contents, resumable
-from trainer.checkpoint.directory import (
+from strategies.checkpoint.checks import _check_count, check_compatible, check_contents, resumable
+from strategies.checkpoint.directory import (
     _existing,
     _options,
     dir_payload,
@@ -32,7 +30,9 @@ from trainer.checkpoint.directory import (
     sharded_states,
     write_dir,
 )
-from trainer.checkpoint.format import read
+from strategies.checkpoint.files import read
+from tandem_core.errors import CheckpointError
+from tandem_core.fileio import atomic_write
 
 if TYPE_CHECKING:
     from strategies.comm import Comm

@@ -1,6 +1,6 @@
 """Rebuilding a DataLoader of any class (PyG's, a user's subclass) with another sampler.
 
-A plain `DataLoader` is rebuilt from its attributes (trainer/loop/data.py: `rebuild`). A subclass has its
+A plain `DataLoader` is rebuilt from its attributes (`rebuild`, below). A subclass has its
 own `__init__`, so it is rebuilt by calling that `__init__` again: with the arguments it was built with when
 it was made inside a `*_dataloader()` hook (recorded by `recording_init_args`), otherwise with the instance
 attributes named like its parameters. When neither gives every argument, or the rebuilt loader does not use
@@ -15,12 +15,31 @@ import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader, IterableDataset, Sampler
 
 from tandem_core.errors import TandemError
-from trainer.loop.data import rebuild
 
 _RECORD = "_tandem_init_args"  # (args, kwargs) of the outermost __init__ call, set on the instance
+
+
+def rebuildable(loader: Any) -> bool:
+    """Only plain map-style DataLoaders can be rebuilt faithfully from their attributes."""
+    return type(loader) is DataLoader and not isinstance(loader.dataset, IterableDataset)
+
+
+def rebuild(loader: DataLoader, **overrides: Any) -> DataLoader:
+    """A copy of `loader` with some DataLoader arguments replaced (sampler, batch_sampler, worker_init_fn)."""
+    params = inspect.signature(DataLoader.__init__).parameters
+    kwargs = {k: getattr(loader, k) for k in params if k not in ("self", "shuffle") and hasattr(loader, k)}
+    if loader.batch_size is not None:  # its batch_sampler was built from sampler + batch_size: rebuild it
+        kwargs.pop("batch_sampler", None)
+    kwargs.update(overrides)
+    if kwargs.get("batch_sampler") is not None:  # exclusive with batch_size, sampler and drop_last
+        kwargs.update(batch_size=1, sampler=None, drop_last=False)
+    if kwargs.get("num_workers", 0) == 0:
+        kwargs.pop("prefetch_factor", None)
+        kwargs["persistent_workers"] = False
+    return DataLoader(**kwargs)
 
 
 class LoaderError(TandemError):

@@ -23,9 +23,9 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
+from strategies.checkpoint.checks import check_storage, check_zip, regular_file
+from strategies.checkpoint.files import refused_global, unsafe
 from tandem_core.errors import CheckpointError
-from trainer.checkpoint.checks import check_storage, check_zip, regular_file
-from trainer.checkpoint.format import refused_global, unsafe
 
 _MD = "torch.distributed.checkpoint.metadata"
 # Every global a .metadata written by torch's DCP pickles (found by unpickling real ones: FSDP runs with SGD

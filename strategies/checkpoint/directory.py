@@ -1,7 +1,7 @@
 """The directory form of a checkpoint (torch.distributed.checkpoint): every rank writes its own shards of
 the weights and optimizer states, rank 0 adds ``tandem.pt`` with everything else, under a temporary name
-renamed into place once every rank has finished. Read as plain data through trainer/checkpoint/dcp_read.py,
-resharded to the task as it is now (any world size). trainer/checkpoint/io.py chooses between the forms."""
+renamed into place once every rank has finished. Read as plain data through strategies/checkpoint/dcp_read.py,
+resharded to the task as it is now (any world size). strategies/checkpoint/io.py chooses between the forms."""
 
 from __future__ import annotations
 
@@ -13,9 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from strategies.checkpoint.checks import (
+    _check_count,
+    check_compatible,
+    check_contents,
+    regular_file,
+    resumable,
+)
+from strategies.checkpoint.files import read
 from tandem_core.errors import CheckpointError
-from trainer.checkpoint.checks import _check_count, check_compatible, check_contents, regular_file, resumable
-from trainer.checkpoint.format import read
 
 if TYPE_CHECKING:
     from strategies.comm import Comm
@@ -38,7 +44,7 @@ def write_dir(tensors: dict[str, Any], meta: dict[str, Any], path: str, comm: Co
     comm.barrier("save_checkpoint")
     dcp.save(tensors, checkpoint_id=tmp)
     if comm.is_global_zero:
-        from trainer.checkpoint.io import atomic_save  # the file form's writer (io imports this module)
+        from strategies.checkpoint.io import atomic_save  # the file form's writer (io imports this module)
 
         atomic_save(meta, os.path.join(tmp, META))
     comm.barrier("save_checkpoint")
@@ -74,7 +80,7 @@ def _existing(path: str) -> str:
 
 def _read_meta(path: str) -> tuple[dict[str, Any], Any]:
     """The non-tensor part and the DCP metadata of a directory checkpoint."""
-    from trainer.checkpoint import dcp_read
+    from strategies.checkpoint import dcp_read
 
     try:
         regular_file(os.path.join(path, META), "checkpoint part", follow=False)
@@ -103,7 +109,7 @@ def _saved_weights(metadata: Any) -> dict[str, torch.Tensor]:
 
 def read_dir(path: str) -> dict[str, Any]:
     """A directory checkpoint with its weights gathered whole into this process (no collectives)."""
-    from trainer.checkpoint import dcp_read
+    from strategies.checkpoint import dcp_read
 
     meta, metadata = _read_meta(path)
     target = {MODEL + k: torch.empty(v.shape, dtype=v.dtype) for k, v in _saved_weights(metadata).items()}
@@ -120,7 +126,7 @@ def restore_dir(
     for a full checkpoint, into `optimizers`; every rank calls this."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
-    from trainer.checkpoint import dcp_read
+    from strategies.checkpoint import dcp_read
 
     meta, metadata = _read_meta(path)
     if weights:

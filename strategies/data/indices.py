@@ -7,7 +7,7 @@ from typing import Any
 
 from torch.utils.data import Sampler
 
-from trainer.loop.data import rebuild, rebuildable
+from strategies.data.reinit import rebuild, rebuildable
 
 
 class IndexBatchSampler(Sampler[list[int]]):
