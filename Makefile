@@ -5,7 +5,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tandem-installed
 
-.PHONY: run test test-slow bench lint format clean
+.PHONY: run test test-slow bench lint docs format clean
 
 # torch is installed first and pinned: a bare `torch` would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml Makefile
@@ -24,7 +24,7 @@ test: $(STAMP)
 # multi-process Lightning ports, the two-node network lab (root + iproute2; skipped with a reason otherwise),
 # and the W&B / MLflow loggers against their real clients (offline W&B, a local mlflow server)
 test-slow: $(STAMP)
-	$(PY) -m pip install -q -e ".[notebook,trackers]"
+	$(PY) -m pip install -q -e ".[notebook,trackers,docs]"
 	$(PY) -m pytest -m "slow or trackers"
 
 bench: $(STAMP)
@@ -33,13 +33,21 @@ bench: $(STAMP)
 	$(PY) benchmarks/tensorboard_events.py
 	$(PY) benchmarks/ddp.py
 
+# ruff, then the layers: one import direction and no import circle (pyproject.toml [tool.importlinter])
 lint: $(STAMP)
 	$(PY) -m ruff format --check .
 	$(PY) -m ruff check .
+	$(VENV)/bin/lint-imports --no-cache
+
+# the guides and the API reference (docstrings) as a static site in site/; strict: a broken link or a public
+# name without a docstring fails the build
+docs: $(STAMP)
+	$(PY) -m pip install -q -e ".[docs]"
+	$(VENV)/bin/mkdocs build --strict
 
 format: $(STAMP)
 	$(PY) -m ruff format .
 	$(PY) -m ruff check --fix .
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info

@@ -58,7 +58,7 @@ def last_files(directory: str) -> list[tuple[float, str]]:
     every form Tandem writes: a file (or save_last="link"'s link to one), a sharded directory (FSDP), a link
     to a sharded directory beside it (save_last="link" under FSDP; a directory link elsewhere is not
     followed), and a sharded directory a crash left moved aside as ``last.ckpt.old-*`` (the save that
-    replaces a directory renames the old one aside first; trainer/checkpoint/io.py reads it from there).
+    replaces a directory renames the old one aside first; strategies/checkpoint/io.py reads it from there).
 
     An entry deleted while the directory is listed (a run cleaning up beside this one) is skipped.
     """

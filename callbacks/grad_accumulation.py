@@ -37,9 +37,11 @@ class GradientAccumulationScheduler(Callback):
         self.epochs = sorted(scheduling)
 
     def going_to_accumulate_grad_batches(self) -> bool:
+        """Whether any epoch of the schedule accumulates more than one batch."""
         return any(v > 1 for v in self.scheduling.values())
 
     def get_accumulate_grad_batches(self, epoch: int) -> int:
+        """The number of batches accumulated in `epoch`, by the schedule."""
         return next(self.scheduling[e] for e in reversed(self.epochs) if epoch >= e)
 
     def on_train_start(self, trainer: Trainer, task: Task) -> None:

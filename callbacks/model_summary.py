@@ -34,6 +34,7 @@ class ModelSummary(Callback):
 
     @property
     def max_depth(self) -> int:
+        """How deep into nested modules the summary goes (-1: all, 0: no summary)."""
         return self._max_depth
 
     def on_fit_start(self, trainer: Trainer, task: Task) -> None:

@@ -33,6 +33,7 @@ class OnExceptionCheckpoint(Checkpoint):
 
     @property
     def ckpt_path(self) -> str:
+        """The path of the checkpoint written when a run raises."""
         return os.path.join(self.dirpath, self.filename + self.FILE_EXTENSION)
 
     def setup(self, trainer: Trainer, task: Task, stage: str) -> None:

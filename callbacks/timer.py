@@ -74,6 +74,7 @@ class Timer(Callback):
         return self._start[stage]
 
     def end_time(self, stage: str = "train") -> float | None:
+        """When `stage` ended (time.monotonic() seconds), or None while it runs or before it started."""
         return self._end[stage]
 
     def time_elapsed(self, stage: str = "train") -> float:
@@ -85,6 +86,7 @@ class Timer(Callback):
         return offset + (end if end is not None else time.monotonic()) - start
 
     def time_remaining(self, stage: str = "train") -> float:
+        """Seconds left of the duration in `stage`, or None without a duration."""
         return self._duration_s - self.time_elapsed(stage)
 
     # ----- stages --------------------------------------------------------------------------------

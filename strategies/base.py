@@ -52,6 +52,7 @@ class Strategy:
     # ----- where we are -------------------------------------------------------------------------
     @property
     def root_device(self) -> torch.device:
+        """The device this process computes on."""
         if self._root_device is None:
             self._root_device = pick_device(self.accelerator or "auto")
         return self._root_device
@@ -88,6 +89,7 @@ class Strategy:
         return loader
 
     def batch_to_device(self, batch: Any) -> Any:
+        """`batch` (tensors in any nesting of lists, tuples, dicts, dataclasses) on root_device."""
         return move_to_device(batch, self.root_device, (self._precision or self.precision).param_dtype)
 
     # ----- steps --------------------------------------------------------------------------------
@@ -123,9 +125,11 @@ class Strategy:
 
     # ----- checkpoints --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        """The strategy's own state for a checkpoint (e.g. the precision's loss scaler)."""
         return {"precision": self.precision.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what state_dict returned."""
         self.precision.load_state_dict(state.get("precision", {}))
 
     # ----- filled in by the Trainer (strategies/__init__.py), never after setup --------------------

@@ -45,18 +45,22 @@ class Comm:
 
     @property
     def world_size(self) -> int:
+        """The number of processes in the job."""
         return 1
 
     @property
     def rank(self) -> int:
+        """This process's global rank."""
         return 0
 
     @property
     def local_rank(self) -> int:
+        """This process's rank on its machine."""
         return 0
 
     @property
     def is_global_zero(self) -> bool:
+        """Whether this is global rank 0 (the process that writes files)."""
         return self.rank == 0
 
     def reduce(self, tensor: torch.Tensor, op: str = "mean", group: Any = None) -> torch.Tensor:

@@ -33,12 +33,15 @@ class ParallelStrategy(Strategy):
         return self.comm.reduce(tensor, op={"avg": "mean"}.get(op, op), group=group)
 
     def all_gather(self, tensor: torch.Tensor, group: Any = None, sync_grads: bool = False) -> torch.Tensor:
+        """`data` from every rank, stacked (Lightning's all_gather)."""
         return self.comm.all_gather(tensor, group=group, sync_grads=sync_grads)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Rank `src`'s `obj` on every rank."""
         return self.comm.broadcast(obj, src)
 
     def barrier(self, name: str | None = None) -> None:
+        """Wait until every rank has reached this point."""
         self.comm.barrier(name)
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:

@@ -170,8 +170,10 @@ class Precision:
         return result
 
     def state_dict(self) -> dict[str, Any]:
+        """The precision's state for a checkpoint (the fp16 GradScaler's)."""
         return {"scaler": self.scaler.state_dict()} if self.scaler is not None else {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what state_dict returned."""
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])

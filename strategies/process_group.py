@@ -210,6 +210,7 @@ class ProcessGroupStrategy(ParallelStrategy):
 
     @property
     def root_device(self) -> torch.device:
+        """The device of this process's local rank."""
         if self._root_device is None:
             self._root_device = pick_device(self.accelerator or "auto", self.comm.local_rank)
         return self._root_device

@@ -21,6 +21,7 @@ class SingleDeviceStrategy(Strategy):
 
     @property
     def root_device(self) -> torch.device:
+        """The one device this strategy computes on."""
         if self._root_device is None:
             self._root_device = pick_device(self.accelerator or "auto", self.device_index)
         return self._root_device

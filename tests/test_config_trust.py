@@ -19,7 +19,7 @@ from config_fixtures import BUILT, HERE, base
 from tandem_core.errors import ConfigError
 from trainer import config as C
 from trainer.cli import main
-from trainer.config.types import slot_types
+from trainer.config.slots import slot_types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -350,8 +350,9 @@ class TrainerConfig:
 
     @classmethod
     def docstring(cls) -> str:
-        """One line per option (``name (type) = default: doc``), for ``Trainer.__init__.__doc__``."""
-        lines = [f"    {f.name} ({f.type}) = {f.default!r}: {f.metadata['doc']}" for f in fields(cls)]
+        """One list item per option (``- `name` (type) = default: doc``), for ``Trainer.__init__.__doc__`` (help()
+        and the API reference show it)."""
+        lines = [f"- `{f.name}` ({f.type}) = `{f.default!r}`: {f.metadata['doc']}" for f in fields(cls)]
         return "Configure a run; every option is keyword-only (trainer/options.py):\n\n" + "\n".join(lines)
 
 

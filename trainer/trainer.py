@@ -213,22 +213,27 @@ class Trainer:
 
     @property
     def training(self) -> bool:
+        """Whether the trainer is in the training loop now."""
         return self.state.phase == "train"
 
     @property
     def validating(self) -> bool:
+        """Whether the trainer is running validation now (not the sanity check)."""
         return self.state.phase == "val" and not self.state.sanity_checking
 
     @property
     def testing(self) -> bool:
+        """Whether the trainer is testing now."""
         return self.state.phase == "test"
 
     @property
     def predicting(self) -> bool:
+        """Whether the trainer is predicting now."""
         return self.state.phase == "predict"
 
     @property
     def should_stop(self) -> bool:
+        """Set to True to end fit after the current step (every rank agrees first)."""
         return self.state.should_stop
 
     @should_stop.setter
@@ -249,6 +254,7 @@ class Trainer:
 
     @property
     def accumulate_grad_batches(self) -> int:
+        """The number of batches whose gradients add up to one optimizer step."""
         return self.config.accumulate_grad_batches
 
     @accumulate_grad_batches.setter
@@ -261,6 +267,7 @@ class Trainer:
 
     @property
     def logger(self) -> Logger | None:
+        """The first logger, or None without one."""
         return self.loggers[0] if self.loggers else None
 
     @property
@@ -274,6 +281,7 @@ class Trainer:
 
     @property
     def progress_bar_metrics(self) -> dict[str, float]:
+        """The values shown in the progress bar."""
         return self.metric_store.progress_bar_metrics()
 
     @property
@@ -285,43 +293,53 @@ class Trainer:
 
     @property
     def checkpoint_callbacks(self) -> list[Callback]:
+        """Every checkpointing callback (ModelCheckpoint, OnExceptionCheckpoint, ...)."""
         return [cb for cb in self.callbacks if hasattr(cb, "best_model_path")]
 
     @property
     def checkpoint_callback(self) -> Any:
+        """The first ModelCheckpoint, or None."""
         cbs = self.checkpoint_callbacks
         return cbs[0] if cbs else None
 
     @property
     def train_dataloader(self) -> Any:
+        """The training loader of the current fit."""
         return (self.loaders.get("train") or [None])[0]
 
     @property
     def val_dataloaders(self) -> list[Any]:
+        """The validation loaders of the current stage."""
         return self.loaders.get("val", [])
 
     @property
     def test_dataloaders(self) -> list[Any]:
+        """The test loaders of the current stage."""
         return self.loaders.get("test", [])
 
     @property
     def predict_dataloaders(self) -> list[Any]:
+        """The predict loaders of the current stage."""
         return self.loaders.get("predict", [])
 
     @property
     def num_training_batches(self) -> int | float:
+        """The number of training batches an epoch runs (after limit_train_batches)."""
         return (self.loader_sizes.get("train") or [0])[0]
 
     @property
     def num_val_batches(self) -> list[int | float]:
+        """The number of batches of each validation loader (after limit_val_batches)."""
         return self.loader_sizes.get("val", [])
 
     @property
     def num_test_batches(self) -> list[int | float]:
+        """The number of batches of each test loader (after limit_test_batches)."""
         return self.loader_sizes.get("test", [])
 
     @property
     def num_predict_batches(self) -> list[int | float]:
+        """The number of batches of each predict loader (after limit_predict_batches)."""
         return self.loader_sizes.get("predict", [])
 
     @property

@@ -94,6 +94,7 @@ class StochasticWeightAveraging(Callback):
 
     @staticmethod
     def pl_module_contains_batch_norm(task: nn.Module) -> bool:
+        """Whether the task has batch-norm layers (their statistics are recomputed after averaging)."""
         return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in task.modules())
 
     @staticmethod
@@ -184,6 +185,7 @@ class StochasticWeightAveraging(Callback):
 
     @staticmethod
     def transfer_weights(src: nn.Module, dst: nn.Module) -> None:
+        """Copy the averaged model's parameters into the task (Lightning's static method of the same name)."""
         for p_src, p_dst in zip(src.parameters(), dst.parameters()):
             p_dst.detach().copy_(p_src.to(p_dst.device))
 

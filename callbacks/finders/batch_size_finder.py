@@ -68,6 +68,7 @@ class BatchSizeFinder(Callback):
             )
 
     def scale_batch_size(self, trainer: Trainer, pl_module: Task) -> None:
+        """Run the batch-size search now and keep the result in `optimal_batch_size`."""
         if (
             len(
                 trainer.loaders.get(

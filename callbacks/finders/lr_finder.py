@@ -38,6 +38,7 @@ class LearningRateFinder(Callback):
         self.optimal_lr: Any = None
 
     def lr_find(self, trainer: Trainer, pl_module: Task) -> None:
+        """Run the learning-rate search now and keep the result in `optimal_lr`."""
         self.optimal_lr = trainer._lr_find(
             pl_module, min_lr=self._min_lr, max_lr=self._max_lr, num_training=self._num_training_steps,
             mode=self._mode, early_stop_threshold=self._early_stop_threshold, update_attr=self._update_attr,

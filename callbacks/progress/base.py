@@ -33,6 +33,7 @@ class ProgressBar(Callback):
 
     @property
     def trainer(self) -> Trainer:
+        """The Trainer this bar is attached to (set in setup)."""
         if self._trainer is None:
             raise TypeError(f"The `{type(self).__name__}._trainer` reference has not been set yet.")
         return self._trainer
@@ -54,21 +55,25 @@ class ProgressBar(Callback):
 
     @property
     def num_sanity_val_batches(self) -> list[int | float]:
+        """The number of sanity-check batches of each validation loader."""
         steps = self.trainer.config.num_sanity_val_steps
         return [n if steps == -1 else min(n, steps) for n in self.trainer.num_val_batches]
 
     @property
     def total_val_batches_current_dataloader(self) -> int | float:
+        """The number of validation batches of the loader being run."""
         t = self.trainer
         sizes = self.num_sanity_val_batches if t.sanity_checking else t.num_val_batches
         return sizes[self._current_eval_dataloader_idx or 0]
 
     @property
     def total_test_batches_current_dataloader(self) -> int | float:
+        """The number of test batches of the loader being run."""
         return self.trainer.num_test_batches[self._current_eval_dataloader_idx or 0]
 
     @property
     def total_predict_batches_current_dataloader(self) -> int | float:
+        """The number of predict batches of the loader being run."""
         return self.trainer.num_predict_batches[self._current_eval_dataloader_idx or 0]
 
     @property
@@ -81,10 +86,12 @@ class ProgressBar(Callback):
         return sum(t.num_val_batches)
 
     def has_dataloader_changed(self, dataloader_idx: int) -> bool:
+        """Whether `dataloader_idx` differs from the loader the bar showed last (and remember it)."""
         old, self._current_eval_dataloader_idx = self._current_eval_dataloader_idx, dataloader_idx
         return old != dataloader_idx
 
     def reset_dataloader_idx_tracker(self) -> None:
+        """Forget which loader the bar showed last."""
         self._current_eval_dataloader_idx = None
 
     # ----- what a bar implements ------------------------------------------------------------------

@@ -119,14 +119,17 @@ class RichProgressBar(ProgressBar):
 
     @property
     def refresh_rate(self) -> int:
+        """How many batches pass between two redraws."""
         return self._refresh_rate
 
     @property
     def is_enabled(self) -> bool:
+        """Whether the bar draws."""
         return self._enabled and self.refresh_rate > 0
 
     @property
     def is_disabled(self) -> bool:
+        """Whether the bar is off."""
         return not self.is_enabled
 
     def disable(self) -> None:
@@ -139,6 +142,7 @@ class RichProgressBar(ProgressBar):
         return {**vars(self), "progress": None, "_console": None}
 
     def metrics_texts(self) -> list[str]:
+        """The metrics shown beside the bar, as text (Lightning's name)."""
         out = []
         for name, value in self._metrics.items():
             try:

@@ -57,22 +57,27 @@ class TQDMProgressBar(ProgressBar):
 
     @property
     def refresh_rate(self) -> int:
+        """How many batches pass between two redraws."""
         return self._refresh_rate
 
     @property
     def process_position(self) -> int:
+        """The bar's line offset (for several processes printing bars)."""
         return self._process_position
 
     @property
     def leave(self) -> bool:
+        """Whether each epoch's bar stays on screen when it ends."""
         return self._leave
 
     @property
     def is_enabled(self) -> bool:
+        """Whether the bar draws."""
         return self._enabled and self.refresh_rate > 0
 
     @property
     def is_disabled(self) -> bool:
+        """Whether the bar is off."""
         return not self.is_enabled
 
     def disable(self) -> None:
@@ -100,18 +105,23 @@ class TQDMProgressBar(ProgressBar):
         )
 
     def init_sanity_tqdm(self) -> Any:
+        """The tqdm bar of the sanity check."""
         return self._tqdm(self.sanity_check_description, 0, False)
 
     def init_train_tqdm(self) -> Any:
+        """The tqdm bar of training."""
         return self._tqdm(self.train_description, 0, True)
 
     def init_validation_tqdm(self) -> Any:
+        """The tqdm bar of validation."""
         return self._tqdm(self.validation_description, 0 if self.train_progress_bar is None else 1, False)
 
     def init_test_tqdm(self) -> Any:
+        """The tqdm bar of testing."""
         return self._tqdm(self.test_description, 0, True)
 
     def init_predict_tqdm(self) -> Any:
+        """The tqdm bar of predicting."""
         return self._tqdm(self.predict_description, 0, True)
 
     def _set_metrics(self, trainer: Trainer, bar: Any, force: bool = False) -> None:

@@ -20,7 +20,7 @@ from strategies.checkpoint.checks import (
     regular_file,
     resumable,
 )
-from strategies.checkpoint.files import read
+from strategies.checkpoint.files import atomic_save, read
 from tandem_core.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -44,8 +44,6 @@ def write_dir(tensors: dict[str, Any], meta: dict[str, Any], path: str, comm: Co
     comm.barrier("save_checkpoint")
     dcp.save(tensors, checkpoint_id=tmp)
     if comm.is_global_zero:
-        from strategies.checkpoint.io import atomic_save  # the file form's writer (io imports this module)
-
         atomic_save(meta, os.path.join(tmp, META))
     comm.barrier("save_checkpoint")
     if comm.is_global_zero:

@@ -1,4 +1,4 @@
-"""Reading a checkpoint file safely: `torch.load(weights_only=True)` after the file's records were checked, and a
+"""Writing one checkpoint file atomically, and reading one safely: `torch.load(weights_only=True)` after the file's records were checked, and a
 refusal that names the global a file needs and says how to trust it."""
 
 from __future__ import annotations
@@ -12,6 +12,22 @@ import torch
 
 from strategies.checkpoint.checks import check_file
 from tandem_core.errors import CheckpointError
+from tandem_core.fileio import atomic_write
+
+
+def atomic_save(obj: Any, path: str | os.PathLike[str]) -> None:
+    """torch.save `obj` to `path` atomically (see tandem_core.fileio.atomic_write). A failed write (a full disk)
+    leaves the previous file; torch reports it as a RuntimeError of its zip writer, raised here as a
+    CheckpointError that names the file and the system's error."""
+    try:
+        atomic_write(path, lambda f: torch.save(obj, f))
+    except RuntimeError as e:
+        cause = e.__cause__ or e.__context__
+        if not isinstance(cause, OSError):
+            raise
+        raise CheckpointError(
+            f"could not write checkpoint {os.fspath(path)!r}: {cause}; the previous file there is unchanged."
+        ) from e
 
 
 def read(

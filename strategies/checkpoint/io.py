@@ -30,9 +30,8 @@ from strategies.checkpoint.directory import (
     sharded_states,
     write_dir,
 )
-from strategies.checkpoint.files import read
+from strategies.checkpoint.files import atomic_save, read
 from tandem_core.errors import CheckpointError
-from tandem_core.fileio import atomic_write
 
 if TYPE_CHECKING:
     from strategies.comm import Comm
@@ -205,22 +204,6 @@ def _by_name(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
         "state": {names[i]: s for i, s in state["state"].items()},
         "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]],
     }
-
-
-# ----- files --------------------------------------------------------------------------------------
-def atomic_save(obj: Any, path: str | os.PathLike[str]) -> None:
-    """torch.save `obj` to `path` atomically (see tandem_core.fileio.atomic_write). A failed write (a full disk)
-    leaves the previous file; torch reports it as a RuntimeError of its zip writer, raised here as a
-    CheckpointError that names the file and the system's error."""
-    try:
-        atomic_write(path, lambda f: torch.save(obj, f))
-    except RuntimeError as e:
-        cause = e.__cause__ or e.__context__
-        if not isinstance(cause, OSError):
-            raise
-        raise CheckpointError(
-            f"could not write checkpoint {os.fspath(path)!r}: {cause}; the previous file there is unchanged."
-        ) from e
 
 
 def load(

@@ -17,8 +17,9 @@ from tandem_core.errors import ConfigError, TandemError
 from trainer.config.load import Source, load, resolve
 from trainer.config.save import SaveRunConfig
 from trainer.config.schema import FROM_TRAINER
+from trainer.config.slots import slot_types
 from trainer.config.targets import TARGET, built, instantiate, locate, params
-from trainer.config.types import describe, slot_types
+from trainer.config.types import describe
 from trainer.options import TrainerConfig
 from trainer.secrets import env_values
 

@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from tandem_core.errors import ConfigError, did_you_mean
+from trainer.config.slots import slot_types
 from trainer.config.targets import PARTIAL, TARGET, locate, params
-from trainer.config.types import annotations, check, narrow, slot_types
+from trainer.config.types import annotations, check, narrow
 from trainer.options import OptionError, TrainerConfig
 
 SECTIONS = (

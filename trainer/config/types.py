@@ -27,17 +27,6 @@ _ITEMS += (collections.abc.MutableSequence, collections.abc.Set, collections.abc
 _VALUES = (dict, collections.abc.Mapping, collections.abc.MutableMapping)
 
 
-def slot_types() -> dict[str, type]:
-    """The type each top-level slot builds (imported here, on first use: the config layer loads no Trainer)."""
-    from callbacks.base import Callback
-    from strategies.base import Strategy
-    from trainer.loggers import Logger
-    from trainer.task.base import Task
-    from trainer.task.datamodule import DataModule
-
-    return {"task": Task, "data": DataModule, "callbacks": Callback, "logger": Logger, "strategy": Strategy}
-
-
 def annotations(obj: Any) -> tuple[dict[str, Any], Any]:
     """The annotated type of each named parameter of `obj` (Any where there is none), and of its ``**kwargs``."""
     try:

@@ -115,6 +115,7 @@ class Logger:
 
     @property
     def log_dir(self) -> str:
+        """The directory this logger writes into."""
         version = self.version if isinstance(self.version, str) else f"version_{self.version}"
         return os.path.join(self.root_dir, version)
 

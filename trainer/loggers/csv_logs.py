@@ -40,6 +40,7 @@ class CSVLogger(Logger):
 
     @property
     def metrics_file(self) -> str:
+        """The path of the metrics CSV file."""
         return os.path.join(self.log_dir, "metrics.csv")
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:

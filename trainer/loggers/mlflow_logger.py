@@ -85,10 +85,12 @@ class MLFlowLogger(Logger):
 
     @property
     def run_id(self) -> str | None:
+        """The MLflow run's id (the logger's version), or None before the run exists."""
         return self.version
 
     @property
     def experiment_id(self) -> str | None:
+        """The MLflow experiment's id (the logger's name)."""
         return self.name
 
     @property

@@ -155,6 +155,7 @@ class WandbLogger(Logger):
     def log_table(
         self, key: str, columns: Any = None, data: Any = None, dataframe: Any = None, step: int | None = None
     ) -> None:
+        """Log a wandb.Table built from `columns` and `data` (or a DataFrame) under `key`."""
         import wandb
 
         self.log_metrics({key: wandb.Table(columns=columns, data=data, dataframe=dataframe)}, step)  # type: ignore[dict-item]
@@ -162,6 +163,7 @@ class WandbLogger(Logger):
     def log_text(
         self, key: str, columns: Any = None, data: Any = None, dataframe: Any = None, step: int | None = None
     ) -> None:
+        """Log text rows as a wandb.Table under `key`."""
         self.log_table(key, columns, data, dataframe, step)
 
     def log_image(self, key: str, images: list[Any], step: int | None = None, **kwargs: Any) -> None:
@@ -171,6 +173,7 @@ class WandbLogger(Logger):
         self.log_metrics({key: _media(wandb.Image, images, kwargs)}, step)  # type: ignore[dict-item]
 
     def use_artifact(self, artifact: str, artifact_type: str | None = None) -> Any:
+        """Declare that this run uses W&B artifact `artifact` (and return it)."""
         return self.experiment.use_artifact(artifact, type=artifact_type)
 
     # ----- checkpoints ---------------------------------------------------------------------------

@@ -8,9 +8,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from strategies.base import is_plain
+from strategies.clipping import clip_gradients
 from tandem_core.errors import ConfigError, TaskError
 from tandem_core.optim import SchedulerConfig
 from trainer.loop.hooks import run_as
+from trainer.task.defaults import clipping_overridden
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -152,7 +154,7 @@ class StepClosure:
         # without a gradient_clip_val, so they are called only with one or where the task overrides them
         self.clips = (task is None or task.automatic_optimization) and (
             bool(trainer.config.gradient_clip_val)
-            or ("configure_gradient_clipping" in trainer.hooks.custom and _clipping_overridden(task))
+            or ("configure_gradient_clipping" in trainer.hooks.custom and clipping_overridden(task))
         )
         # no unscaling, no on_before_optimizer_step, no clipping: calling this is calling `closure`
         self.only_calls_closure = self.unscale is None and self.before_step is None and not self.clips
@@ -169,18 +171,6 @@ class StepClosure:
         return result
 
 
-def _clipping_overridden(task: Any) -> bool:
-    """Whether the task's class overrides configure_gradient_clipping or clip_gradients (TaskDefaults' pair
-    clips only with a gradient_clip_val)."""
-    from trainer.task.defaults import TaskDefaults  # (it imports this module)
-
-    cls = type(task)
-    return any(
-        getattr(cls, name, None) is not getattr(TaskDefaults, name)
-        for name in ("configure_gradient_clipping", "clip_gradients")
-    )
-
-
 def _clip(trainer: Trainer, optimizer: torch.optim.Optimizer) -> None:
     cfg = trainer.config
     if "configure_gradient_clipping" in trainer.hooks.custom:
@@ -189,18 +179,6 @@ def _clip(trainer: Trainer, optimizer: torch.optim.Optimizer) -> None:
         )
     elif cfg.gradient_clip_val:
         clip_gradients(optimizer, cfg.gradient_clip_val, cfg.gradient_clip_algorithm)
-
-
-def clip_gradients(optimizer: torch.optim.Optimizer, clip_val: float, algorithm: str | None = "norm") -> None:
-    """Clip the gradients of the optimizer's parameters by total norm (also for None) or by value."""
-    algorithm = algorithm or "norm"
-    params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-    if algorithm == "norm":
-        torch.nn.utils.clip_grad_norm_(params, clip_val)
-    elif algorithm == "value":
-        torch.nn.utils.clip_grad_value_(params, clip_val)
-    else:
-        raise ConfigError(f"gradient_clip_algorithm must be 'norm' or 'value', got {algorithm!r}")
 
 
 class TaskOptimizer:

@@ -66,6 +66,7 @@ class Task(LightningAttributes, TaskDefaults, ExportMixin, torch.nn.Module, Hype
     # ----- what the Trainer provides ------------------------------------------------------------
     @property
     def trainer(self) -> Trainer:
+        """The Trainer running this task (a TaskError outside one)."""
         if self._trainer is None:
             raise TaskError(
                 f"{type(self).__name__} is not attached to a Trainer; call trainer.fit(task) first."
@@ -74,6 +75,7 @@ class Task(LightningAttributes, TaskDefaults, ExportMixin, torch.nn.Module, Hype
 
     @property
     def device(self) -> torch.device:
+        """The device the task's parameters are on."""
         if self._trainer is not None:
             return self._trainer.strategy.root_device
         p = next(self.parameters(), None)
@@ -81,18 +83,22 @@ class Task(LightningAttributes, TaskDefaults, ExportMixin, torch.nn.Module, Hype
 
     @property
     def global_rank(self) -> int:
+        """This process's global rank (0 outside a Trainer)."""
         return self._trainer.global_rank if self._trainer is not None else 0
 
     @property
     def local_rank(self) -> int:
+        """This process's rank on its machine (0 outside a Trainer)."""
         return self._trainer.local_rank if self._trainer is not None else 0
 
     @property
     def current_epoch(self) -> int:
+        """The Trainer's current epoch (0 outside a Trainer)."""
         return self._trainer.current_epoch if self._trainer is not None else 0
 
     @property
     def global_step(self) -> int:
+        """The number of optimizer steps taken (0 outside a Trainer)."""
         return self._trainer.global_step if self._trainer is not None else 0
 
     def log(

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from strategies.batch import move_to_device
+from strategies.clipping import clip_gradients
 from tandem_core.hooks import default
-from trainer.loop.optim import clip_gradients
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -145,3 +145,13 @@ class TaskDefaults:
     def on_predict_model_eval(self) -> None:
         """Put the model in evaluation mode for prediction."""
         self.eval()  # type: ignore[attr-defined]
+
+
+def clipping_overridden(task: object) -> bool:
+    """Whether the task's class overrides configure_gradient_clipping or clip_gradients (TaskDefaults' pair
+    clips only with a gradient_clip_val)."""
+    cls = type(task)
+    return any(
+        getattr(cls, name, None) is not getattr(TaskDefaults, name)
+        for name in ("configure_gradient_clipping", "clip_gradients")
+    )

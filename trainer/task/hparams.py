@@ -76,6 +76,7 @@ class HyperparametersMixin:
 
     @property
     def hparams(self) -> AttributeDict:
+        """The hyperparameters save_hyperparameters recorded (an attribute dict)."""
         if "_hparams" not in self.__dict__:
             object.__setattr__(self, "_hparams", AttributeDict())
         return self.__dict__["_hparams"]
