@@ -27,7 +27,7 @@ STRATEGIES: dict[str, tuple[str, dict[str, Any]]] = {
     "fsdp": ("strategies.fsdp:FSDPStrategy", {}),
     "fsdp_cpu_offload": ("strategies.fsdp:FSDPStrategy", {"cpu_offload": True}),
 }
-# Lightning's DDP start methods: fork (notebooks) is Tandem's too; DDPStrategy refuses spawn, naming these
+# Lightning's DDP start methods: fork (notebooks) and spawn start the workers from this process (strategies/fork.py)
 for _name, _method in (("fork", "fork"), ("notebook", "fork"), ("spawn", "spawn")):
     STRATEGIES[f"ddp_{_name}"] = ("strategies.ddp:DDPStrategy", {"start_method": _method})
     for _unused in (True, False):

@@ -110,16 +110,19 @@ class Comm:
 class ProcessGroupComm(Comm):
     """Collectives on torch.distributed's default process group (gloo or NCCL)."""
 
-    def __init__(self, timeout_s: float = 1800.0, planned_world: Callable[[], int] = lambda: 1) -> None:
+    def __init__(self, timeout_s: float = 1800.0, planned_world: Callable[[], int] | None = None) -> None:
         self.timeout_s = timeout_s
-        self._planned_world = planned_world  # the world size before the job is launched (devices x nodes)
+        # the world size before the job is launched (devices x nodes); a method, not a lambda, so that the
+        # strategy pickles (strategy='ddp_spawn' sends it to its workers)
+        self._planned_world = planned_world
         self.device = torch.device("cpu")  # where small agreement tensors live (the rank's GPU under NCCL)
         self._step_join = False  # per-step agreement on "every rank still has a batch" (unknown lengths)
         self._stop: tuple[torch.Tensor, Any] | None = None  # the stop agreement in flight: (flag, work)
 
     @property
     def world_size(self) -> int:
-        return int(os.environ.get("WORLD_SIZE", self._planned_world()))
+        planned = self._planned_world() if self._planned_world is not None else 1
+        return int(os.environ.get("WORLD_SIZE", planned))
 
     @property
     def rank(self) -> int:

@@ -1,8 +1,10 @@
-"""A fork-based start for notebooks and interactive sessions (Lightning's `ddp_notebook` / `ddp_fork`).
+"""Workers started from this process: fork for notebooks and interactive sessions (Lightning's `ddp_notebook` /
+`ddp_fork`), spawn or forkserver for Lightning's `ddp_spawn` (what users' own pytest suites use).
 
 A Jupyter kernel has no script that the usual start could re-run once per device, so the stage (fit,
-validate, test, predict) runs in `devices` processes forked from this one: each inherits the task, the data
-and the Trainer as they are, joins a gloo/NCCL group on 127.0.0.1 and runs the stage; rank 0 sends back
+validate, test, predict) runs in `devices` processes started from this one: forked, each inherits the task,
+the data and the Trainer as they are; spawned, each receives them pickled (by value: no tensor is shared
+between the processes). Each joins a gloo/NCCL group on 127.0.0.1 and runs the stage; rank 0 sends back
 what a script's process would hold afterwards (the weights, the loop state, the metrics, the callbacks'
 state, the loggers' versions, the stage's return value) and this process takes it over.
 
@@ -68,23 +70,28 @@ def check_forkable(strategy_name: str) -> None:
 class ForkStart:
     """Returned by ProcessGroupStrategy.launch() in the parent: `run` makes the workers run a stage."""
 
-    def __init__(self, strategy: ProcessGroupStrategy, nprocs: int) -> None:
-        self.strategy, self.nprocs = strategy, nprocs
+    def __init__(self, strategy: ProcessGroupStrategy, nprocs: int, method: str = "fork") -> None:
+        self.strategy, self.nprocs, self.method = strategy, nprocs, method
 
     def run(self, trainer: Trainer, task: Task | None, stage: Callable[[], Any]) -> Any:
-        """Run `stage` in `nprocs` forked workers; take over rank 0's results; return the stage's value."""
+        """Run `stage` in `nprocs` workers (forked, or spawned with the trainer and stage pickled); take over
+        rank 0's results; return the stage's value."""
         from strategies.launch import _free_port
 
-        ctx = mp.get_context("fork")
+        ctx = mp.get_context(self.method)
         # one pipe per worker: rank 0's report is larger than a pipe's atomic write, and two workers writing
         # to one pipe at once interleaved their bytes (UnpicklingError in the notebook)
         pipes = [ctx.Pipe(duplex=False) for _ in range(self.nprocs)]
         sends = [send for _, send in pipes]
         port = _free_port()
+        if self.method == "fork":
+            target, common = self._worker, (trainer, stage, sends)
+            args = [(rank, port, *common) for rank in range(self.nprocs)]
+        else:  # the worker imports this module afresh and unpickles what it runs (plain pickle: by value)
+            payload = self._pickled(trainer, stage)
+            target, args = _spawned, [(payload, rank, port, sends[rank]) for rank in range(self.nprocs)]
         workers = [
-            ctx.Process(
-                target=self._worker, args=(rank, port, trainer, stage, sends), name=f"tandem-rank{rank}"
-            )
+            ctx.Process(target=target, args=args[rank], name=f"tandem-rank{rank}")
             for rank in range(self.nprocs)
         ]
         for w in workers:
@@ -101,17 +108,33 @@ class ForkStart:
                 receive.close()
         return _take_over(trainer, task, reports)
 
+    def _pickled(self, trainer: Trainer, stage: Callable[[], Any]) -> bytes:
+        """This start, the trainer (with its strategy, callbacks, loggers) and the stage with its task and data,
+        pickled together (one pickle keeps the objects they share shared)."""
+        try:
+            return pickle.dumps((self, trainer, stage))
+        except Exception as e:  # noqa: BLE001 (anything unpicklable: say what and how to avoid it)
+            raise ConfigError(
+                f"strategy='ddp_{self.method}' sends the trainer, the task and the data to its workers by "
+                f"pickling, and one of them cannot be pickled ({type(e).__name__}: {e}). Define the task, its "
+                "data and callbacks at module level (no lambdas or local classes), or use strategy='ddp' (runs "
+                "the script once per device: nothing is pickled) or 'ddp_fork'."
+            ) from e
+
     def _worker(
         self, rank: int, port: int, trainer: Trainer, stage: Callable[[], Any], sends: list[Any]
     ) -> None:
         for other, conn in enumerate(sends):
             if other != rank:
                 conn.close()
-        send = sends[rank]
+        self._work(rank, port, trainer, stage, sends[rank])
+
+    def _work(self, rank: int, port: int, trainer: Trainer, stage: Callable[[], Any], send: Any) -> None:
         n = str(self.nprocs)
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=n, LOCAL_WORLD_SIZE=n)
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        torch.set_num_threads(1)  # see the module's docstring
+        # a forked worker runs one thread (see the module's docstring); a spawned one starts a fresh pool
+        torch.set_num_threads(1 if self.method == "fork" else max(1, (os.cpu_count() or 1) // self.nprocs))
         try:
             self.strategy._join_group()
             value = stage()
@@ -125,6 +148,12 @@ class ForkStart:
         send.send_bytes(pickle.dumps(report))  # plain bytes: torch's pickler would share tensors by fd,
         send.close()  # which this worker could not serve after it exits
         os._exit(0 if report[0] == "ok" else 1)  # no interpreter shutdown: the parent's atexit is not ours
+
+
+def _spawned(payload: bytes, rank: int, port: int, send: Any) -> None:
+    """A spawned worker's entry point: unpickle the start, the trainer and the stage, then run as a fork does."""
+    start, trainer, stage = pickle.loads(payload)
+    start._work(rank, port, trainer, stage, send)
 
 
 def _wait(workers: list[Any], receivers: list[Any]) -> dict[int, tuple[str, Any]]:
@@ -148,7 +177,7 @@ def _wait(workers: list[Any], receivers: list[Any]) -> dict[int, tuple[str, Any]
             _stop(workers, signal.SIGTERM)
             rank, code = dead[0]
             raise DistributedError(
-                f"forked worker rank {rank} died with exit code {code} before reporting (killed, or out of "
+                f"worker rank {rank} died with exit code {code} before reporting (killed, or out of "
                 "memory); the other workers were stopped."
             )
     for w in workers:
@@ -176,12 +205,12 @@ def _raise(kind: str, rank: int, payload: Any, workers: list[Any]) -> None:
     if kind == "exit":  # a stop signal in the workers (they saved their checkpoint and said so)
         raise SystemExit(payload)
     if payload is None:
-        raise DistributedError("a forked worker ended without sending its result; the others were stopped.")
+        raise DistributedError("a worker ended without sending its result; the others were stopped.")
     error, text = payload
-    remote = _RemoteTraceback(f"\n\nforked worker rank {rank} failed:\n\n{text}")
+    remote = _RemoteTraceback(f"\n\nworker rank {rank} failed:\n\n{text}")
     if isinstance(error, BaseException):
         raise error from remote
-    raise DistributedError(f"forked worker rank {rank} failed: {error}") from remote
+    raise DistributedError(f"worker rank {rank} failed: {error}") from remote
 
 
 class _RemoteTraceback(Exception):

@@ -52,17 +52,17 @@ def _attempt_store(timeout: datetime.timedelta) -> tuple[dist.Store, str] | None
     return dist.PrefixStore(prefix, store), prefix
 
 
+#: how the workers start: 'popen' re-runs the script once per device (as torchrun does); the others start them
+#: from this process with multiprocessing (Lightning's ddp_fork/ddp_notebook, ddp_spawn) and bring rank 0's
+#: results back to it (strategies/fork.py)
+START_METHODS = ("popen", "fork", "spawn", "forkserver")
+
+
 def check_start_method(method: str) -> None:
-    """'popen' (re-run the script per device, as torchrun does) and 'fork' are Tandem's; Lightning's others are not."""
-    if method in ("popen", "fork"):
-        return
-    if method in ("spawn", "forkserver"):
-        raise ConfigError(
-            f"start_method={method!r} (strategy='ddp_{method}') is not supported: Tandem starts DDP workers by "
-            "re-running your script once per device (strategy='ddp', as torchrun does; nothing needs to pickle), "
-            "or by fork in a notebook (strategy='ddp_notebook' or 'ddp_fork'). Use one of those."
-        )
-    raise ConfigError(f"start_method must be 'popen' or 'fork', got {method!r}")
+    """Refuse a start method Tandem does not have, listing those it has."""
+    if method not in START_METHODS:
+        valid = ", ".join(repr(m) for m in START_METHODS)
+        raise ConfigError(f"start_method must be one of {valid}, got {method!r}")
 
 
 class ProcessGroupStrategy(ParallelStrategy):
@@ -100,11 +100,14 @@ class ProcessGroupStrategy(ParallelStrategy):
         # multi-node: a rank whose heartbeat is silent this long ends the job (strategies/heartbeat.py)
         self.peer_timeout_s = peer_timeout_s
         self._alone = False  # a group of one made here (launch)
-        self.comm: ProcessGroupComm = ProcessGroupComm(timeout_s, lambda: self._world[0] * self._world[1])
+        self.comm: ProcessGroupComm = ProcessGroupComm(timeout_s, self._planned_world)
 
     @property
     def _world(self) -> tuple[int, int]:
         return (self.devices or 1), (self.num_nodes or 1)
+
+    def _planned_world(self) -> int:
+        return self._world[0] * self._world[1]
 
     # ----- life cycle ---------------------------------------------------------------------------
     def launch(self) -> ForkStart | None:
@@ -124,7 +127,7 @@ class ProcessGroupStrategy(ParallelStrategy):
                 )
             if devices == 1:
                 self._group_of_one()
-            elif self.start_method == "fork" or fork.interactive():
+            elif self.start_method != "popen" or fork.interactive():
                 return self._fork_start(devices)
             else:
                 launch.relaunch(devices, self.max_restarts)  # the parent exits with the workers' status
@@ -150,13 +153,15 @@ class ProcessGroupStrategy(ParallelStrategy):
         self._alone = True
 
     def _fork_start(self, devices: int) -> ForkStart:
-        name = self.name if self.start_method != "fork" else f"{self.name}_fork"
+        name = self.name if self.start_method == "popen" else f"{self.name}_{self.start_method}"
         if not self.fork_start:
             raise ConfigError(
-                f"strategy={self.name!r} with devices={devices} cannot start its workers from a notebook or an "
-                "interactive session (no fork start): put the code in a script and run `python train.py`, or "
-                "use strategy='ddp' (forks its workers here) or 'dp'."
+                f"strategy={name!r} with devices={devices} cannot start its workers from this process (a "
+                "notebook, fork or spawn): put the code in a script and run `python train.py`, or use "
+                "strategy='ddp' (starts its workers here) or 'dp'."
             )
+        if self.start_method in ("spawn", "forkserver"):
+            return fork.ForkStart(self, devices, self.start_method)
         fork.check_forkable(name)
         if self.start_method != "fork":
             print(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 from typing import Any
 
@@ -120,13 +121,9 @@ class Trainer:
                 loop.fit(self)
             return
 
-        def stage() -> None:  # in each worker forked from a notebook; rank 0's results come back
-            with Session(
-                self, "fit", task, datamodule, ckpt_path, train_dataloaders, val_dataloaders, weights_only
-            ):
-                loop.fit(self)
-
-        workers.run(self, task, stage)
+        # in each worker started from this process (a notebook's fork, ddp_spawn); rank 0's results come back
+        args = (task, datamodule, ckpt_path, train_dataloaders, val_dataloaders, weights_only)
+        workers.run(self, task, functools.partial(_fit_stage, self, *args))
 
     def validate(self, task: Task | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
                  verbose: bool = True, datamodule: DataModule | None = None, weights_only: bool | None = None,
@@ -157,10 +154,7 @@ class Trainer:
         if isinstance(loaders, DataModule):
             dm, loaders = loaders, None
 
-        def run() -> Any:
-            with Session(self, stage, task, dm, ckpt_path, None, loaders, weights_only):
-                return evaluation.evaluate(self, stage)
-
+        run = functools.partial(_evaluate_stage, self, stage, task, dm, ckpt_path, loaders, weights_only)
         results = self._launched(task, run)
         if verbose and self.is_global_zero:
             print_results(stage, results)
@@ -351,6 +345,19 @@ class Trainer:
         per_epoch = -(-self.num_training_batches // self.accumulate_grad_batches)
         by_epochs = per_epoch * self.max_epochs if self.max_epochs != -1 else float("inf")
         return min(by_epochs, self.max_steps) if self.max_steps != -1 else by_epochs
+
+
+def _fit_stage(t: Trainer, task: Task | None, *args: Any) -> None:
+    """fit's stage, as workers started from this process run it (a function, so that ddp_spawn pickles it)."""
+    with Session(t, "fit", task, *args):
+        loop.fit(t)
+
+
+def _evaluate_stage(t: Trainer, stage: str, task: Task | None, dm: Any, ckpt_path: Any, loaders: Any,
+                    weights_only: bool | None) -> Any:  # fmt: skip
+    """validate/test/predict's stage (a function, so that ddp_spawn pickles it)."""
+    with Session(t, stage, task, dm, ckpt_path, None, loaders, weights_only):
+        return evaluation.evaluate(t, stage)
 
 
 def _one(task: Task | None, model: Task | None) -> Task | None:
