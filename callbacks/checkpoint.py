@@ -15,6 +15,7 @@ from callbacks.checkpoint_names import (
     format_name,
     newest_lasts,
     parse_template,
+    template_values,
     unique_path,
     version_checkpoint_dirs,
 )
@@ -234,19 +235,7 @@ class ModelCheckpoint(Checkpoint):
         self, trainer: Trainer, candidates: dict[str, Any], names: list[str]
     ) -> dict[str, float] | None:
         """The floats of `names` (rank 0's on every rank), or None when they are not available yet."""
-        missing = [n for n in names if n not in candidates]
-        if missing:
-            if self.monitor in missing:
-                message = self._monitor.missing_message(trainer)
-            else:
-                message = (
-                    f"ModelCheckpoint(filename={self.filename!r}) uses {missing}, which were never logged; "
-                    f"logged keys: {sorted(trainer.callback_metrics)}. Log them with self.log or change "
-                    "the template."
-                )
-            self._monitor.missing(trainer, message, strict=True, action="save")
-            return None
-        return rank_zero_decides(trainer, {n: float(candidates[n]) for n in names})
+        return template_values(self, trainer, candidates, names)
 
     def _save_topk(self, trainer: Trainer, candidates: dict[str, Any]) -> None:
         names = [n for n, _ in self._fields] + ([self.monitor] if self.monitor else [])

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
+from typing import Any
 
 from tandem_core.errors import ConfigError
 
@@ -42,6 +44,34 @@ def format_name(template: str, values: dict[str, float], equals: str | None) -> 
         return text if equals is None else f"{name.replace('/', '_')}{equals}{text}"
 
     return _FIELD.sub(fill, template).replace("/", "_")
+
+
+def template_values(
+    cb: Any, trainer: Any, candidates: dict[str, Any], names: list[str]
+) -> dict[str, float] | None:
+    """The floats of `names` for ModelCheckpoint `cb`'s save (rank 0's on every rank), or None to skip it.
+
+    A missing monitor skips the save until validation has run (callbacks/monitor.py). A filename key not
+    logged yet is Lightning's rule: filled with 0 and saved (said once, so a short run still ends with its
+    checkpoint); a key that cannot appear any more (validation has run, or there is none) is a typo and a
+    ConfigError naming the logged keys, where Lightning would name every file "...=0"."""
+    from callbacks.monitor import no_validation, rank_zero_decides
+
+    missing = [n for n in names if n not in candidates]
+    if cb.monitor in missing:
+        cb._monitor.missing(trainer, cb._monitor.missing_message(trainer), strict=True, action="save")
+        return None
+    if missing:
+        message = (
+            f"ModelCheckpoint(filename={cb.filename!r}) uses {missing}, which were never logged; logged "
+            f"keys: {sorted(trainer.callback_metrics)}. Log them with self.log or change the template."
+        )
+        if cb._monitor.validated or no_validation(trainer):
+            raise ConfigError(message)
+        if message not in cb._monitor._warned and trainer.is_global_zero:
+            warnings.warn(message + " Not logged yet: 0 in this file's name, as Lightning.", stacklevel=4)
+        cb._monitor._warned.add(message)
+    return rank_zero_decides(trainer, {n: float(candidates[n]) if n in candidates else 0 for n in names})
 
 
 def unique_path(path: str, replaceable: str) -> str:

@@ -52,7 +52,21 @@ def load_state_dict(cb: ModelCheckpoint, state: dict[str, Any]) -> None:
     cb._best_score = None if score is None else float(score)
     cb.best_model_path = str(state.get("best_model_path") or "")
     if cb.dirpath is None or state.get("dirpath") != cb.dirpath:
-        if cb.best_model_path and cb._best_score is not None:
+        # another directory (fine-tuning from another run's checkpoint): its best file is no file of this
+        # run, so neither kept nor carried (a tracker would upload it, ckpt_path="best" would load it)
+        resumed = state.get("run_token")
+        if cb.best_model_path and not (
+            confined(cb, cb.best_model_path) or _earlier_version(cb, cb.best_model_path, resumed)
+        ):
+            warnings.warn(
+                f"ModelCheckpoint(dirpath={cb.dirpath!r}): the restored state's best checkpoint "
+                f"{cb.best_model_path!r} is not this run's file in that directory; it is dropped (its score "
+                "too): this run's best is the best it saves itself.",
+                UserWarning,
+                stacklevel=4,
+            )
+            cb.best_model_path, cb._best_score = "", None
+        elif cb.best_model_path and cb._best_score is not None:
             cb._carried = (cb.best_model_path, cb._best_score)
         return
     token = state.get("run_token")
@@ -95,6 +109,35 @@ def load_state_dict(cb: ModelCheckpoint, state: dict[str, Any]) -> None:
         )
 
 
+def confined(cb: ModelCheckpoint, path: str, last: bool = False) -> bool:
+    """The rule for every path a restored state names: directly in cb.dirpath, named as cb names files,
+    and, where a file is there, this run's (written by this process, or carrying this run's token)."""
+    return (
+        isinstance(path, str)
+        and _own_name(cb, path, last or bool(_LAST.fullmatch(os.path.basename(path))))
+        and (not os.path.lexists(path) or owned(cb, path))
+    )
+
+
+def trusted(cb: ModelCheckpoint, path: str) -> bool:
+    """A path this run may upload or load as its best: `confined`, or the best carried from an earlier
+    version directory of this experiment (checked by `_earlier_version` when the state was restored)."""
+    return confined(cb, path) or (cb._carried is not None and path == cb._carried[0])
+
+
+def _earlier_version(cb: ModelCheckpoint, path: str, token: Any) -> bool:
+    """`path` is a checkpoint in one of this experiment's version_N/checkpoints directories (the default
+    dirpath: each start of the same experiment writes a new version) that the resumed run wrote: the file
+    stores the token of the state being restored. The same run going on, in an earlier directory."""
+    from callbacks.checkpoint_names import version_checkpoint_dirs
+
+    if not isinstance(token, str) or not token or not path.endswith(cb.FILE_EXTENSION):
+        return False
+    parent = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+    own = {os.path.realpath(d) for root in cb._experiment_roots for d in version_checkpoint_dirs(root)}
+    return parent in own and os.path.isfile(path) and token in stored_tokens(path)
+
+
 def _own_name(cb: ModelCheckpoint, path: str, last: bool) -> bool:
     """`path` lies directly in cb.dirpath (also after resolving links) and is named as cb names files."""
     if not path or not cb.dirpath:
@@ -112,11 +155,12 @@ def _own_name(cb: ModelCheckpoint, path: str, last: bool) -> bool:
 
 def owned(cb: ModelCheckpoint, path: str) -> bool:
     """True when this process wrote `path`, or the checkpoint there stores this run's token."""
-    return path in cb._written or stored_token(path) == cb._token
+    return path in cb._written or cb._token in stored_tokens(path)
 
 
-def stored_token(path: str) -> str | None:
-    """The ModelCheckpoint run token stored in the checkpoint at `path` (file or directory), or None."""
+def stored_tokens(path: str) -> set[str]:
+    """The run tokens stored in the checkpoint at `path` (file or directory) by ModelCheckpoint and
+    OnExceptionCheckpoint (one per callback that has one); empty when none can be read."""
     from strategies.checkpoint.directory import META
     from strategies.checkpoint.files import read
 
@@ -125,9 +169,10 @@ def stored_token(path: str) -> str | None:
     try:
         ckpt = read(head, "cpu", True, True)  # plain data, sizes checked, memory-mapped
     except Exception:
-        return None
+        return set()
     states = ckpt.get("callbacks") if isinstance(ckpt, dict) else None
-    for state in (states or {}).values() if isinstance(states, dict) else ():
-        if isinstance(state, dict) and isinstance(state.get("run_token"), str):
-            return state["run_token"]
-    return None
+    return {
+        state["run_token"]
+        for state in ((states or {}).values() if isinstance(states, dict) else ())
+        if isinstance(state, dict) and isinstance(state.get("run_token"), str) and state["run_token"]
+    }

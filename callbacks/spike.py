@@ -26,11 +26,12 @@ class TrainingSpikeException(TandemError, RuntimeError):
 
 class SpikeDetection(Callback):
     """After each training batch (from batch `warmup` of an epoch on) the loss is a spike when it is worse than
-    the previous one (larger for `mode` "min") and off the mean of the last `window` good losses by at least
-    `atol` and `rtol` times that mean (each check skipped when None), or, with `finite_only`, not finite. Then
-    the batch and the one before are appended to the JSON list `exclude_batches_path` (default
-    ``<default_root_dir>/skip_batches.json``) and TrainingSpikeException is raised. Under several processes a
-    spike on any rank stops every rank. The window is kept in checkpoints. Example: ``SpikeDetection(rtol=2.0)``.
+        the previous one (larger for `mode` "min") and off the mean of the last `window` good losses by at least
+        `atol` and `rtol` times that mean (each check skipped when None), or, with `finite_only`, not finite. Then
+        the batch and the one before are appended to the JSON list `exclude_batches_path` (default
+        ``<default_root_dir>/skip_batches.json``) and TrainingSpikeException is raised. Under several processes a
+        spike on any rank stops every rank. The window is kept in checkpoints; the list's path is not taken from one
+    (docs/reliability.md "No path from a checkpoint"). Example: ``SpikeDetection(rtol=2.0)``.
     """
 
     def __init__(
@@ -113,5 +114,6 @@ class SpikeDetection(Callback):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.last_val, self.mode, self.warmup = state["last_val"], state["mode"], state["warmup"]
         self.atol, self.rtol, self.bad_batches = state["atol"], state["rtol"], list(state["bad_batches"])
-        self.exclude_batches_path = state["bad_batches_path"]
+        # "bad_batches_path" is not taken back (unlike Lightning): no path comes from a checkpoint, so the
+        # list goes where this run's own argument (or default_root_dir) says, never to a restored name
         self.values = deque(state.get("values", []), maxlen=self.window)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 
-from tandem_core.errors import ConfigError
+from tandem_core.errors import ConfigError, DistributedError
 
 INTERACTIVE_NAMES = ("bash", "interactive")
 _COUNT = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
@@ -84,8 +84,20 @@ def adopt() -> bool:
     env.setdefault(
         "MASTER_ADDR", first_host(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_NODELIST", "127.0.0.1"))
     )
-    env.setdefault("MASTER_PORT", str(15000 + int(env.get("SLURM_JOB_ID", "0")) % 20000))
+    if "MASTER_PORT" not in env:
+        env["MASTER_PORT"] = str(15000 + int(job_number()) % 20000)
     return True
+
+
+def job_number() -> str:
+    """SLURM_JOB_ID, checked to be a job number (it reaches a port and scontrol's command line)."""
+    job = os.environ.get("SLURM_JOB_ID", "0")
+    if not re.fullmatch(r"\d+", job):
+        raise DistributedError(
+            f"SLURM_JOB_ID={job[:64]!r} is not a SLURM job number (digits only): run under a real SLURM "
+            "job, or unset SLURM_JOB_ID / set MASTER_PORT yourself"
+        )
+    return job
 
 
 def adopted() -> bool:

@@ -210,3 +210,22 @@ def test_schedule_arguments_and_defaults():
         SaveSchedule(None, None, -1)
     cb = ModelCheckpoint(every_n_train_steps=7)
     assert (cb.every_n_train_steps, cb.every_n_epochs, cb.train_time_interval) == (7, 0, None)
+
+
+class ValScored(Scored):
+    def validation_step(self, batch, batch_idx):
+        self.log("val_score", float(self.scores[self.current_epoch]))
+
+
+@pytest.mark.parametrize("template", ["{epoch}-{val_score:.2f}", "{val_score}-{step}"])
+def test_a_filename_key_not_logged_yet_is_filled_with_zero_as_lightning(template, tmp_path):
+    """Issue 34: a short run that ends before its first validation still saves; the name is Lightning's."""
+    from pytorch_lightning.callbacks import ModelCheckpoint as LightningCheckpoint
+
+    cb = ModelCheckpoint(dirpath=str(tmp_path), filename=template, every_n_train_steps=1)
+    with pytest.warns(UserWarning, match=r"\['val_score'\], which were never logged.*Not logged yet: 0"):
+        trainer = fit(ValScored(), [cb], 1, max_steps=1)
+    expected = LightningCheckpoint(dirpath=str(tmp_path), filename=template).format_checkpoint_name(
+        {"epoch": torch.tensor(0), "step": torch.tensor(trainer.global_step)}
+    )
+    assert [str(p) for p in tmp_path.glob("*.ckpt")] == [expected] == [cb.best_model_path]

@@ -161,3 +161,38 @@ def test_what_the_tuner_refuses(tmp_path):
         Tuner(Trainer(strategy="ddp", devices=2, **FAST)).scale_batch_size(Net())
     with pytest.raises(ConfigError, match="already has"):
         Tuner(Trainer(callbacks=[LearningRateFinder()], **FAST)).lr_find(Net())
+
+
+class Counting(Net):
+    """Net with buffers the checkpoint does not hold (persistent=False): a step counter that scales the loss
+    and a cache replaced by a new tensor each step. The Tuner's trials change both."""
+
+    def __init__(self, lr: float = 0.01, batch_size: int = 8) -> None:
+        super().__init__(lr, batch_size)
+        self.register_buffer("calls", torch.zeros(()), persistent=False)
+        self.register_buffer("cache", torch.zeros(3), persistent=False)
+
+    def training_step(self, batch, batch_idx):
+        self.calls += 1
+        self.cache = batch[0].mean(0).detach() + self.cache  # a new tensor, not an in-place update
+        loss = super().training_step(batch, batch_idx)
+        return loss * (1 + 0.01 * self.calls) + self.cache.sum() * 0.001
+
+
+@pytest.mark.parametrize("tune", ["lr_find", "scale_batch_size"])
+def test_a_fit_after_the_tuner_is_bit_identical_to_one_without_it(tune, tmp_path):
+    """Issue 34: every buffer (non-persistent ones too), the random state, loaders and options come back."""
+    torch.manual_seed(0)
+    task = Counting(batch_size=4)
+    trainer = Trainer(max_epochs=2, default_root_dir=str(tmp_path / "tuned"), **FAST)
+    if tune == "lr_find":
+        Tuner(trainer).lr_find(task, num_training=20, update_attr=False)
+    else:
+        assert Tuner(trainer).scale_batch_size(task, max_trials=3) == task.batch_size == 8
+    assert task.calls.item() == 0 and torch.equal(task.cache, torch.zeros(3))
+    trainer.fit(task)
+    torch.manual_seed(0)
+    plain = Counting(batch_size=task.batch_size)
+    _fit(plain, tmp_path / "plain")
+    assert _equal(_weights(task), _weights(plain))
+    assert torch.equal(task.calls, plain.calls) and torch.equal(task.cache, plain.cache)

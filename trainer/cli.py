@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tandem_core.errors import ConfigError, TandemError, check_choice
+from trainer.secrets import redacted_errors
 
 COMMANDS = ("fit", "validate", "test", "predict")
 # LightningCLI's option form of an override: --trainer.max_epochs=3, --model.lr 0.1, --optimizer Adam
@@ -83,7 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("say what to run: fit, validate, test or predict")
     _cwd_last()
     try:
-        return _run(args)
+        with redacted_errors():  # no environment value in clear in a message either (trainer/secrets.py)
+            return _run(args)
     except TandemError as e:
         if args.debug:
             raise

@@ -31,6 +31,17 @@ RECOMPILE_WARN = (
     3  # recompilations in one stage beyond which the run says why (torch's own limit is 8 per frame)
 )
 _COMPILE_KEYS = tuple(p for p in inspect.signature(torch.compile).parameters if p != "model")
+# What Trainer(compile={...}) / a config's trainer.compile may set: typed values from fixed sets, nothing
+# that reaches a compiler's command line, an environment variable or a path (torch.compile's `options`
+# hold inductor's cpp.march, cuda.nvcc flags, cache dirs...: refused; compile in Python with
+# fit(torch.compile(task, options=...)) to use them). A callable backend is a Python object, never config.
+ALLOWED: dict[str, tuple[Any, ...]] = {
+    "mode": (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
+    "fullgraph": (True, False),
+    "dynamic": (None, True, False),
+    "backend": ("inductor", "eager", "aot_eager", "cudagraphs"),
+    "disable": (True, False),
+}
 
 
 @dataclass
@@ -51,14 +62,27 @@ def from_option(value: Any) -> Compiler | None:
     if value is True:
         return Compiler()
     if isinstance(value, dict):
-        unknown = sorted(set(value) - set(_COMPILE_KEYS))
-        if unknown:
-            raise ConfigError(
-                f"Trainer(compile=...) got {unknown}, which torch.compile does not take; its keywords are "
-                f"{list(_COMPILE_KEYS)}."
-            )
+        for key, given in value.items():
+            check_key(key, given)
         return Compiler(kwargs=dict(value))
     raise ConfigError(f"compile must be True, False or a dict of torch.compile keywords, got {value!r}.")
+
+
+def check_key(key: Any, given: Any) -> None:
+    """One entry of the compile dict: a key of ALLOWED with one of its values (a callable backend too)."""
+    slot = f"trainer.compile.{key}"
+    if key not in ALLOWED:
+        known = "a keyword torch.compile does not take" if key not in _COMPILE_KEYS else "not allowed"
+        raise ConfigError(
+            f"{slot} is refused ({known}): Trainer(compile=...) takes only {sorted(ALLOWED)} "
+            "(values from fixed sets, docs/configuration.md#trust); options that reach a compiler's command "
+            "line, the environment or a path (torch.compile's `options`, ...) are never taken from a config. "
+            "To use them, compile in Python: trainer.fit(torch.compile(task, options=...))."
+        )
+    if key == "backend" and callable(given) and not isinstance(given, str):
+        return
+    if not any(given is v or (type(given) is type(v) and given == v) for v in ALLOWED[key]):
+        raise ConfigError(f"{slot}={given!r} is refused: it must be one of {list(ALLOWED[key])}.")
 
 
 def unwrap_compiled(task: Any, option: Compiler | None) -> tuple[Any, Compiler | None]:

@@ -15,7 +15,7 @@ it writes last-v1.ckpt (-v2, ...), which resume="auto" then finds.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -102,7 +102,7 @@ def resolve_path(t: Trainer, path: str) -> str:
     if path == "best":
         for cb in t.checkpoint_callbacks:
             best = getattr(cb, "best_model_path", "")
-            if best and os.path.exists(best):
+            if best and os.path.exists(best) and _confined(cb, best):
                 return best
         raise CheckpointError(
             "ckpt_path='best' found no best checkpoint; enable ModelCheckpoint(monitor=...) "
@@ -157,3 +157,11 @@ def _replaceable(t: Trainer, path: str) -> bool:
     except Exception:
         return False
     return isinstance(ckpt, dict) and isinstance(ckpt.get("run_id"), dict) and _other_run(t, path) is None
+
+
+def _confined(cb: Any, path: str) -> bool:
+    """ckpt_path="best" loads only a file of this run's ModelCheckpoint (callbacks/checkpoint_state.py)."""
+    from callbacks.checkpoint import ModelCheckpoint
+    from callbacks.checkpoint_state import trusted
+
+    return trusted(cb, path) if isinstance(cb, ModelCheckpoint) else True

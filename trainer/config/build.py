@@ -21,7 +21,7 @@ from trainer.config.slots import slot_types
 from trainer.config.targets import TARGET, built, instantiate, locate, params
 from trainer.config.types import describe
 from trainer.options import TrainerConfig
-from trainer.secrets import env_values
+from trainer.secrets import env_values, redacted_errors
 
 if TYPE_CHECKING:
     from trainer.task.base import Task
@@ -52,6 +52,11 @@ def build(
     """
     raw = load(source, overrides)
     secrets = env_values(raw)  # written as ${oc.env:NAME}, never as the value (trainer/secrets.py)
+    with redacted_errors():  # nor shown in an error message
+        return _build_run(raw, secrets, with_task, trainer_cls)
+
+
+def _build_run(raw: Any, secrets: dict[str, str], with_task: bool, trainer_cls: type[Trainer] | None) -> Run:
     cfg = resolve(raw)
     cfg["seed_everything"] = _pick_seed(cfg["seed_everything"])  # pinned: the saved config repeats it
     _seed(cfg)

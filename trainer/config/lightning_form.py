@@ -195,7 +195,7 @@ def override(item: str) -> str | tuple[str, Any]:
     elif head == "model":
         parts = ["task", *parts[1:]]
     elif head not in ("data", "optimizer", "lr_scheduler"):
-        return item
+        return _nested(key.strip(), sep, text)
     section = head if head != "model" else "task"
     if len(parts) == 1 or (len(parts) == 2 and parts[1].isdigit()):  # a whole entry: a name or a mapping
         value = _parse(text)
@@ -210,7 +210,18 @@ def override(item: str) -> str | tuple[str, Any]:
     if rest and rest[-1] == CLASS_PATH:
         value = class_name(text.strip(), key, section if len(rest) == 1 else "")
         return ".".join([parts[0], *rest[:-1], TARGET]) + "=" + value
-    return ".".join([parts[0], *rest]) + sep + text
+    return _nested(".".join([parts[0], *rest]), sep, text)
+
+
+def _nested(key: str, sep: str, text: str) -> str | tuple[str, Any]:
+    """``key=value``, or (key, value in _target_ form) where the value holds class_path entries: an override
+    ``--model.init_args.x={class_path: ..., init_args: ...}`` is built (or refused) as the same entry in a
+    file is, never handed on as a plain dict."""
+    try:
+        value = _parse(text)
+    except Exception:
+        return key + sep + text  # omegaconf reports the text's mistake when it applies the override
+    return (key, node(value, key)) if _has_class_path(value) else key + sep + text
 
 
 def _parse(text: str) -> Any:

@@ -74,7 +74,8 @@ class ModelUploads:
         if getattr(cb, "best_model_path", ""):
             scores[cb.best_model_path] = getattr(cb, "best_model_score", None)
         scores.update(getattr(cb, "best_k_models", {}) or {})
-        found = sorted((os.path.getmtime(p), p) for p in scores if os.path.exists(p))
+        # only files this run wrote: a path restored from a checkpoint's state is never uploaded
+        found = sorted((os.path.getmtime(p), p) for p in scores if os.path.exists(p) and _own(cb, p))
         for mtime, path in found:
             if path in self._uploaded and self._uploaded[path] >= mtime:
                 continue
@@ -87,3 +88,12 @@ class ModelUploads:
             aliases = ["latest", "best"] if path == getattr(cb, "best_model_path", "") else ["latest"]
             upload(path, aliases, metadata)
             self._uploaded[path] = mtime
+
+
+def _own(cb: Any, path: str) -> bool:
+    """`path` is a checkpoint this run's ModelCheckpoint wrote (callbacks/checkpoint_state.py's rule);
+    another checkpoint callback's files are its own business."""
+    from callbacks.checkpoint import ModelCheckpoint
+    from callbacks.checkpoint_state import trusted
+
+    return trusted(cb, path) if isinstance(cb, ModelCheckpoint) else True

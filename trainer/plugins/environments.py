@@ -111,8 +111,13 @@ class SLURMEnvironment:
         job = os.environ.get("SLURM_JOB_ID")
         if not self.auto_requeue:
             return False, "not requeued: SLURMEnvironment(auto_requeue=False)"
-        if job is None or not re.fullmatch(r"\d+", job):
+        if job is None:
             return False, "not requeued: this process is not part of a SLURM job (no SLURM_JOB_ID)"
+        if not re.fullmatch(r"\d+", job):  # never passed to scontrol's command line
+            return False, (
+                f"not requeued: SLURM_JOB_ID={job[:64]!r} is not a job number (digits only); requeue the "
+                "job by hand with `scontrol requeue <job id>`"
+            )
         if shutil.which("scontrol") is None:
             return (
                 False,

@@ -1,5 +1,5 @@
 """Snapshot: what a tuning run (the learning-rate range test, batch-size trials) changes, kept in memory and
-put back exactly afterwards: weights and buffers, gradients, modes, optimizer, scheduler and strategy states,
+put back exactly afterwards: weights and every buffer (persistent or not), gradients, modes, optimizer, scheduler and strategy states,
 the loop's position, the random generators, and the callbacks, hooks, loggers, metrics and options in use.
 Lightning restores from a temporary checkpoint file; this writes no file."""
 
@@ -37,6 +37,13 @@ class Snapshot:
                 session.load({"validate": "val"}.get(session.stage, session.stage))
         with torch.no_grad():
             self.weights = {k: v.detach().clone() for k, v in task.state_dict().items()}
+            # every buffer, persistent or not (a state_dict leaves persistent=False ones out): the tensor
+            # object a module holds and its values, so one replaced by a trial comes back as it was
+            self.buffers = [
+                (m, name, b, None if b is None else b.detach().clone())
+                for m in task.modules()
+                for name, b in m._buffers.items()
+            ]
         self.grads = [None if p.grad is None else p.grad.detach().clone() for p in task.parameters()]
         self.modes = {m: m.training for m in task.modules()}
         self.optimizers = [copy.deepcopy(o.state_dict()) for o in t.optimizers]
@@ -69,6 +76,11 @@ class Snapshot:
         assert task is not None
         if weights:
             task.load_state_dict(self.weights)
+            with torch.no_grad():
+                for m, name, buffer, values in self.buffers:
+                    m._buffers[name] = buffer
+                    if buffer is not None:
+                        buffer.copy_(values)
         for p, g in zip(task.parameters(), self.grads):
             p.grad = g
         for m, mode in self.modes.items():
