@@ -45,7 +45,7 @@ def test_trainer_signature_and_docstring_come_from_the_options():
     assert all(p.annotation == fields[n].type for n, p in params.items())
     doc = inspect.getdoc(Trainer.__init__)
     for name, f in fields.items():
-        assert f"{name} ({f.type}) = {f.default!r}: {f.metadata['doc']}" in doc
+        assert f"- `{name}` ({f.type}) = `{f.default!r}`: {f.metadata['doc']}" in doc
     bound = inspect.signature(Trainer).bind(max_steps=3)  # what tools that read signatures see
     assert bound.arguments == {"max_steps": 3}
     with pytest.raises(TypeError):
