@@ -30,6 +30,7 @@ from trainer.options import TrainerConfig
 from trainer.profiler import make_profiler
 from trainer.task.base import Task
 from trainer.task.datamodule import DataModule
+from trainer.utilities.combined_loader import CombinedLoader
 
 _NO_PROFILE = contextlib.nullcontext()
 
@@ -294,7 +295,10 @@ class Trainer:
 
     @property
     def train_dataloader(self) -> Any:
-        return (self.loaders.get("train") or [None])[0]
+        loader = (self.loaders.get("train") or [None])[0]
+        return (
+            loader.iterables if isinstance(loader, CombinedLoader) else loader
+        )  # Lightning's: the collection
 
     @property
     def val_dataloaders(self) -> list[Any]:
