@@ -104,7 +104,9 @@ def test_state_dicts_of_stateful_iterables():
     theirs = LightningCombined([Counter(), DataLoader(range(2)), Counter()])
     for loader in (ours, theirs):
         list(iter(loader))
-    assert ours._state_dicts() == theirs._state_dicts() == [{"n": 3}, {"n": 2}]  # min_size: the first drew a 3rd
+    assert (
+        ours._state_dicts() == theirs._state_dicts() == [{"n": 3}, {"n": 2}]
+    )  # min_size: the first drew a 3rd
     ours._load_state_dicts([{"n": 7}, {"n": 9}])
     assert [c.n for c in (ours.flattened[0], ours.flattened[2])] == [7, 9]
     with pytest.raises(RuntimeError, match="2 stateful loaders, but found 1"):

@@ -318,11 +318,18 @@ class Trainer:
 
     @property
     def num_val_batches(self) -> list[int | float]:
-        return self.loader_sizes.get("val", [])
+        return self._eval_batches("val")
 
     @property
     def num_test_batches(self) -> list[int | float]:
-        return self.loader_sizes.get("test", [])
+        return self._eval_batches("test")
+
+    def _eval_batches(self, phase: str) -> list[int | float]:
+        """Batches per loader; a CombinedLoader of combined batches counts each of its loaders (Lightning's)."""
+        loaders, sizes = self.loaders.get(phase, []), self.loader_sizes.get(phase, [])
+        if len(loaders) == 1 and isinstance(loaders[0], CombinedLoader):
+            return list(loaders[0].limits or sizes)
+        return sizes
 
     @property
     def num_predict_batches(self) -> list[int | float]:

@@ -67,8 +67,18 @@ def prepare_eval(combined: CombinedLoader, prepare: Callable[[Any], Any], limit:
 def batches(loader: Any) -> Any:
     """What a loop iterates: the loader itself, or a CombinedLoader's batches without their indices."""
     if isinstance(loader, CombinedLoader):
-        return (batch for batch, _, _ in loader)
+        return _current(iter(loader))
     return loader
+
+
+def _current(loader: CombinedLoader) -> Iterator[Any]:
+    """The batches of the pass `loader` is in (iterating it again would start a new one)."""
+    while True:
+        try:
+            batch, _, _ = next(loader)
+        except StopIteration:
+            return
+        yield batch
 
 
 def epoch_iterator(loader: CombinedLoader, state: LoopState, skip: int) -> Iterator[Any]:
@@ -81,7 +91,7 @@ def epoch_iterator(loader: CombinedLoader, state: LoopState, skip: int) -> Itera
     if not skip or position is None or len(position["drawn"]) != len(loader.flattened):
         it = iter(loader)
         state.combined = it._iterator
-        out = batches(it)
+        out = _current(it)
         for _ in islice(out, skip):
             pass
         return out  # type: ignore[no-any-return]
@@ -109,7 +119,7 @@ def epoch_iterator(loader: CombinedLoader, state: LoopState, skip: int) -> Itera
     walk.idx = walk.total = skip
     loader._iterator = walk
     state.combined = walk
-    return batches(loader)  # type: ignore[no-any-return]
+    return _current(loader)
 
 
 def _skipping(loader: Any, skip: int) -> tuple[Iterator[Any], Callable[[], None]]:
