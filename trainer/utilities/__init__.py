@@ -15,12 +15,24 @@ from tandem_core.rank_zero import (
 from trainer.task.hparams import AttributeDict
 from trainer.utilities.combined_loader import CombinedLoader
 from trainer.utilities.data import is_picklable, move_data_to_device, suggested_max_num_workers
+from trainer.utilities.distributed import is_shared_filesystem
+from trainer.utilities.enums import (
+    GradClipAlgorithmType,
+    LightningEnum,
+    PossibleUserWarning,
+    disable_possible_user_warnings,
+)
 from trainer.utilities.grads import grad_norm
 from trainer.utilities.parameter_tying import find_shared_parameters, set_shared_parameters
 
 __all__ = [
     "AttributeDict",
     "CombinedLoader",
+    "GradClipAlgorithmType",
+    "LightningEnum",
+    "PossibleUserWarning",
+    "disable_possible_user_warnings",
+    "is_shared_filesystem",
     "TandemDeprecationWarning",
     "find_shared_parameters",
     "grad_norm",
