@@ -203,7 +203,7 @@ def test_measure_flops_attribute_dict_is_picklable_and_workers_like_lightnings()
     del ours.a, theirs.a
     assert dict(ours) == dict(theirs) and ours.c == 3
     with pytest.raises(AttributeError):
-        ours.missing
+        _ = ours.missing
     with pytest.raises(KeyError):
         del ours.missing
     for obj in (1, "s", [1, {2: 3}], lambda: 0, torch.ones(2), (x for x in []), nn.Linear(1, 1)):
@@ -249,8 +249,8 @@ def test_enums_and_possible_user_warnings_like_lightnings():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         T.disable_possible_user_warnings()
-        warnings.warn("maybe", T.PossibleUserWarning)
-        warnings.warn("surely", UserWarning)
+        warnings.warn("maybe", T.PossibleUserWarning, stacklevel=1)
+        warnings.warn("surely", UserWarning, stacklevel=1)
     assert [str(w.message) for w in caught] == ["surely"]
 
 
