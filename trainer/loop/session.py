@@ -191,7 +191,12 @@ class Session:
             self._add(phase, [])
             return
         evals = self.evals if self.evals is not None else self._source(f"{phase}_dataloader")
-        loaders = [] if evals is None else flatten_eval(evals, phase) if is_collection(evals) else [evals]
+        if evals is None:
+            loaders = []
+        elif is_collection(evals):  # loaders in a dict, list or nested: flattened, each a dataloader_idx
+            loaders = flatten_eval(evals, phase)
+        else:  # one loader, or a list of iterables that are not loaders (lists of batches)
+            loaders = list(evals) if isinstance(evals, (list, tuple)) else [evals]
         if len(loaders) == 1 and isinstance(loaders[0], CombinedLoader):  # combined batches, as one loader
             limit = getattr(self.t.config, LIMIT[phase])
             n = prepare_eval(loaders[0], functools.partial(self._prepare, phase), limit)
