@@ -1,7 +1,8 @@
 """Several loaders under strategy="ddp" on two gloo ranks, in one spawn: each inner training loader gets its own
 DistributedSampler (Lightning's CombinedLoader over the per-rank samplers gives the same batches, epoch after
-epoch), each validation loader of a dict its evaluation shard, the ranks end with equal weights, and a run
-stopped inside a combined epoch and resumed equals the uninterrupted one on every rank."""
+epoch), each validation loader of a dict its evaluation shard, the ranks end with equal weights, a run
+stopped inside a combined epoch and resumed equals the uninterrupted one on every rank, and fsdp shards the
+inner loaders as ddp does."""
 
 from __future__ import annotations
 
@@ -31,11 +32,13 @@ def val_loaders() -> dict[str, Any]:
     return {"v": loader(5, 2, 300), "w": [loader(3, 1, 400)]}
 
 
-def _fit(rank: int, callbacks: list, ckpt: str | None = None, rng: int = 0) -> dict[str, Any]:
+def _fit(
+    rank: int, callbacks: list, ckpt: str | None = None, rng: int = 0, strategy: str = "ddp"
+) -> dict[str, Any]:
     seed_everything(SEED)
     task = Noisy()
     torch.manual_seed(rng + rank)
-    trainer = Trainer(strategy="ddp", devices=2, max_epochs=EPOCHS, callbacks=callbacks, **FAST)
+    trainer = Trainer(strategy=strategy, devices=2, max_epochs=EPOCHS, callbacks=callbacks, **FAST)
     try:
         trainer.fit(task, train_loaders(), val_loaders(), ckpt_path=ckpt)
     except Exception as e:  # the Crash of SaveAndCrash
@@ -53,6 +56,7 @@ def _runs(rank: int, world_size: int, tmp: str) -> dict[str, Any]:
         "full": _fit(rank, []),
         "stopped": _fit(rank, [SaveAndCrash(path, (1, 3))]),  # "a" (2 batches per rank) cycled at batch 2
         "resumed": _fit(rank, [], ckpt=path, rng=99),
+        "fsdp": _fit(rank, [], strategy="fsdp"),
     }
 
 
@@ -88,6 +92,13 @@ def test_each_inner_loader_is_sharded_and_ranks_agree(runs):
         for name, value in full["state"].items():
             assert torch.equal(value, runs[0]["full"]["state"][name]), name
     assert runs[0]["full"]["train"] != runs[1]["full"]["train"]
+
+
+@pytest.mark.slow
+def test_fsdp_shards_each_inner_loader_as_ddp_does(runs):
+    for r in runs:
+        assert r["fsdp"]["train"] == r["full"]["train"] and r["fsdp"]["val"] == r["full"]["val"]
+        assert r["fsdp"]["n"] == r["full"]["n"]
 
 
 @pytest.mark.slow
