@@ -230,3 +230,56 @@ def test_resume_inside_a_combined_epoch_equals_an_uninterrupted_run(tmp_path, at
     assert resumed.seen["train"][0][0] == at[1] + 1  # the step after the checkpoint's
     for p, q in zip(resumed.parameters(), full.parameters()):
         assert torch.equal(p, q)
+
+
+class Stateful:
+    """A loader with state_dict/load_state_dict (Lightning's Stateful, e.g. torchdata's StatefulDataLoader): its
+    order comes from a seed it was built with, so only its saved state can continue a run built with another."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed, self.pass_, self.pos = seed, 0, 0
+
+    def _order(self) -> list[int]:
+        return torch.randperm(
+            8, generator=torch.Generator().manual_seed(self.seed * 100 + self.pass_)
+        ).tolist()
+
+    def __len__(self) -> int:
+        return 4
+
+    def __iter__(self):
+        if self.pos >= 4:  # the last pass was complete: a new one (a pass cut short continues)
+            self.pass_, self.pos = self.pass_ + 1, 0
+        order = self._order()
+        while self.pos < 4:
+            i = order[2 * self.pos : 2 * self.pos + 2]
+            self.pos += 1
+            yield [torch.tensor([[float(i[0]), float(i[1])]])]
+
+    def state_dict(self) -> dict[str, int]:
+        return {"seed": self.seed, "pass_": self.pass_, "pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.seed, self.pass_, self.pos = state["seed"], state["pass_"], state["pos"]
+
+
+@pytest.mark.parametrize("combined", [True, False])
+def test_stateful_loaders_continue_from_their_saved_state(tmp_path, combined):
+    path = os.path.join(tmp_path, "mid.ckpt")
+
+    def run(callbacks, seed, ckpt=None):
+        torch.manual_seed(0)
+        task = Noisy()
+        data = {"s": Stateful(seed), "b": loader(10, 2, 100, shuffle=True)} if combined else Stateful(seed)
+        try:
+            Trainer(max_epochs=2, callbacks=callbacks, **FAST).fit(task, data, ckpt_path=ckpt)
+        except Crash:
+            pass
+        return task
+
+    full = run([], 1)
+    stopped = run([SaveAndCrash(path, (1, 2))], 1)
+    resumed = run([], 2, path)  # built with another seed: only the checkpoint's state gives the right order
+    assert stopped.seen["train"] + resumed.seen["train"] == full.seen["train"]
+    for p, q in zip(resumed.parameters(), full.parameters()):
+        assert torch.equal(p, q)

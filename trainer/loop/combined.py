@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from strategies.data.reinit import rebuild, rebuildable
-from tandem_core.errors import ConfigError
+from tandem_core.errors import CheckpointError, ConfigError
 from trainer.loop.data import SkipBatchSampler, num_batches
 from trainer.seed import set_rng_state
-from trainer.utilities.combined_loader import CombinedLoader, _Walk, sized_len
+from trainer.utilities.combined_loader import CombinedLoader, _Walk, sized_len, stateful
 
 if TYPE_CHECKING:
     from trainer.loop.state import LoopState
@@ -88,6 +88,8 @@ def epoch_iterator(loader: CombinedLoader, state: LoopState, skip: int) -> Itera
     (indices only, in its batch sampler). Without a recorded position, the consumed batches are read and dropped."""
     position = state.resume_combined
     state.resume_combined = None
+    own = load_loader_states(loader, state.resume_loader_states) if skip else set()
+    state.resume_loader_states = None
     if not skip or position is None or len(position["drawn"]) != len(loader.flattened):
         it = iter(loader)
         state.combined = it._iterator
@@ -100,8 +102,11 @@ def epoch_iterator(loader: CombinedLoader, state: LoopState, skip: int) -> Itera
     restarted, drawn = position["restart_rngs"], position["drawn"]
     flat = loader.flattened
     started = [
-        (iter(dl), None) if restarted[i] is not None else _skipping(dl, drawn[i]) for i, dl in enumerate(flat)
-    ]
+        (iter(dl), _nothing) if i in own  # a stateful loader continues from its own state
+        else (iter(dl), None) if restarted[i] is not None
+        else _skipping(dl, drawn[i])
+        for i, dl in enumerate(flat)
+    ]  # fmt: skip
     for it, prime in started:  # the epoch's first draws, in the order its first batch made them
         if prime is None:  # (a loader cycled since: its first iterator's draws only)
             next(it, None)
@@ -109,7 +114,7 @@ def epoch_iterator(loader: CombinedLoader, state: LoopState, skip: int) -> Itera
             prime()
     iterators = [it for it, _ in started]
     for i, rng in enumerate(restarted):  # cycled loaders: started again as they were
-        if rng is not None:
+        if rng is not None and i not in own:
             set_rng_state(rng)
             iterators[i], prime = _skipping(flat[i], drawn[i])
             prime()
@@ -120,6 +125,27 @@ def epoch_iterator(loader: CombinedLoader, state: LoopState, skip: int) -> Itera
     loader._iterator = walk
     state.combined = walk
     return _current(loader)
+
+
+def load_loader_states(loader: Any, states: list[Any] | None) -> set[int]:
+    """Give the stateful loaders their saved states; returns the flat indices of the loaders restored so (they
+    continue by themselves: nothing is replayed or skipped for them)."""
+    flat = loader.flattened if isinstance(loader, CombinedLoader) else [loader]
+    restored = {i for i, dl in enumerate(flat) if stateful(dl)}
+    if not states:
+        return set()
+    if len(states) != len(restored):
+        raise CheckpointError(
+            f"the checkpoint holds the states of {len(states)} stateful training loaders, this run has "
+            f"{len(restored)}: pass the loaders the checkpoint was written with."
+        )
+    for i, state in zip(sorted(restored), states):
+        flat[i].load_state_dict(state)
+    return restored
+
+
+def _nothing() -> None:
+    pass
 
 
 def _skipping(loader: Any, skip: int) -> tuple[Iterator[Any], Callable[[], None]]:

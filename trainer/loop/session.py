@@ -19,7 +19,7 @@ from trainer.compiler import RecompileWatch, unwrap_compiled
 from trainer.compiler import apply as apply_compiler
 from trainer.loggers import agree_versions
 from trainer.loggers.reporting import finalize_loggers
-from trainer.loop.combined import combine_train, flatten_eval, is_collection, prepare_eval
+from trainer.loop.combined import combine_train, flatten_eval, is_collection, prepare_eval, stateful
 from trainer.loop.data import num_batches, with_worker_seeding
 from trainer.loop.hooks import Hooks, run_as
 from trainer.loop.optim import TaskOptimizer, check_optimizers, parse_optimizers
@@ -178,7 +178,9 @@ class Session:
         train = self.train if self.train is not None else self._source("train_dataloader")
         if train is None:
             raise TaskError("train_dataloader() returned None; return a DataLoader.")
-        if is_collection(train):  # several loaders: one CombinedLoader ("max_size_cycle"), as Lightning
+        # several loaders: one CombinedLoader ("max_size_cycle"), as Lightning; a stateful loader too (its state
+        # is saved at the batch the loop is at, see loop/combined.py); its batches are the loader's own
+        if is_collection(train) or stateful(train):
             t = self.t
             prepare = functools.partial(self._prepare, "train")
             combined = combine_train(train, prepare, t.config.limit_train_batches)

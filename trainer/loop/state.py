@@ -38,12 +38,11 @@ class LoopState:
     epoch_start_rng: dict[str, Any] | None = None  # RNG snapshot at the start of the current epoch
     resume_rng: dict[str, Any] | None = None  # RNG snapshot of the checkpoint, applied once the loop resumes
     window_grads: list[torch.Tensor | None] | None = field(default=None, repr=False)  # restored mid-window
-    combined: Any = field(
-        default=None, repr=False
-    )  # a combined training loader's pass (its position is saved)
-    resume_combined: dict[str, Any] | None = field(
-        default=None, repr=False
-    )  # that position, from a checkpoint
+    # a combined training loader's pass (its position is saved) and that position read from a checkpoint
+    combined: Any = field(default=None, repr=False)
+    resume_combined: dict[str, Any] | None = field(default=None, repr=False)
+    # the states of the training loaders that have state_dict/load_state_dict, read from a checkpoint
+    resume_loader_states: list[Any] | None = field(default=None, repr=False)
 
     def mid_window(self, k: int, automatic: bool) -> bool:
         """True between the micro-batches of one optimizer step (automatic optimization)."""
@@ -67,6 +66,8 @@ class LoopState:
         own = {"rng": get_rng_state(), "epoch_start_rng": self.epoch_start_rng, "window_grads": grads}
         if self.combined is not None:  # where each loader of a combined training loader is (loop/combined.py)
             own["combined"] = self.combined.position(self.batch_in_epoch)
+            if own["combined"]["states"]:  # loaders with state_dict/load_state_dict (Lightning's Stateful)
+                own["loader_states"] = own["combined"].pop("states")
         return own
 
     def load_state_dict(self, ckpt: dict[str, Any], rank: int = 0) -> None:
@@ -80,6 +81,7 @@ class LoopState:
         self.epoch_start_rng, self.resume_rng = own.get("epoch_start_rng"), own.get("rng")
         self.window_grads = own.get("window_grads")
         self.resume_combined = own.get("combined")
+        self.resume_loader_states = own.get("loader_states")
 
     def next_epoch(self) -> None:
         self.epoch += 1

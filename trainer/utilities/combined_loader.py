@@ -43,16 +43,21 @@ class _Walk(Iterator[tuple[Any, int, int]]):
         self.restart_rngs: list[Any] = [None] * n
         self.drawn = [0] * n
         self.total = 0  # combined batches drawn
-        self.before_last: tuple[list[Any], list[int]] = (list(self.restart_rngs), list(self.drawn))
+        self.stateful = [it for it in iterables if stateful(it)]
+        self.before_last: tuple[list[Any], list[int], list[Any]] = self._now()
         if mode == "sequential":
             self.iterators: list[Any] = [iter(iterables[0])] if n else []
         else:
             self.iterators = [iter(it) for it in iterables]
 
+    def _now(self) -> tuple[list[Any], list[int], list[Any]]:
+        return list(self.restart_rngs), list(self.drawn), [it.state_dict() for it in self.stateful]
+
     def position(self, consumed: int) -> dict[str, Any]:
-        """Where each iterable is after `consumed` combined batches (the last drawn one, or the one before)."""
-        rngs, drawn = (self.restart_rngs, self.drawn) if consumed >= self.total else self.before_last
-        return {"restart_rngs": list(rngs), "drawn": list(drawn)}
+        """Where each iterable is after `consumed` combined batches (the last drawn one, or the one before: a
+        loop reading one batch ahead): restart RNGs, batches drawn, the stateful iterables' states."""
+        rngs, drawn, states = self._now() if consumed >= self.total else self.before_last
+        return {"restart_rngs": rngs, "drawn": drawn, "states": states}
 
     def _next_of(self, i: int) -> Any:
         out = next(self.iterators[i])
@@ -60,7 +65,7 @@ class _Walk(Iterator[tuple[Any, int, int]]):
         return out
 
     def __next__(self) -> tuple[Any, int, int]:
-        self.before_last = (list(self.restart_rngs), list(self.drawn))
+        self.before_last = self._now()
         if self.mode == "sequential":
             return self._next_sequential()
         n, out = len(self.iterators), []
@@ -222,21 +227,22 @@ class CombinedLoader(Iterable[tuple[Any, int, int]]):
 
     def _state_dicts(self) -> list[dict[str, Any]]:
         """The state_dict() of every iterable that has state_dict and load_state_dict (Lightning's Stateful)."""
-        return [it.state_dict() for it in self._flattened if _stateful(it)]
+        return [it.state_dict() for it in self._flattened if stateful(it)]
 
     def _load_state_dicts(self, states: list[dict[str, Any]]) -> None:
         if not states:
             return
-        stateful = [it for it in self._flattened if _stateful(it)]
-        if len(stateful) != len(states):
+        owners = [it for it in self._flattened if stateful(it)]
+        if len(owners) != len(states):
             raise RuntimeError(
-                f"The CombinedLoader has {len(stateful)} stateful loaders, but found {len(states)} states in "
+                f"The CombinedLoader has {len(owners)} stateful loaders, but found {len(states)} states in "
                 "the checkpoint. Please make sure you define the same dataloaders that were used when saving "
                 "the checkpoint."
             )
-        for it, state in zip(stateful, states):
+        for it, state in zip(owners, states):
             it.load_state_dict(state)
 
 
-def _stateful(obj: Any) -> bool:
+def stateful(obj: Any) -> bool:
+    """Whether `obj` has state_dict and load_state_dict (Lightning's Stateful protocol)."""
     return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
