@@ -283,3 +283,23 @@ def test_stateful_loaders_continue_from_their_saved_state(tmp_path, combined):
     assert stopped.seen["train"] + resumed.seen["train"] == full.seen["train"]
     for p, q in zip(resumed.parameters(), full.parameters()):
         assert torch.equal(p, q)
+
+
+def test_swa_recomputes_batch_norm_over_the_combined_batches():
+    from callbacks import StochasticWeightAveraging
+
+    class WithNorm(Ours):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bn, self.no_grad_batches = nn.BatchNorm1d(2), []
+
+        def training_step(self, batch, batch_idx):
+            if not torch.is_grad_enabled():  # SWA's pass over the training data (update_bn)
+                self.no_grad_batches.append(plain(batch))
+            self.bn(batch["a"][0])
+            return super().training_step(batch, batch_idx)
+
+    task = WithNorm()
+    swa = StochasticWeightAveraging(swa_lrs=0.01, swa_epoch_start=1)
+    Trainer(max_epochs=2, callbacks=[swa], **FAST).fit(task, {"a": loader(4, 2), "b": loader(6, 2, 10)})
+    assert task.no_grad_batches == [b for _, b in task.seen["train"][:3]]  # one epoch of combined batches
