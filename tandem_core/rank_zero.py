@@ -27,21 +27,40 @@ def _global_rank() -> int:
     return 0
 
 
-def rank_zero_only(fn: F, default: Any = None) -> F:
-    """Decorate `fn` so that it runs on global rank 0 and returns `default` (None) elsewhere. Example::
+class _RankZeroOnly:
+    """`@rank_zero_only`: run a function on global rank 0 only; elsewhere it returns `default` (None). Example::
 
-    @rank_zero_only
-    def log_samples(self): ...
+        @rank_zero_only
+        def log_samples(self): ...
 
-    The rank is read from the environment on each call; `rank_zero_only.rank = r` fixes it (as Lightning's).
+    `rank_zero_only.rank` is the global rank (read from the environment each time unless set, as Lightning's
+    attribute of the same name is set by its Trainer).
     """
 
-    @functools.wraps(fn)
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        rank = getattr(rank_zero_only, "rank", None)
-        return fn(*args, **kwargs) if (_global_rank() if rank is None else rank) == 0 else default
+    def __init__(self) -> None:
+        self._rank: int | None = None
 
-    return wrapped  # type: ignore[return-value]
+    @property
+    def rank(self) -> int:
+        return _global_rank() if self._rank is None else self._rank
+
+    @rank.setter
+    def rank(self, value: int) -> None:
+        self._rank = value
+
+    @rank.deleter
+    def rank(self) -> None:
+        self._rank = None
+
+    def __call__(self, fn: F, default: Any = None) -> F:
+        @functools.wraps(fn)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            return fn(*args, **kwargs) if self.rank == 0 else default
+
+        return wrapped  # type: ignore[return-value]
+
+
+rank_zero_only = _RankZeroOnly()
 
 
 # stacklevel counts from the logging/warnings call: the helper, its rank_zero_only wrapper, then the caller

@@ -303,3 +303,23 @@ def test_swa_recomputes_batch_norm_over_the_combined_batches():
     swa = StochasticWeightAveraging(swa_lrs=0.01, swa_epoch_start=1)
     Trainer(max_epochs=2, callbacks=[swa], **FAST).fit(task, {"a": loader(4, 2), "b": loader(6, 2, 10)})
     assert task.no_grad_batches == [b for _, b in task.seen["train"][:3]]  # one epoch of combined batches
+
+
+class Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter(torch.arange(10.0).view(5, 2))
+
+
+@pytest.mark.parametrize("limit", [1.0, 3])
+def test_a_loader_without_length_in_a_training_dict(limit):
+    def run(trainer, task, lightning):
+        trainer.fit(task, {"s": DataLoader(Stream(), batch_size=2), "b": loader(4, 1)})
+        return trainer.num_training_batches
+
+    (ours, n), (theirs, m) = both(run, max_epochs=2, limit_train_batches=limit)
+    assert n == m == (float("inf") if limit == 1.0 else 3)
+    assert ours.seen["train"] == theirs.seen["train"] and ours.seen["train"]
+    with pytest.raises(ConfigError, match="needs a loader with a length"):
+        Trainer(max_epochs=1, limit_train_batches=0.5, **FAST).fit(
+            Ours(), {"s": DataLoader(Stream()), "b": loader(4, 1)}
+        )

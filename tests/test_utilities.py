@@ -84,11 +84,13 @@ def test_rank_zero_only_on_other_ranks(monkeypatch, caplog):
     caplog.set_level(logging.DEBUG)
     T.rank_zero_info("nor this")
     assert not caught and not caplog.records
-    T.rank_zero_only.rank = 0  # type: ignore[attr-defined]  # (Lightning's way of fixing the rank)
+    assert T.rank_zero_only.rank == 1  # (read as Lightning users read it: `if rank_zero_only.rank == 0`)
+    T.rank_zero_only.rank = 0  # (Lightning's way of fixing the rank)
     try:
-        assert fn() == "ran"
+        assert fn() == "ran" and T.rank_zero_only.rank == 0
     finally:
-        del T.rank_zero_only.rank  # type: ignore[attr-defined]
+        del T.rank_zero_only.rank
+    assert T.rank_zero_only.rank == 1 and fn() == "skipped"
 
 
 def _with_grads() -> nn.Module:
