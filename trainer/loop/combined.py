@@ -118,8 +118,8 @@ def epoch_iterator(loader: CombinedLoader, state: LoopState, skip: int) -> Itera
             set_rng_state(rng)
             iterators[i], prime = _skipping(flat[i], drawn[i])
             prime()
-    walk = _Walk(loader.mode, flat, loader.limits)
-    walk.iterators, walk.restart_rngs, walk.drawn = iterators, list(restarted), list(drawn)
+    walk = _Walk(loader.mode, flat, loader.limits, iterators)
+    walk.restart_rngs, walk.drawn = list(restarted), list(drawn)
     walk.exhausted = [rng is not None or d >= sized_len(dl) for rng, d, dl in zip(restarted, drawn, flat)]
     walk.idx = walk.total = skip
     loader._iterator = walk

@@ -321,7 +321,6 @@ def _epoch_iterator(t: Trainer) -> tuple[Any, int]:
     elif not resuming:
         state.combined = None
         return iter(loader), 0
-
     elif rebuildable(loader) and loader.batch_sampler is not None:
         set_rng_state(state.epoch_start_rng)  # type: ignore[arg-type]
         sampler = SkipBatchSampler(loader.batch_sampler, skip)

@@ -35,7 +35,13 @@ class _Walk(Iterator[tuple[Any, int, int]]):
     iterator and, for one restarted by "max_size_cycle", the RNG snapshot taken just before the restart (what an
     exact mid-epoch resume replays: trainer/loop/data.py)."""
 
-    def __init__(self, mode: str, iterables: list[Any], limits: list[int | float] | None) -> None:
+    def __init__(
+        self,
+        mode: str,
+        iterables: list[Any],
+        limits: list[int | float] | None,
+        iterators: list[Any] | None = None,
+    ) -> None:
         self.mode, self.iterables, self.limits = mode, iterables, limits
         n = len(iterables)
         self.idx, self.current = 0, 0  # batch_idx; the iterable "sequential" is reading
@@ -45,8 +51,10 @@ class _Walk(Iterator[tuple[Any, int, int]]):
         self.total = 0  # combined batches drawn
         self.stateful = [it for it in iterables if stateful(it)]
         self.before_last: tuple[list[Any], list[int], list[Any]] = self._now()
-        if mode == "sequential":
-            self.iterators: list[Any] = [iter(iterables[0])] if n else []
+        if iterators is not None:  # started already (a resumed pass: trainer/loop/combined.py)
+            self.iterators: list[Any] = iterators
+        elif mode == "sequential":
+            self.iterators = [iter(iterables[0])] if n else []
         else:
             self.iterators = [iter(it) for it in iterables]
 
