@@ -12,25 +12,30 @@ _Tensor = torch.Tensor
 _CPU = torch.device("cpu")
 
 
-def apply_to_tensors(data: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
-    """Return `data` with `fn` applied to every tensor inside it, keeping the container types."""
+def apply_to_tensors(
+    data: Any, fn: Callable[[torch.Tensor], Any], other: Callable[[Any], Any] | None = None
+) -> Any:
+    """Return `data` with `fn` applied to every tensor inside it, keeping the container types (and `other`, when
+    given, to every other value that is not a container)."""
     if isinstance(data, torch.Tensor):
         return fn(data)
     kind = type(data)
     if kind is tuple or kind is list:  # the common batch, (x, y): no recursion for its tensors
-        return kind([fn(x) if isinstance(x, torch.Tensor) else apply_to_tensors(x, fn) for x in data])
+        return kind([fn(x) if isinstance(x, torch.Tensor) else apply_to_tensors(x, fn, other) for x in data])
     if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
-        return type(data)(*(apply_to_tensors(x, fn) for x in data))
+        return type(data)(*(apply_to_tensors(x, fn, other) for x in data))
     if isinstance(data, (list, tuple)):
-        return type(data)(apply_to_tensors(x, fn) for x in data)
+        return type(data)(apply_to_tensors(x, fn, other) for x in data)
     if isinstance(data, Mapping):
-        return type(data)({k: apply_to_tensors(v, fn) for k, v in data.items()})
+        return type(data)({k: apply_to_tensors(v, fn, other) for k, v in data.items()})
     if dataclasses.is_dataclass(data) and not isinstance(data, type):
         changes = {
-            f.name: apply_to_tensors(getattr(data, f.name), fn) for f in dataclasses.fields(data) if f.init
+            f.name: apply_to_tensors(getattr(data, f.name), fn, other)
+            for f in dataclasses.fields(data)
+            if f.init
         }
         return dataclasses.replace(data, **changes)
-    return data
+    return data if other is None else other(data)
 
 
 def first_tensor(data: Any) -> torch.Tensor | None:

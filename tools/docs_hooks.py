@@ -34,15 +34,18 @@ def on_page_markdown(markdown: str, **kwargs: Any) -> str:
             package = stripped[len("<!-- api:") : -len("-->")].strip()
             module = importlib.import_module(package)
             for name in module.__all__:
-                obj = getattr(
-                    module, name
-                )  # where it is defined: a lazily exported name is not in the package
-                where = (
-                    f"{obj.__module__}.{obj.__qualname__}"
-                    if hasattr(obj, "__qualname__")
-                    else f"{package}.{name}"
-                )
-                out += [f"::: {where}", "", ""]
+                out += [f"::: {_where(module, package, name)}", "", ""]
         else:
             out.append(line)
     return "\n".join(out)
+
+
+def _where(module: Any, package: str, name: str) -> str:
+    """Where `package.name` is defined: a lazily exported name is not in the package's namespace."""
+    obj = getattr(module, name)
+    home = sys.modules.get(getattr(obj, "__module__", "") or "")
+    if hasattr(obj, "__qualname__"):
+        return f"{obj.__module__}.{obj.__qualname__}"
+    if home is not None and getattr(home, name, None) is obj:  # an instance (rank_zero_only)
+        return f"{home.__name__}.{name}"
+    return f"{package}.{name}"

@@ -31,6 +31,7 @@ from trainer.options import TrainerConfig
 from trainer.profiler import make_profiler
 from trainer.task.base import Task
 from trainer.task.datamodule import DataModule
+from trainer.utilities.combined_loader import CombinedLoader
 
 _NO_PROFILE = contextlib.nullcontext()
 
@@ -298,8 +299,9 @@ class Trainer:
 
     @property
     def train_dataloader(self) -> Any:
-        """The training loader of the current fit."""
-        return (self.loaders.get("train") or [None])[0]
+        """The training loader of the current fit (of several loaders: their collection, as Lightning)."""
+        loader = (self.loaders.get("train") or [None])[0]
+        return loader.iterables if isinstance(loader, CombinedLoader) else loader
 
     @property
     def val_dataloaders(self) -> list[Any]:
@@ -324,12 +326,19 @@ class Trainer:
     @property
     def num_val_batches(self) -> list[int | float]:
         """The number of batches of each validation loader (after limit_val_batches)."""
-        return self.loader_sizes.get("val", [])
+        return self._eval_batches("val")
 
     @property
     def num_test_batches(self) -> list[int | float]:
         """The number of batches of each test loader (after limit_test_batches)."""
-        return self.loader_sizes.get("test", [])
+        return self._eval_batches("test")
+
+    def _eval_batches(self, phase: str) -> list[int | float]:
+        """Batches per loader; a CombinedLoader of combined batches counts each of its loaders (Lightning's)."""
+        loaders, sizes = self.loaders.get(phase, []), self.loader_sizes.get(phase, [])
+        if len(loaders) == 1 and isinstance(loaders[0], CombinedLoader):
+            return list(loaders[0].limits or sizes)
+        return sizes
 
     @property
     def num_predict_batches(self) -> list[int | float]:

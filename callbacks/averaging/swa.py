@@ -250,8 +250,11 @@ def recompute_batch_norm(trainer: Trainer, task: Task) -> None:
     from itertools import islice
 
     n = trainer.num_training_batches
-    loader = trainer.train_dataloader
-    batches = (_Batch(i, b) for i, b in enumerate(islice(loader, None if n == float("inf") else int(n))))
+    loader = trainer.loaders["train"][
+        0
+    ]  # several loaders: a CombinedLoader, its batches without their indices
+    source = (b for b, _, _ in iter(loader)) if hasattr(loader, "flattened") else loader
+    batches = (_Batch(i, b) for i, b in enumerate(islice(source, None if n == float("inf") else int(n))))
     with torch.no_grad():
         update_bn(batches, _TrainingSteps(trainer, task))
         comm = trainer.strategy.comm

@@ -13,10 +13,14 @@ from torch.utils.data import BatchSampler, Sampler
 from strategies.data.reinit import rebuild, rebuildable
 from tandem_core.errors import ConfigError
 from trainer.seed import worker_init_fn
+from trainer.utilities.combined_loader import CombinedLoader
 
 
 def num_batches(loader: Any, limit: int | float) -> int | float:
-    """How many batches an epoch takes from `loader` under limit_*_batches (inf when unknown)."""
+    """How many batches an epoch takes from `loader` under limit_*_batches (inf when unknown); a CombinedLoader's
+    count under its mode, its limits set per inner loader (loop/combined.py)."""
+    if isinstance(loader, CombinedLoader):
+        return loader.num_batches()
     try:
         n: int | float = len(loader)
     except TypeError:
@@ -56,6 +60,10 @@ def with_worker_seeding(loader: Any) -> Any:
 
 def set_epoch(loader: Any, epoch: int) -> None:
     """Tell epoch-aware samplers (DistributedSampler) the epoch so that each epoch shuffles anew."""
+    if isinstance(loader, CombinedLoader):
+        for inner in loader.flattened:
+            set_epoch(inner, epoch)
+        return
     for sampler in (getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None)):
         if sampler is not None and hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)

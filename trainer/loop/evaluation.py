@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer.loggers.reporting import finalize_loggers, log_metrics, log_stage_start
+from trainer.loop.combined import batches
 from trainer.loop.hooks import run_as
 from trainer.loop.signals import check_stop
 from trainer.loop.transfer import to_device
@@ -72,7 +73,7 @@ def run_eval(t: Trainer, phase: str, limit: int | None = None) -> Any:
             n = n if limit is None else min(n, limit)
             if n == 0:
                 continue
-            for batch_idx, batch in enumerate(islice(loader, None if n == float("inf") else int(n))):
+            for batch_idx, batch in enumerate(islice(batches(loader), None if n == float("inf") else int(n))):
                 batch = to_device(t, batch, dl_idx)
                 store.set_batch(batch)
                 hooks.call(f"on_{prefix}_batch_start", batch, batch_idx, *extra)

@@ -21,6 +21,7 @@ from trainer import checkpoint
 from trainer.checkpoint.run import check_window_saves
 from trainer.loggers.reporting import finalize_loggers, log_metrics, log_stage_start
 from trainer.loop.closure import Closure
+from trainer.loop.combined import epoch_iterator as combined_epoch
 from trainer.loop.data import SkipBatchSampler, set_epoch
 from trainer.loop.evaluation import run_eval
 from trainer.loop.hooks import run_as
@@ -28,6 +29,7 @@ from trainer.loop.optim import StepClosure, step_schedulers
 from trainer.loop.signals import check_stop
 from trainer.loop.transfer import to_device
 from trainer.seed import get_rng_state, set_rng_state
+from trainer.utilities.combined_loader import CombinedLoader
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -86,7 +88,8 @@ def train_epoch(t: Trainer) -> None:
     automatic = task.automatic_optimization
     val_every = _val_check_batches(t) if _should_validate(t) else 0  # check_val_every_n_epoch gates it too
     timed = _val_check_seconds(t)  # a wall-time val_check_interval: validate once it has passed
-    set_epoch(t.train_dataloader, state.epoch)
+    loader = t.loaders["train"][0]  # (a CombinedLoader when several were given: loop/combined.py)
+    set_epoch(loader, state.epoch)
     state.phase = "train"
     store.start_epoch("train")
     if state.batch_in_epoch == 0:  # as Lightning: a run resumed inside an epoch does not start it again
@@ -113,7 +116,7 @@ def train_epoch(t: Trainer) -> None:
     # Lightning's fetcher reads one batch ahead, so an iterable that changes state when it runs out is seen
     # at the same step. A map-style loader of known length is read at its step instead: the end is known
     # without reading, and random draws in the data set then keep their order for bit-identical resume.
-    ahead = not known or not _map_style(t.train_dataloader)
+    ahead = not known or not _map_style(loader)
     nxt = next(batches, _END) if ahead and (not known or start < n) else None
     store.fx = "training_step"  # self.log's rules inside a training batch (trainer/loggers/log_rules.py)
     while True:
@@ -308,27 +311,38 @@ def _epoch_iterator(t: Trainer) -> tuple[Any, int]:
     the consumed batches in the batch sampler (indices only, no data is read), then restores the RNG
     state of the moment the checkpoint was taken; the rest of the epoch is identical to an uninterrupted run.
     """
-    state, loader = t.state, t.train_dataloader
+    state, loader = t.state, t.loaders["train"][0]
     skip = state.batch_in_epoch
-    if not (skip and state.resume_rng is not None and state.epoch_start_rng is not None):
+    resuming = bool(skip and state.resume_rng is not None and state.epoch_start_rng is not None)
+    if not resuming:
         state.epoch_start_rng = get_rng_state()
+    if isinstance(loader, CombinedLoader):  # each inner loader replays and skips its part (loop/combined.py)
+        it = combined_epoch(loader, state, skip if resuming else 0)
+    elif not resuming:
+        state.combined = None
         return iter(loader), 0
-    set_rng_state(state.epoch_start_rng)
-    if rebuildable(loader) and loader.batch_sampler is not None:
+    elif rebuildable(loader) and loader.batch_sampler is not None:
+        set_rng_state(state.epoch_start_rng)  # type: ignore[arg-type]
         sampler = SkipBatchSampler(loader.batch_sampler, skip)
         it = iter(rebuild(loader, batch_sampler=sampler))
         sampler.prime()
     else:  # iterable data sets cannot skip by index: read and drop the consumed batches
+        set_rng_state(state.epoch_start_rng)  # type: ignore[arg-type]
         it = iter(loader)
         for _ in islice(it, skip):
             pass
+    if not resuming:
+        return it, 0
     set_rng_state(state.resume_rng)
     state.resume_rng = None
     return it, skip
 
 
 def _map_style(loader: Any) -> bool:
-    """A DataLoader over an indexable data set (its batches come from a batch sampler)."""
+    """A DataLoader over an indexable data set (its batches come from a batch sampler); for a CombinedLoader,
+    each of its loaders."""
+    if isinstance(loader, CombinedLoader):
+        return all(_map_style(inner) for inner in loader.flattened)
     return getattr(loader, "batch_sampler", None) is not None and not isinstance(
         getattr(loader, "dataset", None), torch.utils.data.IterableDataset
     )

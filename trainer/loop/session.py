@@ -19,12 +19,14 @@ from trainer.compiler import RecompileWatch, unwrap_compiled
 from trainer.compiler import apply as apply_compiler
 from trainer.loggers import agree_versions
 from trainer.loggers.reporting import finalize_loggers
+from trainer.loop.combined import combine_train, flatten_eval, is_collection, prepare_eval, stateful
 from trainer.loop.data import num_batches, with_worker_seeding
 from trainer.loop.hooks import Hooks, run_as
 from trainer.loop.optim import TaskOptimizer, check_optimizers, parse_optimizers
 from trainer.loop.signals import StopSignals
 from trainer.loop.transfer import transfer_owners
 from trainer.task.base import Task
+from trainer.utilities.combined_loader import CombinedLoader
 
 if TYPE_CHECKING:
     from trainer.task.datamodule import DataModule
@@ -176,8 +178,14 @@ class Session:
         train = self.train if self.train is not None else self._source("train_dataloader")
         if train is None:
             raise TaskError("train_dataloader() returned None; return a DataLoader.")
-        if self.t.config.overfit_batches:  # the same first batches every epoch: no shuffling
-            train = _unshuffled(train)
+        # several loaders: one CombinedLoader ("max_size_cycle"), as Lightning; a stateful loader too (its state
+        # is saved at the batch the loop is at, see loop/combined.py); its batches are the loader's own
+        if is_collection(train) or stateful(train):
+            t = self.t
+            prepare = functools.partial(self._prepare, "train")
+            combined = combine_train(train, prepare, t.config.limit_train_batches)
+            t.loaders["train"], t.loader_sizes["train"] = [combined], [combined.num_batches()]
+            return
         self._add("train", [train])
 
     def _load_eval(self, phase: str) -> None:
@@ -185,15 +193,32 @@ class Session:
             self._add(phase, [])
             return
         evals = self.evals if self.evals is not None else self._source(f"{phase}_dataloader")
-        self._add(
-            phase, [] if evals is None else list(evals) if isinstance(evals, (list, tuple)) else [evals]
-        )
+        if evals is None:
+            loaders = []
+        elif is_collection(evals):  # loaders in a dict, list or nested: flattened, each a dataloader_idx
+            loaders = flatten_eval(evals, phase)
+        else:  # one loader, or a list of iterables that are not loaders (lists of batches)
+            loaders = list(evals) if isinstance(evals, (list, tuple)) else [evals]
+        if len(loaders) == 1 and isinstance(loaders[0], CombinedLoader):  # combined batches, as one loader
+            limit = getattr(self.t.config, LIMIT[phase])
+            n = prepare_eval(loaders[0], functools.partial(self._prepare, phase), limit)
+            self.t.loaders[phase], self.t.loader_sizes[phase] = loaders, [n]
+            return
+        self._add(phase, loaders)
+
+    def _prepare(self, phase: str, loader: Any) -> Any:
+        """One loader made ready for `phase`: unshuffled for overfit_batches, sharded, its workers seeded."""
+        t = self.t
+        if phase == "train" and t.config.overfit_batches:  # the same first batches every epoch: no shuffling
+            loader = _unshuffled(loader)
+        loader = with_worker_seeding(t.strategy.process_dataloader(loader, phase))
+        if phase == "predict":  # each batch's sample indices, for prediction writers (as Lightning)
+            loader = track_indices(loader)
+        return loader
 
     def _add(self, phase: str, loaders: list[Any]) -> None:
         t = self.t
-        prepared = [with_worker_seeding(t.strategy.process_dataloader(dl, phase)) for dl in loaders]
-        if phase == "predict":  # each batch's sample indices, for prediction writers (as Lightning)
-            prepared = [track_indices(dl) for dl in prepared]
+        prepared = [self._prepare(phase, dl) for dl in loaders]
         limit = getattr(t.config, LIMIT[phase])
         t.loaders[phase], t.loader_sizes[phase] = prepared, [num_batches(dl, limit) for dl in prepared]
 

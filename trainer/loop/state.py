@@ -38,6 +38,11 @@ class LoopState:
     epoch_start_rng: dict[str, Any] | None = None  # RNG snapshot at the start of the current epoch
     resume_rng: dict[str, Any] | None = None  # RNG snapshot of the checkpoint, applied once the loop resumes
     window_grads: list[torch.Tensor | None] | None = field(default=None, repr=False)  # restored mid-window
+    # a combined training loader's pass (its position is saved) and that position read from a checkpoint
+    combined: Any = field(default=None, repr=False)
+    resume_combined: dict[str, Any] | None = field(default=None, repr=False)
+    # the states of the training loaders that have state_dict/load_state_dict, read from a checkpoint
+    resume_loader_states: list[Any] | None = field(default=None, repr=False)
 
     def mid_window(self, k: int, automatic: bool) -> bool:
         """True between the micro-batches of one optimizer step (automatic optimization)."""
@@ -56,8 +61,14 @@ class LoopState:
         return {"epoch": self.epoch, "global_step": self.global_step, "loop": loop}
 
     def rank_state(self, grads: list[torch.Tensor | None] | None) -> dict[str, Any]:
-        """This rank's own part: its RNG now and at the epoch's start, and `grads` of an unfinished window."""
-        return {"rng": get_rng_state(), "epoch_start_rng": self.epoch_start_rng, "window_grads": grads}
+        """This rank's own part: its RNG now and at the epoch's start, `grads` of an unfinished window, and the
+        position of a combined training loader."""
+        own = {"rng": get_rng_state(), "epoch_start_rng": self.epoch_start_rng, "window_grads": grads}
+        if self.combined is not None:  # where each loader of a combined training loader is (loop/combined.py)
+            own["combined"] = self.combined.position(self.batch_in_epoch)
+            if own["combined"]["states"]:  # loaders with state_dict/load_state_dict (Lightning's Stateful)
+                own["loader_states"] = own["combined"].pop("states")
+        return own
 
     def load_state_dict(self, ckpt: dict[str, Any], rank: int = 0) -> None:
         """Restore what state_dict wrote, taking this rank's own part (a 1-process file serves every rank)."""
@@ -69,6 +80,8 @@ class LoopState:
         own = ranks[rank] if rank < len(ranks) else ranks[0]
         self.epoch_start_rng, self.resume_rng = own.get("epoch_start_rng"), own.get("rng")
         self.window_grads = own.get("window_grads")
+        self.resume_combined = own.get("combined")
+        self.resume_loader_states = own.get("loader_states")
 
     def next_epoch(self) -> None:
         self.epoch += 1

@@ -10,7 +10,8 @@ from typing import Any
 
 
 class AttributeDict(dict):
-    """A dict whose keys are also attributes: ``hparams.lr``."""
+    """A dict whose keys are also attributes: ``hparams.lr`` (Lightning's AttributeDict, public in
+    trainer.utilities)."""
 
     def __getattr__(self, key: str) -> Any:
         try:
@@ -20,6 +21,16 @@ class AttributeDict(dict):
 
     def __setattr__(self, key: str, value: Any) -> None:
         self[key] = value
+
+    def __delattr__(self, key: str) -> None:
+        del self[key]  # a KeyError for a missing key, as Lightning's
+
+    def __repr__(self) -> str:
+        """One '"key": value' line per key, sorted, the values aligned (Lightning's form)."""
+        if not self:
+            return ""
+        width = max(len(str(k)) for k in self) + 3
+        return "\n".join(f"{f'{chr(34)}{k}{chr(34)}:':{width}s} {self[k]}" for k in sorted(self))
 
 
 def _frozen_copy(values: AttributeDict) -> AttributeDict:
