@@ -8,6 +8,11 @@ path only when it lies directly inside the callback's dirpath (resolved: no ``..
 leading elsewhere), has a checkpoint's name (``*.ckpt``; ``last*.ckpt`` only as the last checkpoint) and,
 where the file exists, carries the token; the rest is dropped with a warning. The deletion itself checks
 again, because a path can be taken by another run's file after the state was loaded.
+
+A state from another directory (fine-tuning from another run's checkpoint) brings no path at all: its best
+is carried only when it lies in one of this experiment's ``version_N/checkpoints`` and stores the token of
+the state being restored (the same run, started again into a new version). So no restored path is ever
+uploaded by a tracker's ``log_model`` or loaded by ``ckpt_path="best"`` (`trusted`).
 """
 
 from __future__ import annotations
@@ -46,8 +51,9 @@ def state_dict(cb: ModelCheckpoint) -> dict[str, Any]:
 
 def load_state_dict(cb: ModelCheckpoint, state: dict[str, Any]) -> None:
     """Restore the top k when resuming into the same directory (only this run's files, see the module
-    docstring); otherwise remember the best only, a reference that is never deleted (a deletion needs
-    the file to be inside dirpath and this run's)."""
+    docstring); otherwise remember the best only when it is this run's (an earlier version directory of
+    the experiment, written by the run being resumed), a reference that is never deleted (a deletion needs
+    the file to be inside dirpath and this run's); any other best is dropped with a warning."""
     score = state.get("best_model_score")
     cb._best_score = None if score is None else float(score)
     cb.best_model_path = str(state.get("best_model_path") or "")

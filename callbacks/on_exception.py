@@ -89,7 +89,8 @@ class OnExceptionCheckpoint(Checkpoint):
         """The crash file this run resumed from: one of this callback's names in its directory that still
         holds the token loaded from it (a file another run wrote there meanwhile holds another)."""
         session = trainer.session
-        path = None if session is None else session.ckpt_path
+        restoring = getattr(session, "restoring", None)  # the file read, also for "last" or resume="auto"
+        path = getattr(restoring, "path", None) or (None if session is None else session.ckpt_path)
         if path is None or self._restored is None:
             return None
         path = os.path.abspath(str(path))

@@ -91,6 +91,47 @@ def test_best_never_resolves_to_a_file_outside_the_run(tmp_path):
     assert _outside(tmp_path) not in _uploads(mc)
 
 
+def test_an_earlier_versions_best_is_carried_only_for_the_run_that_wrote_it(tmp_path):
+    """Resuming into a new version directory carries the best of an earlier one (the same run going on);
+    a state whose token is not the one stored in that file (another run's state naming it) does not."""
+    scores = [5.0, 1.0, 8.0]
+    first = ModelCheckpoint(monitor="val/score", save_last=True)
+    fit(Scored(scores), [first], 2, logger=True, default_root_dir=str(tmp_path))
+    last = os.path.join(os.path.dirname(first.best_model_path), "last.ckpt")
+    ckpt = torch.load(last, weights_only=True)
+    for state in ckpt["callbacks"].values():
+        state["run_token"] = "0" * 32  # not the token in first.best_model_path
+    torch.save(ckpt, tmp_path / "other_state.ckpt")
+    second = ModelCheckpoint(monitor="val/score", save_last=True)
+    with pytest.warns(UserWarning, match="not this run's file"):
+        fit(Scored(scores), [second], 3, logger=True, default_root_dir=str(tmp_path),
+            ckpt_path=str(tmp_path / "other_state.ckpt"))  # fmt: skip
+    assert second.best_model_path != first.best_model_path
+    assert os.path.dirname(second.best_model_path) == second.dirpath
+    third = ModelCheckpoint(monitor="val/score", save_last=True)
+    fit(Scored(scores), [third], 3, logger=True, default_root_dir=str(tmp_path), ckpt_path=last)
+    assert third.best_model_path == first.best_model_path and float(third.best_model_score) == 1.0
+
+
+def test_the_loop_state_names_no_path(tmp_path):
+    """The checkpoint's own keys and the loop's: none names a file (run_id is compared, never opened)."""
+    fit(Scored(), [ModelCheckpoint(dirpath=str(tmp_path), save_last=True)], 1)
+    ckpt = torch.load(tmp_path / "last.ckpt", weights_only=True)
+    assert sorted(ckpt) == [
+        "callbacks", "config", "epoch", "global_step", "hyper_parameters", "loop", "lr_schedulers",
+        "optimizer_states", "run_id", "state_dict", "strategy", "tandem_version", "task_class",
+    ]  # fmt: skip
+    assert sorted(ckpt["loop"]) == [
+        "batch_in_epoch",
+        "callback_metrics",
+        "epoch_finished",
+        "ranks",
+        "val_pending",
+    ]
+    assert sorted(ckpt["loop"]["ranks"][0]) == ["epoch_start_rng", "rng", "window_grads"]
+    assert sorted(ckpt["run_id"]) == ["experiment", "task_class"]
+
+
 # ----- 3. SpikeDetection ----------------------------------------------------------------------------------
 class SpikeAt(Scored):
     def training_step(self, batch, batch_idx):

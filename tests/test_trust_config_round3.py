@@ -6,6 +6,8 @@ class_path overrides are built or refused as the same entry in a file, and SLURM
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -73,6 +75,25 @@ def test_compile_allow_list_values_build(tmp_path):
     assert run.trainer.compiler.kwargs == entry
     run.trainer.fit(run.task, datamodule=run.datamodule)  # the eager backend compiles and trains
     assert run.trainer.global_step == 2
+
+
+@pytest.mark.slow
+def test_the_compile_payload_is_real(tmp_path):
+    """The control: given to torch.compile directly (what trainer.compile passed on before), the payload runs
+    its shell command while inductor builds the C++ kernel (about a minute: a fresh compile cache)."""
+    marker = tmp_path / "marker"
+    script = (
+        "import torch\n"
+        f"f = torch.compile(lambda x: (x * 2).sin(), options={{'cpp.march': {PAYLOAD.format(marker=marker)!r}}})\n"
+        "try:\n    f(torch.randn(8))\nexcept Exception:\n    pass\n"
+    )
+    env = {
+        **os.environ,
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache"),
+        "TORCHINDUCTOR_FX_GRAPH_CACHE": "0",
+    }
+    subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=600)
+    assert marker.exists()
 
 
 # ----- 2. redaction follows the resolver ------------------------------------------------------------------

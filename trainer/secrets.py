@@ -50,15 +50,16 @@ def env_values(cfg: DictConfig) -> dict[str, str]:
     def note(name: str, value: Any, default: Any = None) -> None:
         if isinstance(value, str) and len(value) >= MIN_LENGTH and os.environ.get(name) == value:
             plain = isinstance(default, str) and _PLAIN.fullmatch(default) and default not in by_value
-            found.setdefault(value, "${oc.env:" + name + (f",{default}" if plain else "") + "}")
+            text = "${oc.env:" + name + (f",{default}" if plain else "") + "}"
+            found.setdefault(value, text if _NAME.fullmatch(name) else "<redacted environment value>")
 
     def watch(name: str, wrapped: Callable[..., Any]) -> Callable[..., Any]:
         def watched(config: Any, parent: Any, node: Any, args: tuple[Any, ...], args_str: Any) -> Any:
             value = wrapped(config, parent, node, args, args_str)
             if name == "oc.env" and args and isinstance(args[0], str):
                 note(args[0], value, args[1] if len(args) > 1 else None)
-            elif isinstance(value, str) and value in by_value:
-                note(by_value[value], value)
+            elif not name.startswith("oc.") and isinstance(value, str) and value in by_value:
+                note(by_value[value], value)  # a resolver of the user's (omegaconf's own read no environment)
             return value
 
         return watched
@@ -78,6 +79,7 @@ def env_values(cfg: DictConfig) -> dict[str, str]:
 
 
 _PLAIN = re.compile(r"[\w./:@+-]*")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _RECORDED: dict[str, str] = {}  # every environment value any config of this process resolved
 
 
