@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from strategies.base import is_plain
+from strategies.gradclip import clip_grad_norm, clip_grad_value
 from tandem_core.errors import ConfigError, TaskError
 from tandem_core.optim import SchedulerConfig
 from trainer.loop.hooks import run_as
@@ -196,9 +197,9 @@ def clip_gradients(optimizer: torch.optim.Optimizer, clip_val: float, algorithm:
     algorithm = algorithm or "norm"
     params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     if algorithm == "norm":
-        torch.nn.utils.clip_grad_norm_(params, clip_val)
+        clip_grad_norm(params, clip_val)  # torch's, or by mesh on TP / 2-D models (strategies/gradclip.py)
     elif algorithm == "value":
-        torch.nn.utils.clip_grad_value_(params, clip_val)
+        clip_grad_value(params, clip_val)
     else:
         raise ConfigError(f"gradient_clip_algorithm must be 'norm' or 'value', got {algorithm!r}")
 
