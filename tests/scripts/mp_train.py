@@ -75,8 +75,9 @@ class Net(nn.Module):
         return self.head(torch.tanh(self.fc2(torch.relu(self.fc1(x)))))
 
 
-def parallelize(net: Net, mesh, loss_parallel: bool = False) -> None:
-    """TP on mesh["tensor_parallel"], then FSDP on mesh["data_parallel"] when it has more than one rank."""
+def parallelize(net: Net, mesh, loss_parallel: bool = False, fsdp: bool = True) -> None:
+    """TP on mesh["tensor_parallel"], then (`fsdp`) FSDP on mesh["data_parallel"] when it has more than one
+    rank."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
@@ -109,7 +110,7 @@ def parallelize(net: Net, mesh, loss_parallel: bool = False) -> None:
     else:
         plan = {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
     parallelize_module(net, tp, plan)
-    if dp.size() > 1:
+    if fsdp and dp.size() > 1:
         if net.kind == "transformer":
             fully_shard(net.block, mesh=dp)
         fully_shard(net, mesh=dp)
