@@ -14,7 +14,7 @@ import torch
 
 from strategies.base import call_step
 from strategies.fsdp import FSDPStrategy
-from strategies.fsdp_wrap import check_supported
+from strategies.fsdp_wrap import STEPS, check_supported
 from strategies.precision import Precision
 from strategies.process_group import ProcessGroupStrategy, shard_loader
 from tandem_core.errors import ConfigError, TaskError
@@ -143,9 +143,14 @@ class ModelParallelStrategy(FSDPStrategy):
         self._task, self._unsynced, self._sync, self._checked = task, False, True, set()
         self._dtensor_loss = False
         self._check_data_parallel(task)
-        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
 
         self.units = [n for n, m in task.named_modules() if isinstance(m, FSDPModule)]
+        if isinstance(task, FSDPModule) and not getattr(task, "_tandem_steps_registered", False):
+            # configure_model sharded the task itself: its steps gather the root's parameters as forward does
+            for step in STEPS:
+                register_fsdp_forward_method(task, step)
+            task._tandem_steps_registered = True  # type: ignore[attr-defined]  (a later stage: not twice)
 
     def _check_data_parallel(self, task: Task) -> None:
         """With dp > 1, every parameter must be sharded (or replicated) on the data-parallel dimension."""
@@ -169,16 +174,23 @@ class ModelParallelStrategy(FSDPStrategy):
             )
 
     # ----- data ---------------------------------------------------------------------------------
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int]:
+        """Lightning's name: the sampler's `num_replicas` and `rank`, over the data-parallel ranks."""
+        assert self.device_mesh is not None, "the mesh exists once the strategy has launched"
+        dp = self.device_mesh["data_parallel"]
+        return {"num_replicas": dp.size(), "rank": dp.get_local_rank()}
+
     def process_dataloader(self, loader: Any, stage: str) -> Any:
         """Each data-parallel rank its shard; the ranks of one tensor-parallel group the same batches."""
         if not self.use_distributed_sampler:
             return loader
         import os
 
-        assert self.device_mesh is not None
-        dp = self.device_mesh["data_parallel"]
+        where = self.distributed_sampler_kwargs
         seed = int(os.environ.get("TANDEM_GLOBAL_SEED", 0))
-        return shard_loader(loader, stage, dp.get_local_rank(), dp.size(), seed, bool(self._overfit_batches))
+        overfit = bool(self._overfit_batches)
+        return shard_loader(loader, stage, where["rank"], where["num_replicas"], seed, overfit)
 
     # ----- steps --------------------------------------------------------------------------------
     def _loss_parallel(self, on: bool) -> contextlib.AbstractContextManager[Any]:

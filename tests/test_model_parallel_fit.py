@@ -25,7 +25,7 @@ from trainer.checkpoint import load
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "scripts", "mp_train.py")
 sys.path.insert(0, os.path.join(HERE, "scripts"))
-from mp_train import MPTask, StartStep, full_state, make_data, parallelize, reference  # noqa: E402
+from mp_train import CLASSES, MPTask, StartStep, full_state, make_data, parallelize, reference  # noqa: E402
 
 GLOBAL = 8  # global batch: 6 steps per epoch of 48 samples at any data-parallel size
 NORM, VALUE = (0.05, "norm"), (0.01, "value")  # small enough that every step clips
@@ -75,6 +75,7 @@ def _parity(world, dp, tp, kind, dtype, opt, clip, callbacks=(), **kwargs):
         "weights": max((state[k] - ref_state[k]).abs().max().item() for k in ref_state),
         "units": list(trainer.strategy.units),
         "mesh": trainer.strategy.device_mesh.mesh_dim_names,
+        "sampler": trainer.strategy.distributed_sampler_kwargs,
     }, state
 
 
@@ -116,8 +117,45 @@ class TPOnly(MPTask):
         parallelize(self.net, self.device_mesh, fsdp=False)
 
 
+def _lightning_oracle(world: int) -> float:
+    """Lightning's own ModelParallelStrategy (gloo) and Tandem's on the same task and shuffled loader:
+    the largest weight difference after 5 AdamW steps."""
+    import pytorch_lightning as pl
+    from pytorch_lightning.strategies import ModelParallelStrategy as LightningMP
+
+    class Lit(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = MPTask("transformer").net  # the same seeded initial weights
+
+        def configure_model(self) -> None:
+            parallelize(self.net, self.device_mesh)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.cross_entropy(self.net(x).reshape(-1, CLASSES), y.reshape(-1))
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=0.01, weight_decay=0.1)
+
+    ours = MPTask("transformer")
+    Trainer(strategy=ModelParallelStrategy(1, world), devices=world, max_steps=5, **FAST).fit(
+        ours, DataLoader(make_data(), batch_size=GLOBAL, shuffle=True)
+    )
+    lit, environ = Lit(), dict(os.environ)
+    pl.Trainer(
+        strategy=LightningMP(data_parallel_size=1, tensor_parallel_size=world), accelerator="cpu", devices=world,
+        max_steps=5, logger=False, enable_checkpointing=False, enable_progress_bar=False,  # float64 weights, 32-true
+        enable_model_summary=False,
+    ).fit(lit, DataLoader(make_data(), batch_size=GLOBAL, shuffle=True))  # fmt: skip
+    os.environ.clear()
+    os.environ.update(environ)  # Lightning's teardown deletes WORLD_SIZE
+    theirs, mine = full_state(lit.net), full_state(ours.net)
+    return max((theirs[k] - mine[k]).abs().max().item() for k in mine)
+
+
 def _at_2(rank: int, world: int, root: str) -> dict[str, object]:
-    out: dict[str, object] = {}
+    out: dict[str, object] = {"lightning": _lightning_oracle(world)}
     out["loss_parallel"], _ = _parity(
         world, 1, 2, "transformer", torch.float64, "adamw", NORM, loss_parallel=True
     )
@@ -156,8 +194,9 @@ def _check_resumed(resumed: dict[str, object], uninterrupted: dict[str, torch.Te
 @pytest.mark.slow
 def test_fsdp_x_tp_on_2x2_matches_one_process_and_resumes_at_4x1_and_1x4(at_4):
     root, results = at_4
-    for r in results:
+    for rank, r in enumerate(results):
         assert r["transformer"]["mesh"] == ("data_parallel", "tensor_parallel")
+        assert r["transformer"]["sampler"] == {"num_replicas": 2, "rank": rank // 2}  # row-major (dp, tp)
         for name in ("transformer", "mlp_norm"):
             _check_parity(r[name], 1e-10)
             assert "net" in r[name]["units"]  # FSDP x TP, not TP alone
@@ -193,6 +232,7 @@ def test_tp_loss_parallel_and_clipping_at_2_and_resumes_at_1x2_2x1_and_1x1(at_4)
         for name in ("resumed_1x2", "resumed_2x1", "resumed_file_2x1"):
             _check_resumed(r[name], uninterrupted)
         assert "not sharded on the 'data_parallel' mesh dimension" in r["tp_only_error"]
+        assert r["lightning"] <= 1e-10  # Lightning's ModelParallelStrategy as an oracle
     for r in run_distributed(_at_1, root, world_size=1, timeout=300):
         _check_resumed(r["resumed_1x1"], uninterrupted)
         _check_resumed(r["resumed_file_1x1"], uninterrupted)
