@@ -212,10 +212,11 @@ class ModelPruning(Callback):
 
     # ----- hooks ---------------------------------------------------------------------------------
     def setup(self, trainer: Trainer, task: Task, stage: str) -> None:
-        if trainer.strategy.name == "fsdp":
+        if trainer.strategy.name in ("fsdp", "model_parallel"):
             raise ConfigError(
                 "ModelPruning replaces each pruned parameter by weight_orig * weight_mask (torch.nn.utils.prune), "
-                "which fully_shard's sharded parameters do not support; use strategy='ddp'."
+                f"which the DTensor parameters of strategy={trainer.strategy.name!r} do not support; use "
+                "strategy='ddp'."
             )
         params = self.sanitize_parameters_to_prune(task, self._parameters_to_prune, self._parameter_names)
         self._parameters_to_prune = self.filter_parameters_to_prune(params)

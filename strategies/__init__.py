@@ -26,6 +26,7 @@ STRATEGIES: dict[str, tuple[str, dict[str, Any]]] = {
     "ddp_find_unused_parameters_false": ("strategies.ddp:DDPStrategy", {"find_unused_parameters": False}),
     "fsdp": ("strategies.fsdp:FSDPStrategy", {}),
     "fsdp_cpu_offload": ("strategies.fsdp:FSDPStrategy", {"cpu_offload": True}),
+    "model_parallel": ("strategies.model_parallel:ModelParallelStrategy", {}),
 }
 # Lightning's DDP start methods: fork (notebooks) and spawn start the workers from this process (strategies/fork.py)
 for _name, _method in (("fork", "fork"), ("notebook", "fork"), ("spawn", "spawn")):
@@ -130,6 +131,7 @@ _LAZY = {
     "DDPStrategy": "strategies.ddp",
     "DataParallelStrategy": "strategies.data_parallel",
     "FSDPStrategy": "strategies.fsdp",
+    "ModelParallelStrategy": "strategies.model_parallel",
 }
 
 
@@ -146,6 +148,8 @@ __all__ = [
     "Comm",
     "DDPStrategy",
     "DataParallelStrategy",
+    "FSDPStrategy",
+    "ModelParallelStrategy",
     "ParallelStrategy",
     "Precision",
     "SingleDeviceStrategy",

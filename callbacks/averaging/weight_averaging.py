@@ -42,9 +42,10 @@ def detached_copy(task: torch.nn.Module) -> torch.nn.Module:
 
 def refuse_sharded(trainer: Trainer, name: str) -> None:
     """Averaging needs every parameter whole on every process: refuse FSDP's sharded ones, saying why."""
-    if trainer.strategy.name == "fsdp":
+    if trainer.strategy.name in ("fsdp", "model_parallel"):
         raise ConfigError(
-            f"{name} keeps a whole copy of every parameter and averages it, but strategy='fsdp' shards the "
+            f"{name} keeps a whole copy of every parameter and averages it, but strategy="
+            f"{trainer.strategy.name!r} shards the "
             "parameters across processes (Lightning refuses sharded models too); use strategy='ddp'."
         )
 

@@ -77,7 +77,8 @@ class LightningAttributes:
 
     @property
     def device_mesh(self) -> Any:
-        """The FSDP strategy's device mesh while one is in use, else None."""
+        """The strategy's device mesh while one is in use (fsdp; model_parallel's 2-D ("data_parallel",
+        "tensor_parallel") mesh, set before configure_model), else None."""
         trainer = self._trainer
         return None if trainer is None else getattr(trainer.strategy, "device_mesh", None)
 
