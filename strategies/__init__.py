@@ -24,6 +24,8 @@ STRATEGIES: dict[str, tuple[str, dict[str, Any]]] = {
     "ddp_accumulate": ("strategies.ddp:DDPStrategy", {}),  # config alias: use with accumulate_grad_batches=k
     "ddp_find_unused_parameters_true": ("strategies.ddp:DDPStrategy", {"find_unused_parameters": True}),
     "ddp_find_unused_parameters_false": ("strategies.ddp:DDPStrategy", {"find_unused_parameters": False}),
+    "ddp_zero1": ("strategies.ddp:DDPStrategy", {"zero": 1}),  # ZeRO-1: optimizer states sharded
+    "pipeline": ("strategies.pipeline:PipelineStrategy", {}),
     "fsdp": ("strategies.fsdp:FSDPStrategy", {}),
     "fsdp_cpu_offload": ("strategies.fsdp:FSDPStrategy", {"cpu_offload": True}),
 }
@@ -130,6 +132,7 @@ _LAZY = {
     "DDPStrategy": "strategies.ddp",
     "DataParallelStrategy": "strategies.data_parallel",
     "FSDPStrategy": "strategies.fsdp",
+    "PipelineStrategy": "strategies.pipeline",
 }
 
 
@@ -147,6 +150,7 @@ __all__ = [
     "DDPStrategy",
     "DataParallelStrategy",
     "ParallelStrategy",
+    "PipelineStrategy",
     "Precision",
     "SingleDeviceStrategy",
     "Strategy",
