@@ -15,8 +15,8 @@ is not run)::
     Trainer(strategy=PipelineStrategy(schedule="1F1B", n_microbatches=4), devices=2).fit(lm)
 
 Batches are ``(input, target)``: the input goes to the first stage, the target to the last. The step's loss
-(the mean over the micro-batches, from the last stage) is broadcast to every rank of the pipeline and is
-the step's output: log it in ``on_train_batch_end(outputs, ...)`` (``outputs["loss"]``).
+(the mean over the micro-batches, from the last stage; with data_parallel_size > 1 averaged over the
+replicas, so the global batch's mean) is broadcast to every rank and is the step's output: log it in ``on_train_batch_end(outputs, ...)`` (``outputs["loss"]``).
 """
 
 from __future__ import annotations
@@ -146,7 +146,9 @@ class PipelineStrategy(ProcessGroupStrategy):
                 from torch.distributed.fsdp import fully_shard
 
                 fully_shard(module, mesh=self.device_mesh["dp"])
-            stages.append(pipelining.PipelineStage(module, i, self.n_stages, self.root_device, group=pp_group))
+            stages.append(
+                pipelining.PipelineStage(module, i, self.n_stages, self.root_device, group=pp_group)
+            )
         cls = getattr(pipelining, SCHEDULES[self.schedule_name])
         loss_fn = _loss_of(task)
         try:
@@ -185,7 +187,9 @@ class PipelineStrategy(ProcessGroupStrategy):
                 "it, then evaluate the checkpoint under strategy='single' or 'ddp' (set limit_val_batches=0)."
             )
         if not task.automatic_optimization:
-            raise ConfigError("PipelineStrategy runs the task's optimizer itself: use automatic optimization.")
+            raise ConfigError(
+                "PipelineStrategy runs the task's optimizer itself: use automatic optimization."
+            )
         x, y = _split(batch)
         self._batch_size = check_batch(x, self._batch_size, self.n_microbatches)
         first, last = 0 in self.stage_indices, self.n_stages - 1 in self.stage_indices
@@ -209,6 +213,10 @@ class PipelineStrategy(ProcessGroupStrategy):
         group = self.device_mesh["pp"].get_group()
         src = dist.get_global_rank(group, (self.n_stages - 1) % self.pipeline_parallel_size)
         self.comm.run("pipeline loss broadcast", lambda: dist.broadcast(loss, src=src, group=group))
+        if self.data_parallel_size > 1:  # the global batch's mean (the replicas' batches are equal in size)
+            dp = self.device_mesh["dp"].get_group()
+            self.comm.run("pipeline loss average", lambda: dist.all_reduce(loss, group=dp))
+            loss /= self.data_parallel_size
         # the loop wants a loss that requires grad; backward already ran inside the schedule
         return loss.to(self.precision.param_dtype).requires_grad_()
 

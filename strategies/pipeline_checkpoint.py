@@ -62,7 +62,10 @@ class PipelineCheckpointIO(CheckpointIO):
             state: dict[int, Any] = {}
             for _, s in parts:
                 state.update(s[j]["state"])
-            out["optimizer_states"][j] = {"state": dict(sorted(state.items())), "param_groups": parts[0][1][j]["param_groups"]}
+            out["optimizer_states"][j] = {
+                "state": dict(sorted(state.items())),
+                "param_groups": parts[0][1][j]["param_groups"],
+            }
         return out
 
     def load_file(
@@ -83,7 +86,9 @@ class PipelineCheckpointIO(CheckpointIO):
                         continue
                     src = ckpt["state_dict"][name]
                     if isinstance(dst, DTensor):
-                        src = distribute_tensor(src.to(dst.device, dst.dtype), dst.device_mesh, dst.placements)
+                        src = distribute_tensor(
+                            src.to(dst.device, dst.dtype), dst.device_mesh, dst.placements
+                        )
                         dst.to_local().copy_(src.to_local())
                     else:
                         dst.copy_(src)

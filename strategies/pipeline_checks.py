@@ -15,15 +15,23 @@ if TYPE_CHECKING:
 
 
 def check_options(
-    schedule: str, n_microbatches: int | None, stages_per_rank: int | None, data_parallel_size: int, known: Any
+    schedule: str,
+    n_microbatches: int | None,
+    stages_per_rank: int | None,
+    data_parallel_size: int,
+    known: Any,
 ) -> None:
     if schedule not in known:
-        raise ConfigError(f"PipelineStrategy(schedule={schedule!r}): use one of {', '.join(map(repr, known))}.")
+        raise ConfigError(
+            f"PipelineStrategy(schedule={schedule!r}): use one of {', '.join(map(repr, known))}."
+        )
     if n_microbatches is not None and (not isinstance(n_microbatches, int) or n_microbatches < 1):
         raise ConfigError(f"PipelineStrategy(n_microbatches={n_microbatches!r}) must be a positive integer.")
     if stages_per_rank is not None:
         if not isinstance(stages_per_rank, int) or stages_per_rank < 1:
-            raise ConfigError(f"PipelineStrategy(stages_per_rank={stages_per_rank!r}) must be a positive integer.")
+            raise ConfigError(
+                f"PipelineStrategy(stages_per_rank={stages_per_rank!r}) must be a positive integer."
+            )
         if schedule != "Interleaved1F1B" and stages_per_rank != 1:
             raise ConfigError(
                 f"PipelineStrategy(schedule={schedule!r}) runs one stage per rank, but stages_per_rank="
@@ -35,7 +43,9 @@ def check_options(
                 f"stages_per_rank must be at least 2, got {stages_per_rank}."
             )
     if not isinstance(data_parallel_size, int) or data_parallel_size < 1:
-        raise ConfigError(f"PipelineStrategy(data_parallel_size={data_parallel_size!r}) must be a positive integer.")
+        raise ConfigError(
+            f"PipelineStrategy(data_parallel_size={data_parallel_size!r}) must be a positive integer."
+        )
 
 
 def check_task(task: Task, n_stages: int, pp: int, per_rank: int) -> list[torch.nn.Module]:

@@ -77,7 +77,9 @@ def data(n: int = 48, dtype=torch.float64) -> TensorDataset:
     return TensorDataset(torch.randn(n, 6, generator=g).to(dtype), torch.randint(0, 3, (n,), generator=g))
 
 
-def _fit(strategy, devices, n_stages, precision="64-true", opt="adam", epochs=1, ckpt=None, batch=BATCH, n=48):
+def _fit(
+    strategy, devices, n_stages, precision="64-true", opt="adam", epochs=1, ckpt=None, batch=BATCH, n=48
+):
     task, losses = PipeNet(n_stages, opt), Losses()
     trainer = Trainer(
         strategy=strategy, devices=devices, max_epochs=epochs, precision=precision, callbacks=[losses], **FAST
@@ -112,7 +114,9 @@ def _pipelines(rank: int, world: int, path: str) -> dict:
     _, out["two_epochs"], _ = _fit(PipelineStrategy(n_microbatches=4), world, world, epochs=2)
     trainer, _, _ = _fit(PipelineStrategy(n_microbatches=4), world, world)
     trainer.save_checkpoint(f"{path}/pipe.ckpt")
-    trainer, out["resumed"], _ = _fit(PipelineStrategy(n_microbatches=4), world, world, epochs=2, ckpt=f"{path}/pipe.ckpt")
+    trainer, out["resumed"], _ = _fit(
+        PipelineStrategy(n_microbatches=4), world, world, epochs=2, ckpt=f"{path}/pipe.ckpt"
+    )
     out["resumed_step"] = trainer.global_step
     # a last batch of another size: refused before any step (50 samples = 4 x 12 + 2)
     try:

@@ -47,7 +47,9 @@ class Net(Task):
 
 def data() -> TensorDataset:
     g = torch.Generator().manual_seed(0)
-    return TensorDataset(torch.randn(48, 8, generator=g, dtype=torch.float64), torch.randint(0, 3, (48,), generator=g))
+    return TensorDataset(
+        torch.randn(48, 8, generator=g, dtype=torch.float64), torch.randint(0, 3, (48,), generator=g)
+    )
 
 
 class Probe(Callback):
@@ -70,7 +72,12 @@ class Probe(Callback):
 def _fit(world: int, zero: int, epochs: int, ckpt: str | None = None, save: str | None = None):
     task, probe = Net(), Probe()
     trainer = Trainer(
-        strategy=DDPStrategy(zero=zero), devices=world, max_epochs=epochs, precision="64-true", callbacks=[probe], **FAST
+        strategy=DDPStrategy(zero=zero),
+        devices=world,
+        max_epochs=epochs,
+        precision="64-true",
+        callbacks=[probe],
+        **FAST,
     )
     trainer.fit(task, DataLoader(data(), batch_size=GLOBAL_BATCH // world), ckpt_path=ckpt)
     if save:
