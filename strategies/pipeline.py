@@ -128,6 +128,13 @@ class PipelineStrategy(ProcessGroupStrategy):
     # ----- life cycle -------------------------------------------------------------------------------
     def setup(self, task: Task) -> None:
         modules = check_task(task, self.n_stages, self.pipeline_parallel_size, self.stages_per_rank)
+        config = getattr(getattr(task, "_trainer", None), "config", None)
+        if getattr(config, "gradient_clip_val", None) and self.pipeline_parallel_size > 1:
+            raise ConfigError(
+                "PipelineStrategy with gradient_clip_val: each rank holds only its stages' gradients, so clipping "
+                "would use each stage's own norm instead of the model's; drop gradient_clip_val (not supported "
+                "under a pipeline yet)."
+            )
         super().setup(task)  # the whole task on the device, in the parameter dtype
         from torch.distributed import pipelining
 

@@ -124,6 +124,11 @@ def _pipelines(rank: int, world: int, path: str) -> dict:
         out["last_batch"] = f"no error after {len(losses)} steps"
     except ConfigError as e:
         out["last_batch"] = str(e)
+    try:  # each rank would clip its own stage by its own norm
+        _fit(PipelineStrategy(n_microbatches=4), world, world, gradient_clip_val=1.0)
+        out["clip"] = "no error"
+    except ConfigError as e:
+        out["clip"] = str(e)
     return out
 
 
@@ -168,6 +173,7 @@ def test_pipeline_schedules_match_one_process(world, tmp_path):
         for k, v in r["resumed"].items():
             assert torch.equal(v, r["two_epochs"][k]), k
         assert "last batch of 2" in r["last_batch"] and "drop_last=True" in r["last_batch"], r["last_batch"]
+        assert "gradient_clip_val" in r["clip"], r["clip"]
 
 
 def test_pipeline_options_are_checked():
