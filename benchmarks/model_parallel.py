@@ -73,7 +73,7 @@ class Block(nn.Module):
 
 class LMTask(Task):
     """Embedding, DEPTH blocks, a norm and the output layer; a TP/FSDP plan in configure_model (used by
-    ModelParallelStrategy only) and two pipeline stages."""
+    ModelParallelStrategy only) and one pipeline stage per rank."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -96,11 +96,14 @@ class LMTask(Task):
         return F.cross_entropy(output.flatten(0, 1), target.flatten())
 
     def configure_pipeline(self):
-        half = DEPTH // 2
-        return [
-            nn.Sequential(self.embed, *self.blocks[:half]),
-            nn.Sequential(*self.blocks[half:], self.norm, self.out),
-        ]
+        n = (
+            self.trainer.strategy.n_stages
+        )  # DEPTH blocks cut evenly; the embedding first, norm and output last
+        per = DEPTH // n
+        stages = [nn.Sequential(*self.blocks[i * per : (i + 1) * per]) for i in range(n)]
+        stages[0].insert(0, self.embed)
+        stages[-1].extend([self.norm, self.out])
+        return stages
 
     def configure_model(self):
         mesh = getattr(self, "device_mesh", None)
@@ -298,7 +301,7 @@ def main() -> None:
         "benchmark": "model_parallel",
         "machine": {"cpu_cores": os.cpu_count(), "torch": torch.__version__, "load_average_1m": [load_start, os.getloadavg()[0]]},
         "model": {"params": params, "width": WIDTH, "heads": HEADS, "depth": DEPTH, "seq": SEQ, "vocab": VOCAB,
-                  "global_batch": f"{BATCH} x world sequences", "pipeline": f"2 stages per 2 ranks, 1F1B, {MICROBATCHES} micro-batches"},
+                  "global_batch": f"{BATCH} x world sequences", "pipeline": f"one stage per rank, 1F1B, {MICROBATCHES} micro-batches"},
         "rounds": rounds, "warmup_steps": warmup, "measured_steps": steps, "skipped": skipped,
         "summary": summary, "runs": runs,
     }  # fmt: skip

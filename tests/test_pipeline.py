@@ -78,11 +78,17 @@ def data(n: int = 48, dtype=torch.float64) -> TensorDataset:
 
 
 def _fit(
-    strategy, devices, n_stages, precision="64-true", opt="adam", epochs=1, ckpt=None, batch=BATCH, n=48
+    strategy, devices, n_stages, precision="64-true", opt="adam", epochs=1, ckpt=None, batch=BATCH, n=48, **kw
 ):
     task, losses = PipeNet(n_stages, opt), Losses()
     trainer = Trainer(
-        strategy=strategy, devices=devices, max_epochs=epochs, precision=precision, callbacks=[losses], **FAST
+        strategy=strategy,
+        devices=devices,
+        max_epochs=epochs,
+        precision=precision,
+        callbacks=[losses],
+        **FAST,
+        **kw,
     )
     dtype = torch.float64 if precision == "64-true" else torch.float32
     trainer.fit(task, DataLoader(data(n, dtype), batch_size=batch), ckpt_path=ckpt)
@@ -118,6 +124,10 @@ def _pipelines(rank: int, world: int, path: str) -> dict:
         PipelineStrategy(n_microbatches=4), world, world, epochs=2, ckpt=f"{path}/pipe.ckpt"
     )
     out["resumed_step"] = trainer.global_step
+    interleaved = PipelineStrategy(
+        schedule="Interleaved1F1B", n_microbatches=4
+    )  # 4 stages from 2 stages' file
+    _, out["restaged"], _ = _fit(interleaved, world, 2 * world, epochs=2, ckpt=f"{path}/pipe.ckpt")
     # a last batch of another size: refused before any step (50 samples = 4 x 12 + 2)
     try:
         trainer, _, losses = _fit(PipelineStrategy(n_microbatches=4), world, world, n=50)
@@ -130,6 +140,14 @@ def _pipelines(rank: int, world: int, path: str) -> dict:
     except ConfigError as e:
         out["clip"] = str(e)
     return out
+
+
+def _full_on(out: list, key: str) -> dict:
+    """Every rank's stages of `key` merged into the whole model's weights."""
+    merged: dict = {}
+    for r in out:
+        merged.update(r[key])
+    return merged
 
 
 def _reference(precision="64-true", opt="adam", epochs=1):
@@ -174,6 +192,10 @@ def test_pipeline_schedules_match_one_process(world, tmp_path):
             assert torch.equal(v, r["two_epochs"][k]), k
         assert "last batch of 2" in r["last_batch"] and "drop_last=True" in r["last_batch"], r["last_batch"]
         assert "gradient_clip_val" in r["clip"], r["clip"]
+        _close(r["restaged"], _full_on(out, "two_epochs"), 1e-12)  # 2 stages saved, 4 resumed
+    # the pipeline's file resumes in one process too (its weights and AdamW state are the plain forms)
+    _, alone, _ = _fit("single", 1, 1, epochs=2, ckpt=str(tmp_path / "pipe.ckpt"))
+    _close(alone, _full_on(out, "two_epochs"), 1e-12)
 
 
 def test_pipeline_options_are_checked():
