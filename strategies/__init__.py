@@ -24,6 +24,8 @@ STRATEGIES: dict[str, tuple[str, dict[str, Any]]] = {
     "ddp_accumulate": ("strategies.ddp:DDPStrategy", {}),  # config alias: use with accumulate_grad_batches=k
     "ddp_find_unused_parameters_true": ("strategies.ddp:DDPStrategy", {"find_unused_parameters": True}),
     "ddp_find_unused_parameters_false": ("strategies.ddp:DDPStrategy", {"find_unused_parameters": False}),
+    "ddp_zero1": ("strategies.ddp:DDPStrategy", {"zero": 1}),  # ZeRO-1: optimizer states sharded
+    "pipeline": ("strategies.pipeline:PipelineStrategy", {}),
     "fsdp": ("strategies.fsdp:FSDPStrategy", {}),
     "fsdp_cpu_offload": ("strategies.fsdp:FSDPStrategy", {"cpu_offload": True}),
     "model_parallel": ("strategies.model_parallel:ModelParallelStrategy", {}),
@@ -132,6 +134,7 @@ _LAZY = {
     "DataParallelStrategy": "strategies.data_parallel",
     "FSDPStrategy": "strategies.fsdp",
     "ModelParallelStrategy": "strategies.model_parallel",
+    "PipelineStrategy": "strategies.pipeline",
 }
 
 
@@ -151,6 +154,7 @@ __all__ = [
     "FSDPStrategy",
     "ModelParallelStrategy",
     "ParallelStrategy",
+    "PipelineStrategy",
     "Precision",
     "SingleDeviceStrategy",
     "Strategy",

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from strategies.precision import Precision
 from strategies.process_group import ProcessGroupStrategy, ShardSampler
-from tandem_core.errors import check_choice
+from tandem_core.errors import ConfigError, check_choice
 
 if TYPE_CHECKING:
     from strategies.compiled import BucketSplits
@@ -28,6 +28,10 @@ class DDPStrategy(ProcessGroupStrategy):
     Example::
 
         Trainer(strategy=DDPStrategy(bucket_cap_mb=25, comm_hook="fp16"), devices=2).fit(task)
+        Trainer(strategy=DDPStrategy(zero=1), devices=4).fit(task)  # ZeRO-1: optimizer states sharded
+
+    `zero=1` (strategy="ddp_zero1") shards the optimizer states over the ranks with torch's
+    ZeroRedundancyOptimizer after the Reducer averaged the gradients (strategies/zero.py).
 
     A plain ``python train.py`` starts `devices` workers through torch's elastic launcher; under torchrun
     or SLURM the process joins the existing group. In a notebook, or with ``start_method="fork"``
@@ -54,6 +58,7 @@ class DDPStrategy(ProcessGroupStrategy):
         sync_batchnorm: bool | None = None,
         peer_timeout_s: float | None = 20.0,
         start_method: str = "popen",
+        zero: int = 0,
     ) -> None:
         super().__init__(
             accelerator,
@@ -68,6 +73,17 @@ class DDPStrategy(ProcessGroupStrategy):
             start_method,
         )
         check_choice("comm_hook", str(comm_hook), ("None", "fp16", "bf16"))
+        if zero not in (0, 1):
+            raise ConfigError(
+                f"DDPStrategy(zero={zero!r}): zero is 0 (off) or 1 (optimizer states sharded, ZeRO-1); for "
+                "gradients and parameters sharded too (ZeRO-2/3) use strategy='fsdp'."
+            )
+        self.zero = int(zero)
+        if self.zero:  # ZeRO-1: optimizer states sharded over the ranks (strategies/zero.py)
+            from strategies.zero import ShardedOptimizers, ZeroCheckpointIO
+
+            self.sharded_optimizers = ShardedOptimizers()
+            self.checkpoint_io = ZeroCheckpointIO(self.sharded_optimizers, self.comm)
         if isinstance(bucket_cap_mb, str):  # "auto": the Reducer measures and picks (strategies/costmodel.py)
             check_choice("bucket_cap_mb", bucket_cap_mb, ("auto",))
         self.bucket_cap_mb, self.find_unused_parameters = bucket_cap_mb, find_unused_parameters
@@ -78,6 +94,11 @@ class DDPStrategy(ProcessGroupStrategy):
         self._unsynced = False  # gradients accumulated by backward(sync=False) and not reduced since
 
     def setup(self, task: Task) -> None:
+        if self.zero and self.precision.name == "16-mixed":
+            raise ConfigError(
+                "DDPStrategy(zero=1) does not support precision='16-mixed' (the gradient scaler steps the whole "
+                "optimizer); use precision='bf16-mixed' or '32-true', or zero=0."
+            )
         super().setup(task)
         self._build_reducer(task)
 
@@ -164,6 +185,14 @@ class DDPStrategy(ProcessGroupStrategy):
             self.comm.run("gradient all-reduce", self._average_grads_now)
             self._unsynced = False
         super().unscale_gradients(optimizer)
+
+    def optimizer_step(
+        self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None
+    ) -> Any:
+        """With zero=1, the optimizer's ZeRO twin steps this rank's share and broadcasts it."""
+        if self.zero:
+            return self.sharded_optimizers.step(optimizer, closure)
+        return super().optimizer_step(optimizer, closure)
 
     def _average_grads_now(self) -> None:
         """Average the locally accumulated gradients in one flat all-reduce (end of an unknown-length epoch)."""

@@ -99,7 +99,16 @@ LIGHTNING_STRATEGIES = (
     "single_device", "single_tpu", "single_xla", "xla", "xla_debug",
 )  # fmt: skip
 #: the names Tandem's own documentation uses (the others of STRATEGIES are Lightning's aliases)
-TANDEM_STRATEGIES = ("single", "dp", "ddp", "ddp_accumulate", "fsdp", "model_parallel")
+TANDEM_STRATEGIES = (
+    "single",
+    "dp",
+    "ddp",
+    "ddp_accumulate",
+    "ddp_zero1",
+    "fsdp",
+    "model_parallel",
+    "pipeline",
+)
 #: what a probe of TrainerConfig alone cannot show
 NOTES = {
     "devices": "read against the machine when the Trainer is built (trainer/devices.py): on the CPU a count "
