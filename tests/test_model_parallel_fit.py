@@ -64,7 +64,9 @@ def _parity(world, dp, tp, kind, dtype, opt, clip, callbacks=(), **kwargs):
     """Largest differences from one process on the same global batches: loss per step (the mean over the
     data-parallel ranks' local losses), global gradient norm before clipping, final weights; and those
     weights, gathered."""
-    task = MPTask(kind, dtype, opt, loss_parallel=kwargs.get("loss_parallel", False))
+    task = MPTask(
+        kind, dtype, opt, loss_parallel=kwargs.pop("task_loss_parallel", kwargs.get("loss_parallel", False))
+    )
     trainer, _ = _fit(task, world, dp, tp, clip=clip, callbacks=callbacks, **kwargs)
     state = full_state(task)
     every: list[list[float]] = [[] for _ in range(world)]
@@ -171,6 +173,9 @@ def _at_2(rank: int, world: int, root: str) -> dict[str, object]:
     out["loss_parallel"], _ = _parity(
         world, 1, 2, "transformer", torch.float64, "adamw", NORM, loss_parallel=True
     )
+    out["step_loss_parallel"], _ = _parity(
+        world, 1, 2, "transformer", torch.float64, "adamw", NORM, task_loss_parallel="step"
+    )  # detected: no option, no backward override
     out["transformer_f32"], _ = _parity(world, 1, 2, "transformer", torch.float32, "sgd", NORM)
     out["mlp_f32"], _ = _parity(world, 1, 2, "mlp", torch.float32, "sgd", NORM)  # plain head next to DTensors
     out["mlp_value"], _ = _parity(world, 1, 2, "mlp", torch.float64, "adamw", VALUE)
@@ -238,6 +243,7 @@ def test_tp_loss_parallel_and_clipping_at_2_and_resumes_at_1x2_2x1_and_1x1(at_4)
     uninterrupted = results4[0]["uninterrupted"]
     for r in run_distributed(_at_2, root, world_size=2, timeout=600):
         _check_parity(r["loss_parallel"], 1e-10)
+        _check_parity(r["step_loss_parallel"], 1e-10)
         _check_parity(r["mlp_value"], 1e-10)
         _check_parity(r["transformer_f32"], 1e-6)
         _check_parity(r["mlp_f32"], 1e-6)

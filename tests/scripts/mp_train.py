@@ -118,7 +118,8 @@ def parallelize(net: Net, mesh, loss_parallel: bool = False, fsdp: bool = True) 
 
 class MPTask(Task):
     """`opt`: "adamw" or "sgd"; `loss_parallel`: the head's logits stay class-sharded and the loss is
-    computed on them by torch's loss_parallel (ModelParallelStrategy(loss_parallel=True))."""
+    computed on them by torch's loss_parallel: True under ModelParallelStrategy(loss_parallel=True), "step"
+    inside training_step's own ``with loss_parallel():`` (the step returns a DTensor loss)."""
 
     def __init__(
         self,
@@ -144,7 +145,13 @@ class MPTask(Task):
             os.kill(os.getpid(), signal.SIGKILL)
         x, y = batch
         logits = self.net(x)
-        loss = F.cross_entropy(logits.reshape(-1, CLASSES), y.reshape(-1))
+        if self.loss_parallel == "step":
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            with loss_parallel():
+                loss = F.cross_entropy(logits.reshape(-1, CLASSES), y.reshape(-1))
+        else:
+            loss = F.cross_entropy(logits.reshape(-1, CLASSES), y.reshape(-1))
         self.losses.append(
             float(loss.detach().full_tensor() if hasattr(loss, "full_tensor") else loss.detach())
         )
