@@ -8,11 +8,8 @@ by tensor (the local shards of DTensors, nothing for a pipeline's other stages, 
 state), and (b) its peak memory during the measured steps (peak RSS after the warm-up minus the RSS after
 training, as benchmarks/fsdp.py measures it). Every contender runs in fresh processes, interleaved in rounds.
 
-The tp and fsdp x tp rows need strategies.model_parallel (ModelParallelStrategy). They are run through
-`benchmarks/model_parallel_contenders.py:run_model_parallel(kind, world, make_task, loader, callbacks)` when
-that module exists (`kind` is "tp" or "fsdp_tp"; it must fit `make_task()` on `loader` with the callbacks);
-otherwise through ModelParallelStrategy directly, with this task's own configure_model (the TP plan); when
-neither exists the rows are skipped with the reason printed.
+The tp and fsdp x tp rows run ModelParallelStrategy with this script's task (its configure_model is the TP
+plan), on the same global batch as the other rows.
 
     python benchmarks/model_parallel.py                 # world 2, writes benchmarks/results/model_parallel.json
     python benchmarks/model_parallel.py --worlds 2 4    # also at 4 ranks
@@ -23,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib
 import json
 import os
 import statistics
@@ -159,11 +155,8 @@ class Held(MeterCallback):
 
 
 def model_parallel_runner() -> tuple[Any, str]:
-    """(a function fitting the tp / fsdp_tp contenders, '') or (None, why they are skipped)."""
-    try:
-        return importlib.import_module("benchmarks.model_parallel_contenders").run_model_parallel, ""
-    except (ImportError, AttributeError):
-        pass
+    """(a function fitting the tp / fsdp_tp contenders, '') or (None, why they are skipped). They run this
+    script's task (its configure_model is the TP plan) on the same global batch as every other row."""
     try:
         from strategies.model_parallel import ModelParallelStrategy
     except ImportError as e:

@@ -43,6 +43,18 @@ def native_threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
+def thread_names() -> list[str]:
+    """Each native thread's name (what a failed count shows: which kind of thread is left)."""
+    out = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                out.append(f.read().strip())
+        except OSError:
+            pass  # ended meanwhile
+    return sorted(out)
+
+
 def _one_process_env() -> dict[str, str]:
     """What a launcher sets for a job of one process (env:// rendezvous on a free port)."""
     return dict(
@@ -72,6 +84,7 @@ def test_a_group_the_user_made_is_closed_at_exit(monkeypatch):
     strategies/group_exit.py) only groups it made, so the user's gloo workers outlived the interpreter."""
     _user_env(monkeypatch)
     before = _clean_slate()
+    names = thread_names()
     dist.init_process_group("gloo")  # the user's own group, as torchrun's env:// gives it
     try:
         data = TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,)))
@@ -81,7 +94,7 @@ def test_a_group_the_user_made_is_closed_at_exit(monkeypatch):
         del trainer
         assert group_exit.close_groups() == 0  # what the interpreter runs at exit
         assert not dist.is_initialized()
-        assert native_threads() == before  # its gloo worker threads were joined
+        assert native_threads() == before, (names, thread_names())  # its gloo worker threads were joined
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
