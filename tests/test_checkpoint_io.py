@@ -10,9 +10,9 @@ from conftest import FAST
 from helpers.checkpointing import Net, run_fit
 from torch import nn
 
+from strategies.checkpoint import io as ckpt_io
 from tandem_core.errors import CheckpointError, TandemError
 from trainer import Trainer
-from strategies.checkpoint import io as ckpt_io
 
 # ----- user mistakes -----------------------------------------------------------------------------
 

@@ -34,9 +34,18 @@ _UTILITIES = {  # the other helper's trainer.utilities holds the rest; looked up
 TANDEM: dict[str, dict[str, str]] = {
     "": _TOP,
     "core": _TOP,
-    "trainer": _TOP,
-    "callbacks": {"*": "callbacks"},
-    "loggers": {"*": "trainer.loggers", "Logger": "trainer.loggers.base", "DummyLogger": "trainer.loggers.base"},
+    "trainer": {
+        **_TOP,
+        "TrainerFn": "trainer.states",
+        "TrainerStatus": "trainer.states",
+        "RunningStage": "trainer.states",
+    },
+    "callbacks": {"*": "callbacks", "EarlyStoppingReason": "callbacks.early_stopping"},
+    "loggers": {
+        "*": "trainer.loggers",
+        "Logger": "trainer.loggers.base",
+        "DummyLogger": "trainer.loggers.dummy",
+    },
     "strategies": {"*": "strategies"},
     "plugins": {"*": "trainer.plugins"},
     "profilers": {"*": "trainer.profiler"},

@@ -12,7 +12,9 @@ import os
 import re
 from typing import Any
 
-_INTERNAL_ATTR = re.compile(r"^_|_loop$|loop_|connector|progress$|_results$|^batch_progress|^epoch_loop|^fetcher")
+_INTERNAL_ATTR = re.compile(
+    r"^_|_loop$|loop_|connector|progress$|_results$|^batch_progress|^epoch_loop|^fetcher"
+)
 _INTERNAL_LINE = re.compile(r"\._[a-z]\w*|\b\w*_loop\b|_connector\b|\bbatch_progress\b|\.fetcher\b")
 _PATCH = re.compile(r"""patch(?:\.object)?\(\s*["'](lightning\.(?:pytorch|fabric)[\w.]*)["']""")
 
@@ -23,7 +25,9 @@ def public_names(package: str) -> frozenset[str]:
     spec = importlib.util.find_spec("pytorch_lightning")
     if spec is None or not spec.submodule_search_locations:
         return frozenset()
-    path = os.path.join(spec.submodule_search_locations[0], *package.split(".") if package else [], "__init__.py")
+    path = os.path.join(
+        spec.submodule_search_locations[0], *package.split(".") if package else [], "__init__.py"
+    )
     try:
         tree = ast.parse(open(path).read())
     except OSError:
@@ -37,8 +41,17 @@ def public_names(package: str) -> frozenset[str]:
     return frozenset()
 
 
-_INTERNAL_MODULES = ("loops", "trainer.connectors", "overrides", "accelerators", "utilities.imports",
-                     "utilities.testing", "utilities.types", "utilities.signature_utils", "core.optimizer")
+_INTERNAL_MODULES = (
+    "loops",
+    "trainer.connectors",
+    "overrides",
+    "accelerators",
+    "utilities.imports",
+    "utilities.testing",
+    "utilities.types",
+    "utilities.signature_utils",
+    "core.optimizer",
+)
 
 
 def _internal_module(parts: list[str]) -> bool:
@@ -55,8 +68,10 @@ def _import_failure(text: str) -> tuple[str, str] | None:
         name, module = m.groups()
         parts = module.split(".")
         package = parts[2] if len(parts) > 2 else ""
-        public = parts[1] == "pytorch" and not name.startswith("_") and (
-            name in public_names(package) or not _internal_module(parts[2:])
+        public = (
+            parts[1] == "pytorch"
+            and not name.startswith("_")
+            and (name in public_names(package) or not _internal_module(parts[2:]))
         )
         kind = "behaviour" if public else "internal"
         what = "public name missing" if public else "not a public Lightning name"

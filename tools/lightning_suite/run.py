@@ -59,35 +59,60 @@ def checkout(args: argparse.Namespace) -> tuple[str, str]:
     if args.tests:
         return os.path.abspath(args.tests), args.tag or wanted
     mirror = args.mirror or os.environ.get("LIGHTNING_MIRROR", DEFAULT_MIRROR)
-    tags = subprocess.run(["git", "--git-dir", mirror, "tag"], capture_output=True, text=True, check=True).stdout.split()
+    tags = subprocess.run(
+        ["git", "--git-dir", mirror, "tag"], capture_output=True, text=True, check=True
+    ).stdout.split()
     tag = args.tag or wanted
     if tag not in tags:  # the nearest release at or below the installed version
+
         def key(t: str) -> tuple[int, ...]:
             return tuple(int(p) for p in t.split("."))
 
         releases = [t for t in tags if t.replace(".", "").isdigit() and t.count(".") == 2]
         below = [t for t in releases if key(t) <= key(tag)]
         tag = max(below, key=key)
-        print(f"tag {args.tag or wanted} is not in {mirror}; using the nearest release {tag}", file=sys.stderr)
+        print(
+            f"tag {args.tag or wanted} is not in {mirror}; using the nearest release {tag}", file=sys.stderr
+        )
     dest = os.path.join(ROOT, "build", "lightning_suite", f"tests-{tag}")
     if not os.path.isdir(os.path.join(dest, "tests", "tests_pytorch")):
         os.makedirs(dest, exist_ok=True)
         archive = subprocess.run(
-            ["git", "--git-dir", mirror, "archive", tag, "tests/tests_pytorch"], capture_output=True, check=True
+            ["git", "--git-dir", mirror, "archive", tag, "tests/tests_pytorch"],
+            capture_output=True,
+            check=True,
         ).stdout
         subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
-    with open(os.path.join(dest, "tests", "pytest.ini"), "w") as f:  # the rootdir: no project's config applies
+    with open(
+        os.path.join(dest, "tests", "pytest.ini"), "w"
+    ) as f:  # the rootdir: no project's config applies
         f.write("[pytest]\n")
     return dest, tag
 
 
-def run_pytest(mode: str, tests_dir: str, files: list[str], out: str, timeout: int, root: str = ROOT) -> float:
+def run_pytest(
+    mode: str, tests_dir: str, files: list[str], out: str, timeout: int, root: str = ROOT
+) -> float:
     if os.path.exists(out):
         os.remove(out)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "plugin", "-o", "addopts=", "--continue-on-collection-errors"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "plugin",
+        "-o",
+        "addopts=",
+        "--continue-on-collection-errors",
+    ]
     if mode == "tandem":
         cmd += ["--noconftest", "-p", "shims"]
-    env = dict(os.environ, LIGHTNING_SUITE_MODE=mode, LIGHTNING_SUITE_OUT=out, LIGHTNING_SUITE_TIMEOUT=str(timeout))
+    env = dict(
+        os.environ, LIGHTNING_SUITE_MODE=mode, LIGHTNING_SUITE_OUT=out, LIGHTNING_SUITE_TIMEOUT=str(timeout)
+    )
     env["PYTHONPATH"] = os.pathsep.join([HERE, root, os.path.join(tests_dir, "tests")])
     env.setdefault("PL_DISABLE_FORK", "1")
     start = time.time()
@@ -104,7 +129,9 @@ def load(path: str) -> dict[str, dict]:
     return rows
 
 
-def table(lightning: dict[str, dict], tandem: dict[str, dict], tag: str, files: list[str]) -> tuple[str, dict[str, int]]:
+def table(
+    lightning: dict[str, dict], tandem: dict[str, dict], tag: str, files: list[str]
+) -> tuple[str, dict[str, int]]:
     per_file: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     reasons: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     themes: collections.Counter = collections.Counter()
@@ -117,7 +144,11 @@ def table(lightning: dict[str, dict], tandem: dict[str, dict], tag: str, files: 
         c["lightning"] += 1
         t = tandem.get(nodeid) or broken.get(f)
         if t is None:
-            t = {"outcome": "failed", "class": "behaviour", "reason": "not run under Tandem (deselected or crashed)"}
+            t = {
+                "outcome": "failed",
+                "class": "behaviour",
+                "reason": "not run under Tandem (deselected or crashed)",
+            }
         if t["outcome"] == "passed":
             c["tandem"] += 1
             c["relaxed"] += bool(t.get("relaxed"))
@@ -171,13 +202,19 @@ def write_doc(doc: str, body: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tests", help="a directory holding tests/tests_pytorch (else extracted from --mirror)")
-    p.add_argument("--mirror", help=f"bare git clone of Lightning-AI/pytorch-lightning (default {DEFAULT_MIRROR})")
+    p.add_argument(
+        "--mirror", help=f"bare git clone of Lightning-AI/pytorch-lightning (default {DEFAULT_MIRROR})"
+    )
     p.add_argument("--tag", help="Lightning tag (default: the installed pytorch_lightning version)")
-    p.add_argument("--files", nargs="*", help="test files relative to tests/tests_pytorch (default: issue 36's set)")
+    p.add_argument(
+        "--files", nargs="*", help="test files relative to tests/tests_pytorch (default: issue 36's set)"
+    )
     p.add_argument("--reuse-lightning", action="store_true", help="keep the last real-Lightning results")
     p.add_argument("--lightning-only", action="store_true", help="run only the real-Lightning side")
     p.add_argument("--tandem-root", default=ROOT, help="the Tandem tree to test (default: this checkout)")
-    p.add_argument("--tandem-out", default="tandem.jsonl", help="results file of the Tandem side (under build/)")
+    p.add_argument(
+        "--tandem-out", default="tandem.jsonl", help="results file of the Tandem side (under build/)"
+    )
     p.add_argument("--timeout", type=int, default=90, help="seconds per test")
     p.add_argument("--doc", default=os.path.join(ROOT, "docs", "porting.md"))
     p.add_argument("--no-doc", action="store_true", help="print the table only")
@@ -190,10 +227,14 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(results, exist_ok=True)
     l_out, t_out = os.path.join(results, "lightning.jsonl"), os.path.join(results, args.tandem_out)
     if not args.reuse_lightning:
-        print(f"real Lightning: {len(files)} files ... {run_pytest('lightning', tests_dir, files, l_out, args.timeout):.0f}s")
+        print(
+            f"real Lightning: {len(files)} files ... {run_pytest('lightning', tests_dir, files, l_out, args.timeout):.0f}s"
+        )
     if args.lightning_only:
         return 0
-    print(f"Tandem: {len(files)} files ... {run_pytest('tandem', tests_dir, files, t_out, args.timeout, args.tandem_root):.0f}s")
+    print(
+        f"Tandem: {len(files)} files ... {run_pytest('tandem', tests_dir, files, t_out, args.timeout, args.tandem_root):.0f}s"
+    )
     body, total = table(load(l_out), load(t_out), tag, files)
     print(body)
     if not args.no_doc:

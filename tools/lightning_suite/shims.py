@@ -13,7 +13,13 @@ import pytest
 import torch
 
 _NEEDS_HARDWARE = ("min_cuda_gpus", "tpu", "bf16_cuda", "deepspeed", "standalone", "mps", "xla")
-_PACKAGES = {"rich": "rich", "sklearn": "sklearn", "omegaconf": "omegaconf", "onnx": "onnx", "tensorboard": "tensorboard"}
+_PACKAGES = {
+    "rich": "rich",
+    "sklearn": "sklearn",
+    "omegaconf": "omegaconf",
+    "onnx": "onnx",
+    "tensorboard": "tensorboard",
+}
 
 
 def _version(text: str) -> tuple[int, ...]:

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from trainer.seed import get_rng_state
+from trainer.states import RunningStage, TrainerFn, TrainerStatus, running_stage
 
 STAGES = ("fit", "validate", "test", "predict")  # what the user runs
 PHASES = ("train", "val", "test", "predict")  # what a loop is doing
@@ -38,6 +39,25 @@ class LoopState:
     epoch_start_rng: dict[str, Any] | None = None  # RNG snapshot at the start of the current epoch
     resume_rng: dict[str, Any] | None = None  # RNG snapshot of the checkpoint, applied once the loop resumes
     window_grads: list[torch.Tensor | None] | None = field(default=None, repr=False)  # restored mid-window
+    status: TrainerStatus = TrainerStatus.INITIALIZING  # running, then finished or interrupted
+
+    # ----- Lightning's names for the same state (trainer/states.py)
+    @property
+    def fn(self) -> TrainerFn | None:
+        """The running entry point (``TrainerFn.FITTING`` == "fit"), or None before the first."""
+        return TrainerFn(self.stage) if self.stage is not None else None
+
+    @property
+    def running_stage(self) -> RunningStage | None:
+        return running_stage(self.phase, self.sanity_checking)
+
+    @property
+    def finished(self) -> bool:
+        return self.status == TrainerStatus.FINISHED
+
+    @property
+    def stopped(self) -> bool:
+        return self.status.stopped
 
     def mid_window(self, k: int, automatic: bool) -> bool:
         """True between the micro-batches of one optimizer step (automatic optimization)."""
