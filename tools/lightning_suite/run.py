@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import concurrent.futures
 import glob
 import json
 import os
@@ -91,32 +92,43 @@ def checkout(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def run_pytest(
-    mode: str, tests_dir: str, files: list[str], out: str, timeout: int, root: str = ROOT
+    mode: str,
+    tests_dir: str,
+    files: list[str],
+    out: str,
+    timeout: int,
+    root: str = ROOT,
+    resume: bool = False,
+    jobs: int = 2,
 ) -> float:
-    if os.path.exists(out):
+    """Each file in its own pytest process (a test that kills its process loses only its file), `jobs` at once;
+    with `resume`, files that already have results in `out` are skipped."""
+    done = {row["file"] for row in load(out).values()} if resume else set()
+    if not resume and os.path.exists(out):
         os.remove(out)
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "-p",
-        "plugin",
-        "-o",
-        "addopts=",
-        "--continue-on-collection-errors",
-    ]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "plugin", "-o", "addopts=",
+           "--continue-on-collection-errors"]  # fmt: skip
     if mode == "tandem":
         cmd += ["--noconftest", "-p", "shims"]
-    env = dict(
-        os.environ, LIGHTNING_SUITE_MODE=mode, LIGHTNING_SUITE_OUT=out, LIGHTNING_SUITE_TIMEOUT=str(timeout)
-    )
+    env = dict(os.environ, LIGHTNING_SUITE_MODE=mode, LIGHTNING_SUITE_TIMEOUT=str(timeout))
     env["PYTHONPATH"] = os.pathsep.join([HERE, root, os.path.join(tests_dir, "tests")])
     env.setdefault("PL_DISABLE_FORK", "1")
     start = time.time()
-    subprocess.run(cmd + files, cwd=os.path.join(tests_dir, "tests"), env=env, stdout=subprocess.DEVNULL)
+
+    def one(f: str) -> None:
+        part = f"{out}.{f.replace('/', '_')}.part"
+        if os.path.exists(part):
+            os.remove(part)
+        subprocess.run(cmd + [f], cwd=os.path.join(tests_dir, "tests"), env=dict(env, LIGHTNING_SUITE_OUT=part),
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=1800)  # fmt: skip
+        with open(out, "a") as dst:
+            if os.path.exists(part):
+                dst.write(open(part).read())
+                os.remove(part)
+        print(f"  {mode}: {f}", flush=True)
+
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        list(pool.map(one, [f for f in files if f not in done]))
     return time.time() - start
 
 
@@ -215,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--tandem-out", default="tandem.jsonl", help="results file of the Tandem side (under build/)"
     )
+    p.add_argument("--resume", action="store_true", help="skip files that already have results")
+    p.add_argument("--jobs", type=int, default=2, help="pytest processes at once (one file each)")
     p.add_argument("--timeout", type=int, default=90, help="seconds per test")
     p.add_argument("--doc", default=os.path.join(ROOT, "docs", "porting.md"))
     p.add_argument("--no-doc", action="store_true", help="print the table only")
@@ -228,12 +242,12 @@ def main(argv: list[str] | None = None) -> int:
     l_out, t_out = os.path.join(results, "lightning.jsonl"), os.path.join(results, args.tandem_out)
     if not args.reuse_lightning:
         print(
-            f"real Lightning: {len(files)} files ... {run_pytest('lightning', tests_dir, files, l_out, args.timeout):.0f}s"
+            f"real Lightning: {len(files)} files ... {run_pytest('lightning', tests_dir, files, l_out, args.timeout, ROOT, args.resume, args.jobs):.0f}s"
         )
     if args.lightning_only:
         return 0
     print(
-        f"Tandem: {len(files)} files ... {run_pytest('tandem', tests_dir, files, t_out, args.timeout, args.tandem_root):.0f}s"
+        f"Tandem: {len(files)} files ... {run_pytest('tandem', tests_dir, files, t_out, args.timeout, args.tandem_root, args.resume, args.jobs):.0f}s"
     )
     body, total = table(load(l_out), load(t_out), tag, files)
     print(body)

@@ -39,6 +39,7 @@ def fit(t: Trainer) -> None:
     """Sanity-check validation, then epochs until max_epochs, max_steps or a stop request."""
     cfg, state, hooks, session, task = t.config, t.state, t.hooks, t.session, t.task
     assert session is not None and task is not None
+    state.resume_cut_epoch()  # fit again on the same trainer: the epoch it stopped inside goes on
     hooks.call("on_fit_start")
     log_stage_start(t)  # hyperparameters and graph: as Lightning, before the training state is restored
     if session.restoring is not None:  # as Lightning: optimizer and loop states after on_fit_start
@@ -72,6 +73,7 @@ def fit(t: Trainer) -> None:
             if state.epoch % cfg.reload_dataloaders_every_n_epochs == 0:
                 session.reload()  # *_dataloader() are asked again
         train_epoch(t)
+    state.count_cut_epoch()
     hooks.call("on_train_end")
     hooks.call("on_fit_end")
     finalize_loggers(t, "success")

@@ -39,6 +39,9 @@ class LoopState:
     epoch_start_rng: dict[str, Any] | None = None  # RNG snapshot at the start of the current epoch
     resume_rng: dict[str, Any] | None = None  # RNG snapshot of the checkpoint, applied once the loop resumes
     window_grads: list[torch.Tensor | None] | None = field(default=None, repr=False)  # restored mid-window
+    epoch_counted: bool = (
+        False  # a fit ended inside `epoch - 1`, counted as done (Lightning); a resume continues it
+    )
     status: TrainerStatus = TrainerStatus.INITIALIZING  # running, then finished or interrupted
 
     # ----- Lightning's names for the same state (trainer/states.py)
@@ -71,6 +74,8 @@ class LoopState:
             "epoch_finished": self.epoch_finished,
             "val_pending": self.val_pending,
         }
+        if self.epoch_counted:
+            loop["epoch_counted"] = True
         if ranks is not None:
             loop["ranks"] = ranks
         return {"epoch": self.epoch, "global_step": self.global_step, "loop": loop}
@@ -85,10 +90,23 @@ class LoopState:
         self.epoch, self.global_step = int(ckpt["epoch"]), int(ckpt["global_step"])
         self.batch_in_epoch, self.epoch_finished = int(loop["batch_in_epoch"]), bool(loop["epoch_finished"])
         self.val_pending = bool(loop.get("val_pending", False))
+        self.epoch_counted = False
+        if loop.get("epoch_counted"):  # saved after a fit that stopped inside its epoch: continue that epoch
+            self.epoch -= 1
         ranks = loop.get("ranks") or [{}]
         own = ranks[rank] if rank < len(ranks) else ranks[0]
         self.epoch_start_rng, self.resume_rng = own.get("epoch_start_rng"), own.get("rng")
         self.window_grads = own.get("window_grads")
+
+    def count_cut_epoch(self) -> None:
+        """A fit that stopped inside an epoch counts it as done, as Lightning's trainer.current_epoch does (in
+        on_train_end, on_fit_end and a checkpoint saved after fit); `resume_cut_epoch` takes it back."""
+        if not self.epoch_finished and self.batch_in_epoch and self.stop_signal is None:
+            self.epoch, self.epoch_counted = self.epoch + 1, True
+
+    def resume_cut_epoch(self) -> None:
+        if self.epoch_counted:
+            self.epoch, self.epoch_counted = self.epoch - 1, False
 
     def next_epoch(self) -> None:
         self.epoch += 1

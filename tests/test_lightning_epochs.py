@@ -1,0 +1,88 @@
+"""Lightning's epoch counter at the end of a fit that stops inside an epoch (issue 36), against Lightning itself."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import pytest
+import pytorch_lightning as pl
+import pytorch_lightning.demos.boring_classes
+import torch
+
+from callbacks import Callback
+from trainer import Trainer
+from trainer.demos import BoringModel
+
+QUIET = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+
+
+@pytest.fixture(autouse=True)
+def _quiet_lightning():
+    logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def _recorder(base):
+    class Record(base):
+        def __init__(self):
+            self.seen = {}
+
+        def on_train_end(self, trainer, module):
+            self.seen["on_train_end"] = trainer.current_epoch
+
+        def on_fit_end(self, trainer, module):
+            self.seen["on_fit_end"] = trainer.current_epoch
+
+    return Record()
+
+
+def _run(trainer_cls, module, callback_base, tmp_path, **kwargs):
+    rec = _recorder(callback_base)
+    trainer = trainer_cls(
+        callbacks=[rec], limit_val_batches=0, default_root_dir=str(tmp_path), **QUIET, **kwargs
+    )
+    trainer.fit(module)
+    path = str(tmp_path / "after.ckpt")
+    trainer.save_checkpoint(path)
+    rec.seen["checkpoint"] = torch.load(path, weights_only=False)["epoch"]
+    rec.seen["after"] = trainer.current_epoch
+    return rec.seen
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"max_steps": 3, "limit_train_batches": 8},  # stops inside epoch 0
+        {"max_steps": 11, "limit_train_batches": 4, "max_epochs": 5},  # inside epoch 2
+    ],
+)
+def test_current_epoch_after_a_stop_inside_an_epoch_is_lightnings(kwargs, tmp_path):
+    theirs = _run(pl.Trainer, pl.demos.boring_classes.BoringModel(), pl.Callback, tmp_path / "pl", **kwargs)
+    ours = _run(Trainer, BoringModel(), Callback, tmp_path / "tandem", **kwargs)
+    assert ours == theirs
+
+
+class Batches(BoringModel):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def training_step(self, batch, batch_idx):
+        self.seen.append((self.current_epoch, batch_idx))
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_checkpoint_saved_after_such_a_stop_resumes_inside_the_epoch(tmp_path):
+    """Tandem's deliberate difference (docs/porting.md): the resume continues the cut epoch where it stopped."""
+    first = Trainer(max_steps=3, limit_train_batches=8, limit_val_batches=0, **QUIET)
+    first.fit(Batches())
+    assert first.current_epoch == 1
+    first.save_checkpoint(str(tmp_path / "a.ckpt"))
+    task = Batches()
+    Trainer(max_steps=5, limit_train_batches=8, limit_val_batches=0, **QUIET).fit(
+        task, ckpt_path=str(tmp_path / "a.ckpt")
+    )
+    assert task.seen == [(0, 3), (0, 4)]
