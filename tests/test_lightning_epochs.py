@@ -12,7 +12,7 @@ import torch
 
 from callbacks import Callback
 from trainer import Trainer
-from trainer.demos import BoringModel
+from trainer.demos import BoringModel, ManualOptimBoringModel
 
 QUIET = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
 
@@ -86,3 +86,32 @@ def test_a_checkpoint_saved_after_such_a_stop_resumes_inside_the_epoch(tmp_path)
         task, ckpt_path=str(tmp_path / "a.ckpt")
     )
     assert task.seen == [(0, 3), (0, 4)]
+
+
+def _manual_outputs(trainer_cls, module_cls, callback_base):
+    class Record(callback_base):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            self.outputs = outputs
+
+    class Returns(module_cls):
+        def __init__(self, form):
+            super().__init__()
+            self.form = form
+
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            return {"tensor": loss, "dict": {"loss": loss, "extra": loss * 2}, "none": None}[self.form]
+
+    seen = {}
+    for form in ("tensor", "dict", "none"):
+        rec = Record()
+        trainer_cls(max_steps=1, limit_val_batches=0, callbacks=[rec], **QUIET).fit(Returns(form))
+        seen[form] = {k: (type(v).__name__, v.grad_fn is not None) for k, v in rec.outputs.items()}
+    return seen
+
+
+def test_manual_optimization_batch_end_outputs_are_lightnings():
+    """Always a dict; "loss" detached (already backpropagated by the task); other keys as returned."""
+    theirs = _manual_outputs(pl.Trainer, pl.demos.boring_classes.ManualOptimBoringModel, pl.Callback)
+    ours = _manual_outputs(Trainer, ManualOptimBoringModel, Callback)
+    assert ours == theirs

@@ -20,7 +20,7 @@ from tandem_core.errors import TaskError
 from trainer import checkpoint
 from trainer.checkpoint.run import check_window_saves
 from trainer.loggers.reporting import finalize_loggers, log_metrics, log_stage_start
-from trainer.loop.closure import Closure
+from trainer.loop.closure import Closure, manual_outputs
 from trainer.loop.data import SkipBatchSampler, set_epoch
 from trainer.loop.evaluation import run_eval
 from trainer.loop.hooks import run_as
@@ -180,7 +180,7 @@ def train_epoch(t: Trainer) -> None:
         # a checkpoint written in on_train_batch_end records the due validation
         state.val_pending = validate_now
         if batch_end is not None:
-            batch_end(closure.outputs() if closure is not None else out, batch, batch_idx)
+            batch_end(closure.outputs() if closure is not None else manual_outputs(out), batch, batch_idx)
         global_step = state.global_step
         # log_every_n_steps=0: no step logging (Lightning)
         if log_every and global_step % log_every == 0 and global_step != state.last_logged_step:
