@@ -15,13 +15,12 @@ import torch
 from tandem_core.errors import CheckpointError
 from trainer import Task, Trainer
 
+SGD = functools.partial(torch.optim.SGD, lr=0.1)
 QUIET = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
 
 
 class Ours(Task):
-    def __init__(
-        self, optimizer=functools.partial(torch.optim.SGD, lr=0.1), act=torch.nn.Tanh, n=3
-    ):  # no annotations
+    def __init__(self, optimizer=SGD, act=torch.nn.Tanh, n=3):  # no annotations
         super().__init__()
         self.save_hyperparameters()
         self.net = torch.nn.Sequential(torch.nn.Linear(2, n), act())
@@ -34,7 +33,7 @@ class Ours(Task):
 
 
 class Theirs(pl.LightningModule):  # the same task under Lightning
-    def __init__(self, optimizer=functools.partial(torch.optim.SGD, lr=0.1), act=torch.nn.Tanh, n=3):
+    def __init__(self, optimizer=SGD, act=torch.nn.Tanh, n=3):
         super().__init__()
         self.save_hyperparameters()
         self.net = torch.nn.Sequential(torch.nn.Linear(2, n), act())
@@ -81,7 +80,5 @@ def test_plain_data_load_refuses_an_unannotated_partial_naming_it_and_both_fixes
     message = str(info.value)
     assert "hyper_parameters.optimizer" in message and "Callable[..., Optimizer]" in message
     assert "weights_only=False" in message
-    again = Ours.load_from_checkpoint(
-        path, optimizer=functools.partial(torch.optim.SGD, lr=0.1), act=torch.nn.Tanh
-    )
+    again = Ours.load_from_checkpoint(path, optimizer=SGD, act=torch.nn.Tanh)
     assert again.hparams.n == 3  # passing the values by name is the third way
