@@ -83,8 +83,10 @@ def _import_failure(text: str) -> tuple[str, str] | None:
 
 
 def _attribute_failure(text: str) -> tuple[str, str] | None:
-    m = re.search(r"'?(\w+)'? object has no attribute '(\w+)'", text) or re.search(
-        r"type object '(\w+)' has no attribute '(\w+)'", text
+    m = (
+        re.search(r"'?(\w+)'? object has no attribute '(\w+)'", text)
+        or re.search(r"type object '(\w+)' has no attribute '(\w+)'", text)
+        or re.search(r"<([\w.]+) object at \w+> does not have the attribute '(\w+)'", text)  # mock.patch.object
     )
     if not m:
         return None

@@ -229,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--resume", action="store_true", help="skip files that already have results")
     p.add_argument("--jobs", type=int, default=2, help="pytest processes at once (one file each)")
+    p.add_argument("--report-only", action="store_true",
+                   help="run nothing: the table of the files that have results on both sides")  # fmt: skip
     p.add_argument("--timeout", type=int, default=90, help="seconds per test")
     p.add_argument("--doc", default=os.path.join(ROOT, "docs", "porting.md"))
     p.add_argument("--no-doc", action="store_true", help="print the table only")
@@ -240,6 +242,18 @@ def main(argv: list[str] | None = None) -> int:
     results = os.path.join(ROOT, "build", "lightning_suite")
     os.makedirs(results, exist_ok=True)
     l_out, t_out = os.path.join(results, "lightning.jsonl"), os.path.join(results, args.tandem_out)
+    if args.report_only:
+        ran = {r["file"] for r in load(l_out).values()} & {r["file"] for r in load(t_out).values()}
+        missing = [f for f in files if f not in ran]
+        files = [f for f in files if f in ran]
+        if missing:
+            print(f"{len(missing)} selected files have no results yet (--resume runs them): {missing}")
+        body, total = table(load(l_out), load(t_out), tag, files)
+        print(body)
+        if not args.no_doc:
+            write_doc(args.doc, body)
+        print(json.dumps(total))
+        return 0
     if not args.reuse_lightning:
         print(
             f"real Lightning: {len(files)} files ... {run_pytest('lightning', tests_dir, files, l_out, args.timeout, ROOT, args.resume, args.jobs):.0f}s"
