@@ -86,7 +86,9 @@ def _attribute_failure(text: str) -> tuple[str, str] | None:
     m = (
         re.search(r"'?(\w+)'? object has no attribute '(\w+)'", text)
         or re.search(r"type object '(\w+)' has no attribute '(\w+)'", text)
-        or re.search(r"<([\w.]+) object at \w+> does not have the attribute '(\w+)'", text)  # mock.patch.object
+        or re.search(
+            r"<([\w.]+) object at \w+> does not have the attribute '(\w+)'", text
+        )  # mock.patch.object
     )
     if not m:
         return None
