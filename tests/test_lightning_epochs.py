@@ -115,3 +115,33 @@ def test_manual_optimization_batch_end_outputs_are_lightnings():
     theirs = _manual_outputs(pl.Trainer, pl.demos.boring_classes.ManualOptimBoringModel, pl.Callback)
     ours = _manual_outputs(Trainer, ManualOptimBoringModel, Callback)
     assert ours == theirs
+
+
+def _epochs_seen(trainer_cls, module_cls, callback_base, ckpt_cls, tmp_path):
+    class Record(callback_base):
+        def __init__(self):
+            self.seen = []
+
+        def on_sanity_check_start(self, trainer, module):
+            self.seen.append(("sanity", trainer.current_epoch))
+
+        def on_train_epoch_start(self, trainer, module):
+            self.seen.append(("train", trainer.current_epoch))
+
+    quiet = {**QUIET, "enable_checkpointing": True}
+    ckpt = ckpt_cls(dirpath=str(tmp_path))
+    trainer_cls(max_epochs=1, limit_train_batches=2, limit_val_batches=1, callbacks=[ckpt], num_sanity_val_steps=0,
+                **quiet).fit(module_cls())  # fmt: skip
+    rec = Record()
+    trainer_cls(max_epochs=2, limit_train_batches=2, limit_val_batches=1, callbacks=[rec, ckpt_cls()],
+                **quiet).fit(module_cls(), ckpt_path=ckpt.best_model_path)  # fmt: skip
+    return rec.seen
+
+
+def test_sanity_check_of_a_run_resumed_from_an_epoch_end_shows_lightnings_epoch(tmp_path):
+    theirs = _epochs_seen(pl.Trainer, pl.demos.boring_classes.BoringModel, pl.Callback,
+                          pl.callbacks.ModelCheckpoint, tmp_path / "pl")  # fmt: skip
+    from callbacks import ModelCheckpoint
+
+    ours = _epochs_seen(Trainer, BoringModel, Callback, ModelCheckpoint, tmp_path / "tandem")
+    assert ours == theirs == [("sanity", 0), ("train", 1)]

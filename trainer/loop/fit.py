@@ -50,12 +50,19 @@ def fit(t: Trainer) -> None:
         state.window_grads = None
     if cfg.num_sanity_val_steps and session.val_enabled:
         rng = get_rng_state()  # isolated, as in Lightning: the check must not change what training draws
+        # resumed from an epoch's end: Lightning counts that epoch as done only once training goes on
+        ended = int(
+            session.restoring is not None
+            and bool(session.restoring.ckpt.get("loop", {}).get("epoch_finished"))
+        )
+        state.epoch -= ended
         state.sanity_checking = True
         hooks.call("on_sanity_check_start")
         session.load("val")
         run_eval(t, "val", limit=None if cfg.num_sanity_val_steps == -1 else cfg.num_sanity_val_steps)
         hooks.call("on_sanity_check_end")
         state.sanity_checking = False
+        state.epoch += ended
         t.metric_store.callback_metrics.clear()
         set_rng_state(rng)
     session.load("train")
