@@ -5,7 +5,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tandem-installed
 
-.PHONY: run test test-slow bench lint docs format clean
+.PHONY: run test test-slow bench lint docs format clean lightning-suite
 
 # torch is installed first and pinned: a bare `torch` would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml Makefile
@@ -32,6 +32,11 @@ bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
 	$(PY) benchmarks/tensorboard_events.py
 	$(PY) benchmarks/ddp.py
+
+# Lightning's own tests (tests/tests_pytorch of the installed version's tag, from a clone given by LIGHTNING_MIRROR)
+# under real Lightning, then against Tandem through names-only aliases; the table goes into docs/porting.md
+lightning-suite: $(STAMP)
+	$(PY) tools/lightning_suite/run.py
 
 # ruff, then the layers: one import direction and no import circle (pyproject.toml [tool.importlinter])
 lint: $(STAMP)

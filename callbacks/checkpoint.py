@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 
-class ModelCheckpoint(Checkpoint):
+class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
     """Saves checkpoints (atomically, through ``trainer.save_checkpoint``) into `dirpath`.
 
     With `monitor`, keeps the `save_top_k` best by that metric (`mode` "min" or "max") and deletes the files

@@ -23,6 +23,8 @@ import uuid
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from tandem_core.errors import ConfigError
+
 if TYPE_CHECKING:
     from callbacks.checkpoint import ModelCheckpoint
 
@@ -182,3 +184,25 @@ def stored_tokens(path: str) -> set[str]:
         for state in ((states or {}).values() if isinstance(states, dict) else ())
         if isinstance(state, dict) and isinstance(state.get("run_token"), str) and state["run_token"]
     }
+
+
+class BestKYaml:
+    """ModelCheckpoint.to_yaml (Lightning's): the top-k checkpoints and their scores as a YAML mapping."""
+
+    best_k_models: dict[str, Any]
+    dirpath: str | None
+
+    def to_yaml(self, filepath: str | os.PathLike[str] | None = None) -> None:
+        """Write ``{path: score}`` of the best k checkpoints to `filepath` (default: dirpath/best_k_models.yaml)."""
+        import yaml  # PyYAML comes with omegaconf
+
+        from tandem_core.fileio import atomic_write
+
+        best_k = {path: float(score) for path, score in self.best_k_models.items()}
+        if filepath is None:
+            if self.dirpath is None:
+                raise ConfigError(
+                    "to_yaml() needs a filepath until the checkpoint directory is known (after setup)"
+                )
+            filepath = os.path.join(self.dirpath, "best_k_models.yaml")
+        atomic_write(os.fspath(filepath), yaml.safe_dump(best_k))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Callback
@@ -12,6 +13,17 @@ from tandem_core.errors import ConfigError
 if TYPE_CHECKING:
     from trainer.task.base import Task
     from trainer.trainer import Trainer
+
+
+class EarlyStoppingReason(Enum):
+    """Why EarlyStopping stopped the run (``EarlyStopping.stopping_reason``); the words are in
+    ``stopping_reason_message``."""
+
+    NOT_STOPPED = 0
+    STOPPING_THRESHOLD = 1
+    DIVERGENCE_THRESHOLD = 2
+    PATIENCE_EXHAUSTED = 3
+    NON_FINITE_METRIC = 4
 
 
 class EarlyStopping(Callback):
@@ -56,7 +68,9 @@ class EarlyStopping(Callback):
         self.wait_count = 0
         self.stopped_epoch = 0
         self.best_score = self._monitor.worst
-        self.stopping_reason: str | None = None
+        self.stopping_reason = EarlyStoppingReason.NOT_STOPPED
+        self.stopping_reason_message: str | None = None
+        self._why = EarlyStoppingReason.NOT_STOPPED  # of the last evaluate() that asked to stop
 
     @property
     def monitor(self) -> str:
@@ -102,7 +116,8 @@ class EarlyStopping(Callback):
         if any_rank_wants(trainer, wants_stop):
             trainer.should_stop = True
             self.stopped_epoch = trainer.current_epoch
-            self.stopping_reason = reason if wants_stop else "another rank asked to stop"
+            self.stopping_reason = self._why if wants_stop else EarlyStoppingReason.NOT_STOPPED
+            self.stopping_reason_message = reason if wants_stop else "another rank asked to stop"
         if reason and self.verbose:
             if trainer.world_size > 1 and not self.log_rank_zero_only:
                 print(f"[rank: {trainer.global_rank}] EarlyStopping: {reason}")
@@ -112,17 +127,21 @@ class EarlyStopping(Callback):
     def evaluate(self, current: float) -> tuple[bool, str | None]:
         """Update the state with a new value of the metric; return (stop?, why)."""
         name, m = self.monitor, self._monitor
+        why = EarlyStoppingReason
         if self.check_finite and not math.isfinite(current):
+            self._why = why.NON_FINITE_METRIC
             return (
                 True,
                 f"{name} = {current} is not finite; previous best was {self.best_score:.4g}. Stopping.",
             )
         if self.stopping_threshold is not None and m.better(current, self.stopping_threshold):
+            self._why = why.STOPPING_THRESHOLD
             return (
                 True,
                 f"stopping threshold reached: {name} = {current:.4g} is better than {self.stopping_threshold}.",
             )
         if self.divergence_threshold is not None and m.better(self.divergence_threshold, current):
+            self._why = why.DIVERGENCE_THRESHOLD
             return (
                 True,
                 f"divergence threshold reached: {name} = {current:.4g} is worse than {self.divergence_threshold}.",
@@ -133,6 +152,7 @@ class EarlyStopping(Callback):
             return False, f"{name} improved{improved} to {current:.4g}."
         self.wait_count += 1
         if self.wait_count >= self.patience:
+            self._why = why.PATIENCE_EXHAUSTED
             return True, (
                 f"{name} did not improve for {self.wait_count} checks; best was {self.best_score:.4g}. "
                 "Stopping."
@@ -146,9 +166,13 @@ class EarlyStopping(Callback):
             "stopped_epoch": self.stopped_epoch,
             "best_score": self.best_score,
             "patience": self.patience,
+            "stopping_reason": self.stopping_reason.value,
+            "stopping_reason_message": self.stopping_reason_message,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.wait_count = state["wait_count"]
         self.stopped_epoch = state["stopped_epoch"]
         self.best_score = float(state["best_score"])
+        self.stopping_reason = EarlyStoppingReason(state.get("stopping_reason", 0))
+        self.stopping_reason_message = state.get("stopping_reason_message")

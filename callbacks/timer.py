@@ -23,8 +23,10 @@ def parse_duration(duration: str | timedelta | dict[str, int] | float | None) ->
         parsed = _parse(duration)
     except (TypeError, ValueError, OverflowError) as e:  # NaN, absurdly large, wrong keywords
         raise ConfigError(f"Timer duration {duration!r} is not a usable duration ({e}).") from e
-    if parsed is not None and parsed <= timedelta(0):
-        raise ConfigError(f"Timer duration must be positive, got {duration!r}.")
+    if parsed is not None and parsed < timedelta(
+        0
+    ):  # 0 (as Lightning): stop at the first check, on_fit_start
+        raise ConfigError(f"Timer duration must not be negative, got {duration!r}.")
     if parsed is not None:
         return parsed
     raise ConfigError(
@@ -90,6 +92,10 @@ class Timer(Callback):
         return self._duration_s - self.time_elapsed(stage)
 
     # ----- stages --------------------------------------------------------------------------------
+    def on_fit_start(self, trainer: Trainer, task: Task) -> None:
+        """Checked once before training whatever the interval, as Lightning: a restored timer may be spent."""
+        self._check(trainer)
+
     def on_train_start(self, trainer: Trainer, task: Task) -> None:
         self._start["train"], self._end["train"] = time.monotonic(), None
 

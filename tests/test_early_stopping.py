@@ -9,6 +9,7 @@ import torch
 from callback_tasks import QUIET, Scored, fit, loader
 
 from callbacks import EarlyStopping, ModelCheckpoint
+from callbacks.early_stopping import EarlyStoppingReason
 from strategies.comm import Comm
 from strategies.single import SingleDeviceStrategy
 from tandem_core.errors import ConfigError
@@ -31,10 +32,11 @@ def test_early_stopping_criteria(scores, kwargs, stopped):
     es = EarlyStopping("val/score", **kwargs)
     trainer = fit(Scored(scores), [es], epochs=8, enable_checkpointing=False)
     if stopped is None:
-        assert trainer.current_epoch == 8 and es.stopping_reason is None
+        assert trainer.current_epoch == 8 and es.stopping_reason == EarlyStoppingReason.NOT_STOPPED
+        assert es.stopping_reason_message is None
     else:
         assert (es.stopped_epoch, trainer.current_epoch) == (stopped, stopped + 1)
-        assert es.stopping_reason
+        assert es.stopping_reason != EarlyStoppingReason.NOT_STOPPED and es.stopping_reason_message
 
 
 def test_early_stopping_missing_key_raises_or_warns():
@@ -53,7 +55,7 @@ def test_a_check_before_the_first_validation_waits_for_it():
     es = EarlyStopping("val/score", patience=2, check_on_train_epoch_end=True)
     with pytest.warns(UserWarning, match="Skipping this check until validation has run"):
         trainer = fit(Scored(scores), [es], 6, check_val_every_n_epoch=2, enable_checkpointing=False)
-    assert trainer.current_epoch == 6 and es.stopping_reason is None
+    assert trainer.current_epoch == 6 and es.stopping_reason == EarlyStoppingReason.NOT_STOPPED
     assert es.best_score == scores[-1]  # the last validation's value was seen
 
 
@@ -79,7 +81,7 @@ def test_early_stopping_decision_is_reduced_across_ranks():
         **{**QUIET, "enable_checkpointing": False},
     )
     trainer.fit(Scored([5, 4, 3, 2, 1]), loader(), loader(2, 2))
-    assert trainer.current_epoch == 1 and es.stopping_reason == "another rank asked to stop"
+    assert trainer.current_epoch == 1 and es.stopping_reason_message == "another rank asked to stop"
 
 
 def test_early_stopping_state_goes_into_the_checkpoint(tmp_path):
@@ -87,7 +89,8 @@ def test_early_stopping_state_goes_into_the_checkpoint(tmp_path):
     cb = ModelCheckpoint(dirpath=str(tmp_path), save_last=True)
     fit(Scored([5, 6, 7, 8]), [cb, es], epochs=3)
     state = torch.load(cb.last_model_path, weights_only=False)["callbacks"][es.state_key]
-    assert state == {"wait_count": 2, "stopped_epoch": 0, "best_score": 5.0, "patience": 3}
+    assert state == {"wait_count": 2, "stopped_epoch": 0, "best_score": 5.0, "patience": 3, "stopping_reason": 0,
+                     "stopping_reason_message": None}  # fmt: skip
     again = EarlyStopping("val/score", patience=3)
     trainer = fit(
         Scored([5, 6, 7, 8, 9, 10]),

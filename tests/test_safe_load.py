@@ -243,9 +243,10 @@ def _spawn(marker: str) -> dict[str, Any]:
 def test_load_from_checkpoint_never_hands_the_task_a_process_spawning_partial(tmp_path, cls):
     marker = str(tmp_path / "PWNED")
     path = _crafted(tmp_path, cls(), {"activation": _spawn(marker)})
-    with pytest.warns(UserWarning, match=r"hyper_parameters.activation: .*'os.system'.* Kept as plain data"):
-        with pytest.raises(TypeError, match="'dict' object is not callable"):  # the task got the plain dict
-            cls.load_from_checkpoint(path)
+    # refused at load time, naming the hyperparameter and both fixes; the task never gets a plain dict
+    with pytest.raises(CheckpointError, match=r"hyper_parameters.activation cannot be rebuilt: .*'os.system'.*"
+                       r"annotate the parameter.*weights_only=False"):  # fmt: skip
+        cls.load_from_checkpoint(path)
     assert not os.path.exists(marker)
 
 
@@ -255,18 +256,19 @@ def test_nested_arguments_of_a_rebuilt_partial_are_checked_too(tmp_path):
         "optimizer": {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.1, "foreach": _spawn(marker)}
     }
     path = _crafted(tmp_path, HpTask(), hp)
-    with pytest.warns(UserWarning, match=r"hyper_parameters.optimizer.foreach: .*'os.system'"):
-        task = HpTask.load_from_checkpoint(path)
-    assert task.hparams.optimizer.func is torch.optim.SGD  # the declared part is rebuilt
-    assert task.hparams.optimizer.keywords["foreach"] == _spawn(marker)  # the rest stays data
+    with pytest.raises(
+        CheckpointError, match=r"hyper_parameters.optimizer.foreach cannot be rebuilt: .*'os.system'"
+    ):
+        HpTask.load_from_checkpoint(path)
     assert not os.path.exists(marker)
 
 
-def test_a_class_outside_the_declared_type_stays_plain_data(tmp_path):
+def test_a_class_outside_the_declared_type_is_refused_at_load_time(tmp_path):
     path = _crafted(tmp_path, HpTask(), {"kind": {"_target_": "subprocess.Popen", "_partial_": True}})
-    with pytest.warns(UserWarning, match=r"hyper_parameters.kind: .*'subprocess.Popen'"):
-        task = HpTask.load_from_checkpoint(path)
-    assert task.hparams.kind == {"_target_": "subprocess.Popen", "_partial_": True}
+    with pytest.raises(
+        CheckpointError, match=r"hyper_parameters.kind cannot be rebuilt: .*'subprocess.Popen'"
+    ):
+        HpTask.load_from_checkpoint(path)
 
 
 def test_declared_hyperparameters_rebuild_without_a_warning(tmp_path):

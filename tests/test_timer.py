@@ -39,7 +39,40 @@ def test_timer_durations():
         parse_duration("2 hours")
 
 
-@pytest.mark.parametrize("bad", [8.64e13, float("nan"), float("inf"), -5, 0, {"hourz": 1}, "1:2"])
+@pytest.mark.parametrize("bad", [8.64e13, float("nan"), float("inf"), -5, {"hourz": 1}, "1:2"])
 def test_unusable_max_time_is_a_config_error(bad):
     with pytest.raises(ConfigError, match="Timer duration"):
         Trainer(max_time=bad, logger=False)
+
+
+@pytest.mark.parametrize("kwargs", [{"interval": "step"}, {"interval": "epoch"}, {"min_epochs": 2}])
+def test_zero_duration_stops_before_training_as_lightning(kwargs, tmp_path):
+    """duration 0 is accepted; the check at on_fit_start stops before the first step (min_epochs still run)."""
+    import logging
+    import warnings
+    from datetime import timedelta
+
+    import pytorch_lightning as pl
+    import pytorch_lightning.demos.boring_classes
+
+    from trainer.demos import BoringModel
+
+    logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
+    quiet = dict(
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False
+    )
+    timer_kw = {k: v for k, v in kwargs.items() if k == "interval"}
+    loop_kw = {k: v for k, v in kwargs.items() if k != "interval"}
+    ends = []
+    for trainer_cls, timer_cls, module in (
+        (pl.Trainer, pl.callbacks.Timer, pl.demos.boring_classes.BoringModel()),
+        (Trainer, Timer, BoringModel()),
+    ):
+        trainer = trainer_cls(callbacks=[timer_cls(duration=timedelta(0), verbose=False, **timer_kw)],
+                              limit_train_batches=3, limit_val_batches=0, default_root_dir=str(tmp_path), **quiet,
+                              **loop_kw)  # fmt: skip
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(module)
+        ends.append((trainer.global_step, trainer.current_epoch))
+    assert ends[0] == ends[1]

@@ -29,6 +29,7 @@ from trainer.loop.session import Session, set_torch_flags
 from trainer.loop.state import LoopState
 from trainer.options import TrainerConfig
 from trainer.profiler import make_profiler
+from trainer.readback import TrainerReadback
 from trainer.task.base import Task
 from trainer.task.datamodule import DataModule
 from trainer.utilities.combined_loader import CombinedLoader
@@ -36,7 +37,7 @@ from trainer.utilities.combined_loader import CombinedLoader
 _NO_PROFILE = contextlib.nullcontext()
 
 
-class Trainer:
+class Trainer(TrainerReadback):
     """Runs a Task: ``Trainer(max_epochs=3, strategy="ddp", devices=2).fit(task)``.
 
     Keyword names and meanings follow PyTorch Lightning 2.x; trainer/options.py defines them all.
@@ -49,6 +50,9 @@ class Trainer:
 
     def __init__(self, **options: Any) -> None:
         cfg = TrainerConfig.from_kwargs(**options).effective()
+        self._device_spec = (
+            cfg.devices
+        )  # as given ([1, 3], "0,1", 2): trainer.device_ids (trainer/readback.py)
         # devices as a count from here on ("0,1", [0, 1], -1 read against this machine: trainer/devices.py)
         self.config = cfg = dataclasses.replace(cfg, devices=count_devices(cfg.devices, cfg.accelerator))
         self.default_root_dir = os.path.abspath(cfg.default_root_dir or os.getcwd())

@@ -2,14 +2,14 @@
 code. Hyperparameters that are not plain data (a `functools.partial` of an optimizer class, a class) are
 stored as import paths in the config layer's `_target_` form and rebuilt, never called, on load, and only
 into what the task's signature declares for them (the config's rule); anything else stays plain data.
-Example: ``optimizer: Callable[..., Optimizer]`` gets ``partial(Adam, lr=0.01)`` back; ``optimizer: Any`` gets
-the dict ``{"_target_": "torch.optim.Adam", "_partial_": True, "lr": 0.01}`` and a warning."""
+Example: ``optimizer: Callable[..., Optimizer]`` gets ``partial(Adam, lr=0.01)`` back; ``optimizer: Any`` is a
+CheckpointError at load time naming it and both fixes (annotate the parameter, or load a trusted file with
+``weights_only=False``, which rebuilds every hyperparameter as it was saved); never a dict into ``__init__``."""
 
 from __future__ import annotations
 
 import functools
 import sys
-import warnings
 from types import UnionType as _UnionType
 from typing import Any
 
@@ -17,7 +17,7 @@ import torch
 
 from tandem_core.errors import CheckpointError
 
-TARGET, PARTIAL, ARGS, NOT_SAVED = "_target_", "_partial_", "_args_", "_not_saved_"
+TARGET, PARTIAL, ARGS, NOT_SAVED, BARE = "_target_", "_partial_", "_args_", "_not_saved_", "_bare_"
 _PLAIN = (type(None), bool, int, float, str, torch.Tensor, torch.dtype, torch.device, torch.Size)
 
 
@@ -36,7 +36,7 @@ def encode(value: Any, where: str = "hparams") -> Any:
         out.update({k: encode(v, f"{where}.{k}") for k, v in value.keywords.items()})
         return out
     if isinstance(value, type) or callable(value) and hasattr(value, "__qualname__"):
-        return {TARGET: _path(value, where), PARTIAL: True}
+        return {TARGET: _path(value, where), PARTIAL: True, BARE: True}  # the object itself, not a partial
     return {NOT_SAVED: f"{type(value).__name__} (not plain data: pass it to load_from_checkpoint by name)"}
 
 
@@ -54,63 +54,68 @@ def _path(obj: Any, where: str) -> str:
     return path
 
 
-def decode_for(cls: type, hparams: dict[str, Any], path: str) -> dict[str, Any]:
+def decode_for(cls: type, hparams: dict[str, Any], path: str, trust: bool = False) -> dict[str, Any]:
     """`hparams` rebuilt for ``cls(**hparams)``: each ``_target_`` dict only into what the annotation of the
-    parameter it fills declares (the config's rule, trainer/config/types.py), else kept as plain data."""
+    parameter it fills declares (the config's rule, trainer/config/types.py), else a CheckpointError; with
+    `trust` (load_from_checkpoint(weights_only=False)) every one as it was saved."""
     from trainer.config.types import annotations
 
     named, rest = annotations(cls)
-    return {k: decode(v, named.get(k, rest), f"hyper_parameters.{k}", path) for k, v in hparams.items()}
+    return {
+        k: decode(v, named.get(k, rest), f"hyper_parameters.{k}", path, trust) for k, v in hparams.items()
+    }
 
 
-def decode(value: Any, expected: Any = Any, where: str = "hyper_parameters", path: str = "") -> Any:
+def decode(
+    value: Any, expected: Any = Any, where: str = "hyper_parameters", path: str = "", trust: bool = False
+) -> Any:
     """Rebuild what `encode` wrote, checked against `expected` (the annotation of the parameter it fills):
-    a `_target_` dict becomes a functools.partial (a class, for a ``type[X]`` parameter) only where that
-    annotation takes it; nothing is called. Refused ones stay plain dicts, with a warning."""
+    a `_target_` dict becomes a functools.partial (the class or function itself where that is what was saved,
+    or for a ``type[X]`` parameter) only where that annotation takes it; nothing is called. One it refuses is
+    a CheckpointError; with `trust` none is refused."""
     from trainer.config.types import narrow
 
     if isinstance(value, (list, tuple)):
-        items = [decode(v, narrow(expected, i), f"{where}[{i}]", path) for i, v in enumerate(value)]
+        items = [decode(v, narrow(expected, i), f"{where}[{i}]", path, trust) for i, v in enumerate(value)]
         return items if isinstance(value, list) else tuple(items)
     if not isinstance(value, dict):
         return value
     if value.get(PARTIAL) is True and isinstance(value.get(TARGET), str):
-        return _rebuild(value, expected, where, path)
-    return {k: decode(v, narrow(expected, str(k)), f"{where}.{k}", path) for k, v in value.items()}
+        return _rebuild(value, expected, where, path, trust)
+    return {k: decode(v, narrow(expected, str(k)), f"{where}.{k}", path, trust) for k, v in value.items()}
 
 
-def _rebuild(value: dict[str, Any], expected: Any, where: str, path: str) -> Any:
+def _rebuild(value: dict[str, Any], expected: Any, where: str, path: str, trust: bool) -> Any:
     from tandem_core.errors import ConfigError
     from trainer.config.types import annotations, check, describe
 
     target = value[TARGET]
+    bare = value.get(BARE) is True or value.keys() <= {TARGET, PARTIAL}  # (older files: no BARE marker)
     try:
         obj = resolve_loaded(target)
         kind = _class_of(expected)
-        if (
-            kind is not None
-            and isinstance(obj, type)
-            and issubclass(obj, kind)
-            and value.keys() <= {TARGET, PARTIAL}
-        ):
+        if trust and value.get(BARE) is True:
+            return obj  # as saved: the class or function itself
+        if kind is not None and isinstance(obj, type) and issubclass(obj, kind) and bare:
             return obj  # a type[X] parameter: the class itself
-        check(obj, target, expected, True, where)
+        if not trust:
+            check(obj, target, expected, True, where)
     except (ConfigError, AttributeError) as e:
         reason = str(e) if isinstance(e, ConfigError) else f"{target!r} does not exist ({e})"
-        warnings.warn(
-            f"checkpoint {path!r}: {reason}. Kept as plain data, not rebuilt: a checkpoint's hyperparameters "
-            f"are rebuilt only into what the task's signature declares ({describe(expected)} here); pass the "
-            "value to load_from_checkpoint by name to replace it.",
-            UserWarning,
-            stacklevel=4,
-        )
-        return value
+        raise CheckpointError(
+            f"checkpoint {path!r}: {where} cannot be rebuilt: {reason}. A checkpoint's hyperparameters are "
+            f"rebuilt only into what the task's signature declares ({describe(expected)} here). Either annotate "
+            "the parameter with what it holds (e.g. `Callable[..., Optimizer]` for a partial of an optimizer "
+            "class, `type[nn.Module]` for a class), or, for a checkpoint you trust, load it with "
+            "weights_only=False (every hyperparameter comes back as saved); or pass the value to "
+            "load_from_checkpoint by name."
+        ) from None
     named, rest = annotations(obj)
-    args = [decode(a, Any, f"{where}._args_[{i}]", path) for i, a in enumerate(value.get(ARGS, []))]
+    args = [decode(a, Any, f"{where}._args_[{i}]", path, trust) for i, a in enumerate(value.get(ARGS, []))]
     kwargs = {
-        k: decode(v, named.get(k, rest), f"{where}.{k}", path)
+        k: decode(v, named.get(k, rest), f"{where}.{k}", path, trust)
         for k, v in value.items()
-        if k not in (TARGET, PARTIAL, ARGS)
+        if k not in (TARGET, PARTIAL, ARGS, BARE)
     }
     return functools.partial(obj, *args, **kwargs)
 

@@ -204,7 +204,12 @@ def rebuild_task(
             f"{cls.__name__}.load_from_checkpoint(path, {', '.join(f'{k}=...' for k in absent)})"
         )
     task = cls(
-        **{**decode_for(cls, {k: v for k, v in hparams.items() if k not in overrides}, path), **overrides}
+        **{
+            **decode_for(
+                cls, {k: v for k, v in hparams.items() if k not in overrides}, path, not weights_only
+            ),
+            **overrides,
+        }
     )
     task.configure_model()  # a task that builds layers lazily needs them before the weights load
     task.on_load_checkpoint(ckpt)  # before the weights, as Lightning: it may rename or drop their keys

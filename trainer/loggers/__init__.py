@@ -5,12 +5,14 @@ from typing import Any
 from tandem_core.errors import ConfigError
 from trainer.loggers.base import Logger, agree_versions, align_versions, claim_version
 from trainer.loggers.csv_logs import CSVLogger
+from trainer.loggers.dummy import DummyLogger
 from trainer.loggers.mlflow_logger import MLFlowLogger
 from trainer.loggers.tensorboard import TensorBoardLogger
 from trainer.loggers.wandb_logger import WandbLogger
 
 __all__ = [
     "CSVLogger",
+    "DummyLogger",
     "Logger",
     "MLFlowLogger",
     "TensorBoardLogger",

@@ -134,6 +134,18 @@ class Closure:
         return {"loss": loss, **{k: v for k, v in out.items() if k != "loss"}}
 
 
+def manual_outputs(out: Any) -> dict[str, Any]:
+    """What on_train_batch_end receives under manual optimization, as Lightning: always a dict; a returned tensor
+    is its "loss"; "loss" detached (it was already backpropagated by the task), the other keys as returned."""
+    if out is None:
+        return {}
+    if isinstance(out, torch.Tensor):
+        return {"loss": out.detach()}
+    if isinstance(out, dict):
+        return {k: v.detach() if k == "loss" and isinstance(v, torch.Tensor) else v for k, v in out.items()}
+    return out
+
+
 def _scale_grads(optimizer: torch.optim.Optimizer, factor: float) -> None:
     with torch.no_grad():
         for group in optimizer.param_groups:

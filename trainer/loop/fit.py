@@ -20,7 +20,7 @@ from tandem_core.errors import TaskError
 from trainer import checkpoint
 from trainer.checkpoint.run import check_window_saves
 from trainer.loggers.reporting import finalize_loggers, log_metrics, log_stage_start
-from trainer.loop.closure import Closure
+from trainer.loop.closure import Closure, manual_outputs
 from trainer.loop.combined import epoch_iterator as combined_epoch
 from trainer.loop.data import SkipBatchSampler, set_epoch
 from trainer.loop.evaluation import run_eval
@@ -41,6 +41,7 @@ def fit(t: Trainer) -> None:
     """Sanity-check validation, then epochs until max_epochs, max_steps or a stop request."""
     cfg, state, hooks, session, task = t.config, t.state, t.hooks, t.session, t.task
     assert session is not None and task is not None
+    state.resume_cut_epoch()  # fit again on the same trainer: the epoch it stopped inside goes on
     hooks.call("on_fit_start")
     log_stage_start(t)  # hyperparameters and graph: as Lightning, before the training state is restored
     if session.restoring is not None:  # as Lightning: optimizer and loop states after on_fit_start
@@ -51,12 +52,19 @@ def fit(t: Trainer) -> None:
         state.window_grads = None
     if cfg.num_sanity_val_steps and session.val_enabled:
         rng = get_rng_state()  # isolated, as in Lightning: the check must not change what training draws
+        # resumed from an epoch's end: Lightning counts that epoch as done only once training goes on
+        ended = int(
+            session.restoring is not None
+            and bool(session.restoring.ckpt.get("loop", {}).get("epoch_finished"))
+        )
+        state.epoch -= ended
         state.sanity_checking = True
         hooks.call("on_sanity_check_start")
         session.load("val")
         run_eval(t, "val", limit=None if cfg.num_sanity_val_steps == -1 else cfg.num_sanity_val_steps)
         hooks.call("on_sanity_check_end")
         state.sanity_checking = False
+        state.epoch += ended
         t.metric_store.callback_metrics.clear()
         set_rng_state(rng)
     session.load("train")
@@ -74,6 +82,7 @@ def fit(t: Trainer) -> None:
             if state.epoch % cfg.reload_dataloaders_every_n_epochs == 0:
                 session.reload()  # *_dataloader() are asked again
         train_epoch(t)
+    state.count_cut_epoch()
     hooks.call("on_train_end")
     hooks.call("on_fit_end")
     finalize_loggers(t, "success")
@@ -181,7 +190,7 @@ def train_epoch(t: Trainer) -> None:
         # a checkpoint written in on_train_batch_end records the due validation
         state.val_pending = validate_now
         if batch_end is not None:
-            batch_end(closure.outputs() if closure is not None else out, batch, batch_idx)
+            batch_end(closure.outputs() if closure is not None else manual_outputs(out), batch, batch_idx)
         global_step = state.global_step
         # log_every_n_steps=0: no step logging (Lightning)
         if log_every and global_step % log_every == 0 and global_step != state.last_logged_step:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,7 @@ from trainer.loop.hooks import Hooks, run_as
 from trainer.loop.optim import TaskOptimizer, check_optimizers, parse_optimizers
 from trainer.loop.signals import StopSignals
 from trainer.loop.transfer import transfer_owners
+from trainer.states import TrainerStatus
 from trainer.task.base import Task
 from trainer.utilities.combined_loader import CombinedLoader
 
@@ -65,6 +67,7 @@ class Session:
     def __enter__(self) -> Session:
         t, task, stage = self.t, self.task, self.stage
         t.task, t.datamodule, t.state.stage, t.session = task, self.dm, stage, self
+        t.state.status = TrainerStatus.RUNNING
         task._trainer = t
         if self.dm is not None:
             self.dm.trainer = t
@@ -104,12 +107,23 @@ class Session:
         t.loaders, t.loader_sizes = {}, {}
         self._check_data()
         path = self.ckpt_path
+        if t._ckpt_user_managed:  # `trainer.ckpt_path = ...` (Lightning's stateful form): the argument wins
+            if path is not None:
+                warnings.warn(
+                    f"`trainer.ckpt_path = {t._ckpt_path!r}` was set but {stage}(ckpt_path={path!r}) was passed; "
+                    "the latter is loaded.",
+                    stacklevel=2,
+                )
+                t._ckpt_user_managed = False
+            else:
+                path = t._ckpt_path
         if path is None and stage == "fit" and t.config.resume == "auto":
             path = t.strategy.comm.broadcast(checkpoint.find_last(t))  # every rank loads the same file
         # the weights and callback states now; for fit the optimizer and loop states after on_fit_start
         self.restoring = (
             checkpoint.prepare_restore(t, path, stage, self.weights_only) if path is not None else None
         )
+        t._ckpt_path = self.restoring.path if self.restoring is not None else None  # "best"/"last" resolved
         if stage == "fit":
             t.optimizers, t.lr_scheduler_configs = parse_optimizers(
                 run_as(t, "configure_optimizers", task.configure_optimizers)
@@ -236,6 +250,8 @@ class Session:
     def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> None:
         t = self.t
         t.metric_store.fx = None  # no step runs any more
+        stopped = error is not None or t.state.stop_signal is not None
+        t.state.status = TrainerStatus.INTERRUPTED if stopped else TrainerStatus.FINISHED
         try:
             if error is not None:
                 t.hooks.call("on_exception", error)

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from trainer.seed import get_rng_state
+from trainer.states import RunningStage, TrainerFn, TrainerStatus, running_stage
 
 STAGES = ("fit", "validate", "test", "predict")  # what the user runs
 PHASES = ("train", "val", "test", "predict")  # what a loop is doing
@@ -43,6 +44,28 @@ class LoopState:
     resume_combined: dict[str, Any] | None = field(default=None, repr=False)
     # the states of the training loaders that have state_dict/load_state_dict, read from a checkpoint
     resume_loader_states: list[Any] | None = field(default=None, repr=False)
+    epoch_counted: bool = (
+        False  # a fit ended inside `epoch - 1`, counted as done (Lightning); a resume continues it
+    )
+    status: TrainerStatus = TrainerStatus.INITIALIZING  # running, then finished or interrupted
+
+    # ----- Lightning's names for the same state (trainer/states.py)
+    @property
+    def fn(self) -> TrainerFn | None:
+        """The running entry point (``TrainerFn.FITTING`` == "fit"), or None before the first."""
+        return TrainerFn(self.stage) if self.stage is not None else None
+
+    @property
+    def running_stage(self) -> RunningStage | None:
+        return running_stage(self.phase, self.sanity_checking)
+
+    @property
+    def finished(self) -> bool:
+        return self.status == TrainerStatus.FINISHED
+
+    @property
+    def stopped(self) -> bool:
+        return self.status.stopped
 
     def mid_window(self, k: int, automatic: bool) -> bool:
         """True between the micro-batches of one optimizer step (automatic optimization)."""
@@ -56,6 +79,8 @@ class LoopState:
             "epoch_finished": self.epoch_finished,
             "val_pending": self.val_pending,
         }
+        if self.epoch_counted:
+            loop["epoch_counted"] = True
         if ranks is not None:
             loop["ranks"] = ranks
         return {"epoch": self.epoch, "global_step": self.global_step, "loop": loop}
@@ -76,12 +101,25 @@ class LoopState:
         self.epoch, self.global_step = int(ckpt["epoch"]), int(ckpt["global_step"])
         self.batch_in_epoch, self.epoch_finished = int(loop["batch_in_epoch"]), bool(loop["epoch_finished"])
         self.val_pending = bool(loop.get("val_pending", False))
+        self.epoch_counted = False
+        if loop.get("epoch_counted"):  # saved after a fit that stopped inside its epoch: continue that epoch
+            self.epoch -= 1
         ranks = loop.get("ranks") or [{}]
         own = ranks[rank] if rank < len(ranks) else ranks[0]
         self.epoch_start_rng, self.resume_rng = own.get("epoch_start_rng"), own.get("rng")
         self.window_grads = own.get("window_grads")
         self.resume_combined = own.get("combined")
         self.resume_loader_states = own.get("loader_states")
+
+    def count_cut_epoch(self) -> None:
+        """A fit that stopped inside an epoch counts it as done, as Lightning's trainer.current_epoch does (in
+        on_train_end, on_fit_end and a checkpoint saved after fit); `resume_cut_epoch` takes it back."""
+        if not self.epoch_finished and self.batch_in_epoch and self.stop_signal is None:
+            self.epoch, self.epoch_counted = self.epoch + 1, True
+
+    def resume_cut_epoch(self) -> None:
+        if self.epoch_counted:
+            self.epoch, self.epoch_counted = self.epoch - 1, False
 
     def next_epoch(self) -> None:
         self.epoch += 1

@@ -19,6 +19,10 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 
+class NotAttachedError(TaskError, RuntimeError):
+    """``task.trainer`` read before the task was given to a Trainer (a RuntimeError, as in Lightning)."""
+
+
 class Task(LightningAttributes, TaskDefaults, ExportMixin, torch.nn.Module, HyperparametersMixin):
     """A torch Module that knows how to train itself.
 
@@ -68,10 +72,18 @@ class Task(LightningAttributes, TaskDefaults, ExportMixin, torch.nn.Module, Hype
     def trainer(self) -> Trainer:
         """The Trainer running this task (a TaskError outside one)."""
         if self._trainer is None:
-            raise TaskError(
-                f"{type(self).__name__} is not attached to a Trainer; call trainer.fit(task) first."
+            raise NotAttachedError(
+                f"{type(self).__name__} is not attached to a `Trainer`; call trainer.fit(task) first."
             )
         return self._trainer
+
+    @trainer.setter
+    def trainer(self, trainer: Trainer | None) -> None:
+        """Attach (or with None detach) this task and the tasks nested in it, as Lightning's setter does."""
+        for child in self.children():
+            if isinstance(child, Task):
+                child.trainer = trainer
+        self._trainer = trainer
 
     @property
     def device(self) -> torch.device:

@@ -1,0 +1,53 @@
+"""tools/lightning_suite's alias: Lightning's public names resolve to Tandem's own objects (names only), a name
+Tandem lacks is an ImportError, and the real-Lightning mode gives Lightning's very modules."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from conftest import ROOT
+
+pytestmark = pytest.mark.slow  # two fresh interpreters importing Lightning
+
+CHECK = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, "tools/lightning_suite")
+    import alias
+    alias.install(sys.argv[1])
+    from lightning.pytorch import LightningModule, Trainer
+    from lightning.pytorch.callbacks import EarlyStopping
+    from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
+    from lightning.pytorch.demos.boring_classes import BoringModel
+    print(LightningModule.__module__, Trainer.__module__, EarlyStopping.__module__, EarlyStoppingReason.__module__,
+          BoringModel.__module__)
+    try:
+        from lightning.pytorch.loops import _FitLoop
+    except ImportError:
+        print("refused")
+    """
+)
+
+
+def _run(mode: str) -> list[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", CHECK, mode], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
+def test_tandem_mode_maps_public_names_to_tandem_objects():
+    assert _run("tandem") == ["trainer.task.base", "trainer.trainer", "callbacks.early_stopping",
+                              "callbacks.early_stopping", "trainer.demos", "refused"]  # fmt: skip
+
+
+def test_lightning_mode_gives_lightnings_own_modules():
+    got = _run("lightning")
+    assert got[:5] == ["pytorch_lightning.core.module", "pytorch_lightning.trainer.trainer",
+                       "pytorch_lightning.callbacks.early_stopping", "pytorch_lightning.callbacks.early_stopping",
+                       "pytorch_lightning.demos.boring_classes"]  # fmt: skip
+    assert "refused" not in got  # Lightning has its loops

@@ -1,0 +1,151 @@
+"""Import aliases for running Lightning's own tests: ``lightning.pytorch`` / ``lightning.fabric`` resolved either to the
+installed Lightning (``pytorch_lightning``, ``lightning_fabric``) or to Tandem's public names.
+
+The Tandem side is a table of NAMES ONLY: each Lightning public name -> the Tandem object of the same meaning
+("module:attribute"). Nothing here implements behaviour; a name Tandem lacks is simply absent, and the test that
+imports it fails with an ImportError that the report classifies.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import types
+from typing import Any
+
+# Lightning package (below lightning.pytorch) -> {Lightning name: "tandem.module:attr" or "tandem.module" (same name)}
+_TOP = {
+    "__version__": "trainer",
+    "Trainer": "trainer.trainer",
+    "LightningModule": "trainer.task.base:Task",
+    "LightningDataModule": "trainer.task.datamodule:DataModule",
+    "Callback": "callbacks.base",
+    "seed_everything": "trainer.seed",
+}
+_ERRORS = {"MisconfigurationException": "tandem_core.errors:TandemError"}
+_UTILITIES = {  # the other helper's trainer.utilities holds the rest; looked up there by the same name
+    "rank_zero_only": "tandem_core.rank_zero",
+    **_ERRORS,
+}
+TANDEM: dict[str, dict[str, str]] = {
+    "": _TOP,
+    "core": _TOP,
+    "trainer": {
+        **_TOP,
+        "TrainerFn": "trainer.states",
+        "TrainerStatus": "trainer.states",
+        "RunningStage": "trainer.states",
+    },
+    "callbacks": {"*": "callbacks", "EarlyStoppingReason": "callbacks.early_stopping"},
+    "loggers": {
+        "*": "trainer.loggers",
+        "Logger": "trainer.loggers.base",
+        "DummyLogger": "trainer.loggers.dummy",
+    },
+    "strategies": {"*": "strategies"},
+    "plugins": {"*": "trainer.plugins"},
+    "profilers": {"*": "trainer.profiler"},
+    "tuner": {"Tuner": "trainer.tuner"},
+    "demos": {"*": "trainer.demos"},
+    "utilities": {"*": "trainer.utilities", **_UTILITIES},
+}
+# lightning.fabric under the Tandem run: only the user-facing names Lightning's tests import through it
+TANDEM_FABRIC: dict[str, dict[str, str]] = {
+    "": {"seed_everything": "trainer.seed"},
+    "utilities": {"seed_everything": "trainer.seed", "rank_zero_only": "tandem_core.rank_zero", **_ERRORS},
+}
+
+
+def _resolve(target: str, name: str) -> Any:
+    module, _, attr = target.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr or name)
+    except (ImportError, AttributeError):
+        raise AttributeError(name) from None
+
+
+class _NamesModule(types.ModuleType):
+    """A module whose attributes are looked up in a name table; a missing name raises AttributeError."""
+
+    def __init__(self, name: str, table: dict[str, str]) -> None:
+        super().__init__(name)
+        self.__path__: list[str] = []  # a package: its submodules resolve through the finder too
+        self._table = table
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name not in self._table:
+            raise AttributeError(name)
+        target = self._table.get(name) or self._table.get("*")
+        if target is None:
+            raise AttributeError(name)
+        return _resolve(target, name)
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, make: Any) -> None:
+        self.make = make
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        return self.make(spec.name)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        pass
+
+
+class AliasFinder(importlib.abc.MetaPathFinder):
+    """Resolves ``lightning``, ``lightning.pytorch[.x]``, ``lightning.fabric[.x]`` for one of the two runs."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        parts = fullname.split(".")
+        if parts[0] != "lightning":
+            return None
+        if len(parts) == 1:
+            return importlib.machinery.ModuleSpec(fullname, _Loader(_package), is_package=True)
+        if parts[1] not in ("pytorch", "fabric"):
+            return None
+        if self.mode == "lightning":  # the very modules of the installed Lightning, under a second name
+            real = {"pytorch": "pytorch_lightning", "fabric": "lightning_fabric"}[parts[1]]
+            real_name = ".".join([real, *parts[2:]])
+            try:
+                importlib.import_module(real_name)
+            except ImportError:
+                return None
+            return importlib.machinery.ModuleSpec(fullname, _Loader(lambda _n: sys.modules[real_name]))
+        if not _lightning_has(parts):
+            return None  # not a module of Lightning (e.g. a missing name tried as a submodule by `from x import y`)
+        tables = TANDEM if parts[1] == "pytorch" else TANDEM_FABRIC
+        sub = parts[2] if len(parts) > 2 else ""
+        if sub not in tables:
+            return None  # a Lightning module with no public Tandem counterpart: ModuleNotFoundError
+        return importlib.machinery.ModuleSpec(
+            fullname, _Loader(lambda n: _NamesModule(n, tables[sub])), is_package=True
+        )
+
+
+def _lightning_has(parts: list[str]) -> bool:
+    """Whether the installed Lightning has the module lightning.<pytorch|fabric>.<rest> (looked up on disk)."""
+    spec = importlib.util.find_spec({"pytorch": "pytorch_lightning", "fabric": "lightning_fabric"}[parts[1]])
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    path = os.path.join(spec.submodule_search_locations[0], *parts[2:])
+    return len(parts) == 2 or os.path.isdir(path) or os.path.isfile(path + ".py")
+
+
+def _package(name: str) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__path__ = []
+    return module
+
+
+def install(mode: str) -> None:
+    """Put the finder first on sys.meta_path (mode: "lightning" or "tandem")."""
+    if mode not in ("lightning", "tandem"):
+        raise ValueError(f"mode must be 'lightning' or 'tandem', not {mode!r}")
+    sys.meta_path.insert(0, AliasFinder(mode))

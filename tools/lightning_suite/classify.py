@@ -1,0 +1,150 @@
+"""Classify a failing Lightning test under the Tandem run: "internal" (it reaches Lightning internals: underscored
+names, loop/connector/progress objects, modules Lightning does not export, mocks of its internals) or "behaviour"
+(a public name, attribute or result differs: the target of issue 36)."""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib.util
+import inspect
+import os
+import re
+from typing import Any
+
+_INTERNAL_ATTR = re.compile(
+    r"^_|_loop$|loop_|connector|progress$|_results$|^batch_progress|^epoch_loop|^fetcher"
+)
+_INTERNAL_LINE = re.compile(r"\._[a-z]\w*|\b\w*_loop\b|_connector\b|\bbatch_progress\b|\.fetcher\b")
+_PATCH = re.compile(r"""patch(?:\.object)?\(\s*["'](lightning\.(?:pytorch|fabric)[\w.]*)["']""")
+
+
+@functools.cache
+def public_names(package: str) -> frozenset[str]:
+    """Lightning's exported names of `package` ("callbacks", "loggers", ... or "" for the top), from its __all__."""
+    spec = importlib.util.find_spec("pytorch_lightning")
+    if spec is None or not spec.submodule_search_locations:
+        return frozenset()
+    path = os.path.join(
+        spec.submodule_search_locations[0], *package.split(".") if package else [], "__init__.py"
+    )
+    try:
+        tree = ast.parse(open(path).read())
+    except OSError:
+        return frozenset()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in node.targets):
+            try:
+                return frozenset(ast.literal_eval(node.value))
+            except ValueError:
+                return frozenset()
+    return frozenset()
+
+
+_INTERNAL_MODULES = (
+    "loops",
+    "trainer.connectors",
+    "overrides",
+    "accelerators",
+    "utilities.imports",
+    "utilities.testing",
+    "utilities.types",
+    "utilities.signature_utils",
+    "core.optimizer",
+)
+
+
+def _internal_module(parts: list[str]) -> bool:
+    """Modules holding Lightning's machinery rather than user-facing names (or any underscored module)."""
+    dotted = ".".join(parts)
+    return any(p.startswith("_") for p in parts) or any(
+        dotted == m or dotted.startswith(m + ".") for m in _INTERNAL_MODULES
+    )
+
+
+def _import_failure(text: str) -> tuple[str, str] | None:
+    m = re.search(r"cannot import name '(\w+)' from '(lightning\.(?:pytorch|fabric)[\w.]*)'", text)
+    if m:
+        name, module = m.groups()
+        parts = module.split(".")
+        package = parts[2] if len(parts) > 2 else ""
+        public = (
+            parts[1] == "pytorch"
+            and not name.startswith("_")
+            and (name in public_names(package) or not _internal_module(parts[2:]))
+        )
+        kind = "behaviour" if public else "internal"
+        what = "public name missing" if public else "not a public Lightning name"
+        return kind, f"{what}: {module}.{name}"
+    m = re.search(r"No module named '(lightning\.(?:pytorch|fabric)[\w.]*)'", text)
+    if m:
+        return "internal", f"Lightning module with no public counterpart: {m.group(1)}"
+    return None
+
+
+def _attribute_failure(text: str) -> tuple[str, str] | None:
+    m = (
+        re.search(r"'?(\w+)'? object has no attribute '(\w+)'", text)
+        or re.search(r"type object '(\w+)' has no attribute '(\w+)'", text)
+        or re.search(
+            r"<([\w.]+) object at \w+> does not have the attribute '(\w+)'", text
+        )  # mock.patch.object
+    )
+    if not m:
+        return None
+    owner, attr = m.groups()
+    if _INTERNAL_ATTR.search(attr):
+        return "internal", f"internal attribute {owner}.{attr}"
+    return "behaviour", f"missing attribute {owner}.{attr}"
+
+
+def collection(text: str) -> tuple[str, str]:
+    found = _import_failure(text)
+    if found:
+        return found
+    last = [line for line in text.splitlines() if line.startswith("E ")]
+    return "behaviour", "collection: " + (last[-1][1:].strip() if last else "error")[:160]
+
+
+def failure(item: Any, excinfo: Any) -> tuple[str, str]:
+    if excinfo is None:
+        return "behaviour", "failed"
+    exc = excinfo.value
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, ImportError):
+        found = _import_failure(text)
+        if found:
+            return found
+    if isinstance(exc, AttributeError):
+        found = _attribute_failure(text)
+        if found:
+            return found
+    source = _test_source(item)
+    for target in _PATCH.findall(source):
+        leaf = target.split(".")
+        if any(p.startswith("_") for p in leaf) or (len(leaf) > 3 and leaf[-1][:1].islower()):
+            return "internal", f"mocks Lightning internal {target}"
+    line = _failing_line(item, excinfo)
+    if line and _INTERNAL_LINE.search(line):
+        return "internal", f"reaches internals: {line.strip()[:120]}"
+    first = text.splitlines()[0] if text else ""
+    return "behaviour", first[:160]
+
+
+def _test_source(item: Any) -> str:
+    try:
+        return inspect.getsource(item.obj)
+    except (TypeError, OSError, AttributeError):
+        return ""
+
+
+def _failing_line(item: Any, excinfo: Any) -> str:
+    path = str(getattr(item, "path", ""))
+    line = ""
+    for entry in excinfo.traceback:
+        if str(entry.path) == path:
+            try:
+                line = str(entry.statement)
+            except Exception:
+                line = ""
+    return line

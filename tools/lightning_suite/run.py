@@ -1,0 +1,275 @@
+"""Run Lightning's own tests (tests/tests_pytorch of the tag matching the installed pytorch-lightning) first under
+real Lightning, then against Tandem through a names-only alias package, and write the comparison table into
+docs/porting.md ("Lightning's own tests"). Not part of `make test`: Lightning's tests never enter this repository.
+
+    python tools/lightning_suite/run.py                    # everything (make lightning-suite)
+    python tools/lightning_suite/run.py --files loops/test_training_loop.py --no-doc
+    python tools/lightning_suite/run.py --reuse-lightning  # rerun only the Tandem side
+
+The checkout comes from --tests (a directory holding tests/tests_pytorch) or is extracted from a bare clone of
+Lightning-AI/pytorch-lightning given by --mirror (or LIGHTNING_MIRROR) with `git archive <tag> tests/tests_pytorch`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import concurrent.futures
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+from importlib.metadata import version
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+DEFAULT_MIRROR = "/work/.mirror/Lightning-AI+pytorch-lightning/repo"
+# the areas issue 36 names; GPU/TPU/deepspeed/fabric/network (comet, litlogger, mlflow, wandb) and the legacy
+# checkpoints (a download) left out
+FILES = [
+    "callbacks/test_*.py",
+    "callbacks/progress/test_*.py",
+    "checkpointing/test_checkpoint_callback_frequency.py",
+    "checkpointing/test_model_checkpoint.py",
+    "checkpointing/test_torch_saving.py",
+    "checkpointing/test_trainer_checkpoint.py",
+    "trainer/flags/test_*.py",
+    "trainer/optimization/test_*.py",
+    "trainer/logging_/test_eval_loop_logging.py",
+    "trainer/logging_/test_train_loop_logging.py",
+    "trainer/logging_/test_loop_logging.py",
+    "loops/test_*.py",
+    "loops/optimization/test_*.py",
+    "loggers/test_all.py",
+    "loggers/test_csv.py",
+    "loggers/test_logger.py",
+    "loggers/test_tensorboard.py",
+    "loggers/test_utilities.py",
+    "tuner/test_*.py",
+    "core/test_*.py",
+    "models/test_hooks.py",
+]
+BEGIN, END = "<!-- lightning-suite:begin -->", "<!-- lightning-suite:end -->"
+
+
+def checkout(args: argparse.Namespace) -> tuple[str, str]:
+    """(directory holding tests/tests_pytorch, the tag used)."""
+    wanted = version("pytorch_lightning")
+    if args.tests:
+        return os.path.abspath(args.tests), args.tag or wanted
+    mirror = args.mirror or os.environ.get("LIGHTNING_MIRROR", DEFAULT_MIRROR)
+    tags = subprocess.run(
+        ["git", "--git-dir", mirror, "tag"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    tag = args.tag or wanted
+    if tag not in tags:  # the nearest release at or below the installed version
+
+        def key(t: str) -> tuple[int, ...]:
+            return tuple(int(p) for p in t.split("."))
+
+        releases = [t for t in tags if t.replace(".", "").isdigit() and t.count(".") == 2]
+        below = [t for t in releases if key(t) <= key(tag)]
+        tag = max(below, key=key)
+        print(
+            f"tag {args.tag or wanted} is not in {mirror}; using the nearest release {tag}", file=sys.stderr
+        )
+    dest = os.path.join(ROOT, "build", "lightning_suite", f"tests-{tag}")
+    if not os.path.isdir(os.path.join(dest, "tests", "tests_pytorch")):
+        os.makedirs(dest, exist_ok=True)
+        archive = subprocess.run(
+            ["git", "--git-dir", mirror, "archive", tag, "tests/tests_pytorch"],
+            capture_output=True,
+            check=True,
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
+    with open(
+        os.path.join(dest, "tests", "pytest.ini"), "w"
+    ) as f:  # the rootdir: no project's config applies
+        f.write("[pytest]\n")
+    return dest, tag
+
+
+def run_pytest(
+    mode: str,
+    tests_dir: str,
+    files: list[str],
+    out: str,
+    timeout: int,
+    root: str = ROOT,
+    resume: bool = False,
+    jobs: int = 2,
+) -> float:
+    """Each file in its own pytest process (a test that kills its process loses only its file), `jobs` at once;
+    with `resume`, files that already have results in `out` are skipped."""
+    done = {row["file"] for row in load(out).values()} if resume else set()
+    if not resume and os.path.exists(out):
+        os.remove(out)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "plugin", "-o", "addopts=",
+           "--continue-on-collection-errors"]  # fmt: skip
+    if mode == "tandem":
+        cmd += ["--noconftest", "-p", "shims"]
+    env = dict(os.environ, LIGHTNING_SUITE_MODE=mode, LIGHTNING_SUITE_TIMEOUT=str(timeout))
+    env["PYTHONPATH"] = os.pathsep.join([HERE, root, os.path.join(tests_dir, "tests")])
+    env.setdefault("PL_DISABLE_FORK", "1")
+    start = time.time()
+
+    def one(f: str) -> None:
+        part = f"{out}.{f.replace('/', '_')}.part"
+        if os.path.exists(part):
+            os.remove(part)
+        subprocess.run(cmd + [f], cwd=os.path.join(tests_dir, "tests"), env=dict(env, LIGHTNING_SUITE_OUT=part),
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=1800)  # fmt: skip
+        with open(out, "a") as dst:
+            if os.path.exists(part):
+                dst.write(open(part).read())
+                os.remove(part)
+        print(f"  {mode}: {f}", flush=True)
+
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        list(pool.map(one, [f for f in files if f not in done]))
+    return time.time() - start
+
+
+def load(path: str) -> dict[str, dict]:
+    rows: dict[str, dict] = {}
+    if os.path.exists(path):
+        for line in open(path):
+            row = json.loads(line)
+            rows[row["nodeid"]] = row
+    return rows
+
+
+def table(
+    lightning: dict[str, dict], tandem: dict[str, dict], tag: str, files: list[str]
+) -> tuple[str, dict[str, int]]:
+    per_file: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    reasons: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    themes: collections.Counter = collections.Counter()
+    broken = {r["file"]: r for r in tandem.values() if r["outcome"] == "collect_error"}
+    for nodeid, row in lightning.items():
+        if row["outcome"] != "passed" or row["file"] not in files:
+            continue
+        f = row["file"]
+        c = per_file[f]
+        c["lightning"] += 1
+        t = tandem.get(nodeid) or broken.get(f)
+        if t is None:
+            t = {
+                "outcome": "failed",
+                "class": "behaviour",
+                "reason": "not run under Tandem (deselected or crashed)",
+            }
+        if t["outcome"] == "passed":
+            c["tandem"] += 1
+            c["relaxed"] += bool(t.get("relaxed"))
+        elif t["outcome"] == "skipped":
+            c["skipped"] += 1
+        else:
+            c[t["class"]] += 1
+            reasons[f][f"{t['class']}: {t['reason']}"] += 1
+            if t["class"] == "behaviour":
+                themes[t["reason"]] += 1
+    total: collections.Counter = collections.Counter()
+    lines = [
+        f"Lightning {tag}'s tests/tests_pytorch, counted over the tests that pass under real Lightning here. "
+        "*Tandem*: passing against Tandem through the names-only alias (of which *relaxed*: only the words of a "
+        "`pytest.raises(match=...)` differ, the exception class and moment are Lightning's). *internal*: the test "
+        "reaches Lightning internals (underscored names, loop/connector/progress objects, unexported modules, "
+        "mocks of internals); *behaviour*: a public name, attribute or result differs. *skipped*: skipped under "
+        "Tandem (a hardware or optional-package condition). Regenerate: `make lightning-suite`.",
+        "",
+        "| file | Lightning | Tandem | relaxed | internal | behaviour | skipped | main reasons |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for f in sorted(per_file):
+        c = per_file[f]
+        total.update(c)
+        top = "; ".join(f"{r} ({n})" for r, n in reasons[f].most_common(3)).replace("|", "\\|")
+        lines.append(
+            f"| {f} | {c['lightning']} | {c['tandem']} | {c['relaxed']} | {c['internal']} | {c['behaviour']} "
+            f"| {c['skipped']} | {top[:300]} |"
+        )
+    lines.append(
+        f"| **total ({len(per_file)} files)** | **{total['lightning']}** | **{total['tandem']}** | "
+        f"**{total['relaxed']}** | **{total['internal']}** | **{total['behaviour']}** | **{total['skipped']}** | |"
+    )
+    lines += ["", "Most frequent public-behaviour failures:", ""]
+    lines += [f"- {n} x {r}".replace("|", "\\|") for r, n in themes.most_common(15)]
+    return "\n".join(lines), dict(total)
+
+
+def write_doc(doc: str, body: str) -> None:
+    text = open(doc).read()
+    block = f"{BEGIN}\n{body}\n{END}"
+    if BEGIN in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + block + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n## Lightning's own tests\n\n" + block + "\n"
+    open(doc, "w").write(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tests", help="a directory holding tests/tests_pytorch (else extracted from --mirror)")
+    p.add_argument(
+        "--mirror", help=f"bare git clone of Lightning-AI/pytorch-lightning (default {DEFAULT_MIRROR})"
+    )
+    p.add_argument("--tag", help="Lightning tag (default: the installed pytorch_lightning version)")
+    p.add_argument(
+        "--files", nargs="*", help="test files relative to tests/tests_pytorch (default: issue 36's set)"
+    )
+    p.add_argument("--reuse-lightning", action="store_true", help="keep the last real-Lightning results")
+    p.add_argument("--lightning-only", action="store_true", help="run only the real-Lightning side")
+    p.add_argument("--tandem-root", default=ROOT, help="the Tandem tree to test (default: this checkout)")
+    p.add_argument(
+        "--tandem-out", default="tandem.jsonl", help="results file of the Tandem side (under build/)"
+    )
+    p.add_argument("--resume", action="store_true", help="skip files that already have results")
+    p.add_argument("--jobs", type=int, default=2, help="pytest processes at once (one file each)")
+    p.add_argument("--report-only", action="store_true",
+                   help="run nothing: the table of the files that have results on both sides")  # fmt: skip
+    p.add_argument("--timeout", type=int, default=90, help="seconds per test")
+    p.add_argument("--doc", default=os.path.join(ROOT, "docs", "porting.md"))
+    p.add_argument("--no-doc", action="store_true", help="print the table only")
+    args = p.parse_args(argv)
+    tests_dir, tag = checkout(args)
+    base = os.path.join(tests_dir, "tests", "tests_pytorch")
+    files = sorted({os.path.relpath(f, os.path.join(tests_dir, "tests"))
+                    for pat in (args.files or FILES) for f in glob.glob(os.path.join(base, pat))})  # fmt: skip
+    results = os.path.join(ROOT, "build", "lightning_suite")
+    os.makedirs(results, exist_ok=True)
+    l_out, t_out = os.path.join(results, "lightning.jsonl"), os.path.join(results, args.tandem_out)
+    if args.report_only:
+        ran = {r["file"] for r in load(l_out).values()} & {r["file"] for r in load(t_out).values()}
+        missing = [f for f in files if f not in ran]
+        files = [f for f in files if f in ran]
+        if missing:
+            print(f"{len(missing)} selected files have no results yet (--resume runs them): {missing}")
+        body, total = table(load(l_out), load(t_out), tag, files)
+        print(body)
+        if not args.no_doc:
+            write_doc(args.doc, body)
+        print(json.dumps(total))
+        return 0
+    if not args.reuse_lightning:
+        print(
+            f"real Lightning: {len(files)} files ... {run_pytest('lightning', tests_dir, files, l_out, args.timeout, ROOT, args.resume, args.jobs):.0f}s"
+        )
+    if args.lightning_only:
+        return 0
+    print(
+        f"Tandem: {len(files)} files ... {run_pytest('tandem', tests_dir, files, t_out, args.timeout, args.tandem_root, args.resume, args.jobs):.0f}s"
+    )
+    body, total = table(load(l_out), load(t_out), tag, files)
+    print(body)
+    if not args.no_doc:
+        write_doc(args.doc, body)
+    print(json.dumps(total))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""The Trainer's options read back as attributes, and the run's public properties Lightning documents
+(``trainer.limit_train_batches``, ``trainer.ckpt_path``, ``trainer.device_ids``, ``trainer.interrupted``, ...).
+
+A mixin of Trainer: trainer/trainer.py keeps the entry points, this module what a user or callback reads."""
+
+from __future__ import annotations
+
+import signal
+from typing import TYPE_CHECKING, Any
+
+from tandem_core.views import view
+
+if TYPE_CHECKING:
+    from trainer.loop.state import LoopState
+    from trainer.options import TrainerConfig
+
+_OPTIONS = (
+    "barebones check_val_every_n_epoch fast_dev_run gradient_clip_algorithm gradient_clip_val limit_train_batches "
+    "limit_val_batches limit_test_batches limit_predict_batches log_every_n_steps min_epochs min_steps num_nodes "
+    "overfit_batches reload_dataloaders_every_n_epochs val_check_interval enable_autolog_hparams"
+).split()
+
+
+class TrainerReadback:
+    """Read-back attributes of every Trainer option, and run properties; see the module docstring."""
+
+    config: TrainerConfig
+    state: LoopState
+    strategy: Any
+    callbacks: list[Any]
+    session: Any
+    _ckpt_path: str | None = None
+    _ckpt_user_managed: bool = False
+    _device_spec: Any = None
+
+    for _name in _OPTIONS:
+        locals()[_name] = view(
+            f"config.{_name}", f"The ``{_name}`` option as the Trainer uses it (read-only)."
+        )
+    del _name
+
+    @property
+    def num_sanity_val_steps(self) -> int | float:
+        """Validation batches of the sanity check (``inf`` for -1: all of them)."""
+        n = self.config.num_sanity_val_steps
+        return float("inf") if n == -1 else n
+
+    @property
+    def ckpt_path(self) -> str | None:
+        """The checkpoint the last fit/validate/test/predict restored ("best"/"last" resolved to the file), or
+        one assigned here: ``trainer.ckpt_path = path`` is restored by the next stage called without one."""
+        return self._ckpt_path
+
+    @ckpt_path.setter
+    def ckpt_path(self, path: str | None) -> None:
+        self._ckpt_path, self._ckpt_user_managed = path, bool(path)
+
+    @property
+    def device_ids(self) -> list[int]:
+        """Indices of the devices this run uses on each machine."""
+        spec, n = self._device_spec, self.config.devices
+        if isinstance(spec, (list, tuple)):
+            return [int(d) for d in spec]
+        if isinstance(spec, str) and "," in spec:
+            return [int(d) for d in spec.split(",") if d.strip()]
+        if n == "auto":  # what the strategy chose (one process per device on this machine)
+            n = max(1, self.strategy.comm.world_size // max(1, self.config.num_nodes))
+        return list(range(int(n)))
+
+    @property
+    def num_devices(self) -> int:
+        """The number of devices this process's strategy uses (Lightning's)."""
+        return len(self.device_ids)
+
+    @property
+    def node_rank(self) -> int:
+        """This machine's index among the run's machines (global rank // processes per machine)."""
+        comm = self.strategy.comm
+        per_node = max(1, comm.world_size // max(1, self.config.num_nodes))
+        return comm.rank // per_node
+
+    precision_plugin = view("strategy.precision")
+
+    @property
+    def scaler(self) -> Any:
+        """The precision's gradient scaler (float16 mixed precision), else None."""
+        return getattr(self.strategy.precision, "scaler", None)
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int] | None:
+        """What the strategy gives each DistributedSampler (None in a one-process run)."""
+        comm = self.strategy.comm
+        return None if comm.world_size == 1 else {"num_replicas": comm.world_size, "rank": comm.rank}
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether the last stage ended by an exception or a stop signal."""
+        return self.state.status == "interrupted"
+
+    @property
+    def received_sigterm(self) -> bool:
+        """Whether the run stopped on SIGTERM."""
+        return self.state.stop_signal == signal.SIGTERM
+
+    @property
+    def evaluating(self) -> bool:
+        """Whether a validation or test loop (or the sanity check) is running."""
+        stage = self.state.running_stage
+        return stage is not None and stage.evaluating
+
+    @property
+    def enable_validation(self) -> bool:
+        """Whether fit validates (validation_step, validation data, and limit_val_batches > 0)."""
+        return self.session is not None and self.session.val_enabled
+
+    @property
+    def early_stopping_callbacks(self) -> list[Any]:
+        """Every EarlyStopping callback."""
+        from callbacks.early_stopping import EarlyStopping
+
+        return [cb for cb in self.callbacks if isinstance(cb, EarlyStopping)]
+
+    @property
+    def early_stopping_callback(self) -> Any:
+        """The first EarlyStopping callback, or None."""
+        cbs = self.early_stopping_callbacks
+        return cbs[0] if cbs else None
+
+    @property
+    def num_sanity_val_batches(self) -> list[int | float]:
+        """The sanity check's batches per validation loader (num_sanity_val_steps, capped by each loader)."""
+        return [min(self.num_sanity_val_steps, n) for n in self.num_val_batches]  # type: ignore[attr-defined]

@@ -1,0 +1,57 @@
+"""Lightning's names for what a Trainer is doing (``trainer.state.fn``, ``.status``, ``.stage``): string enums, so
+``trainer.state.fn == "fit"`` and ``== TrainerFn.FITTING`` both hold."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class _Named(str, Enum):
+    """Equal to its value ("fit"); str() and repr() as Lightning's (``TrainerFn.FITTING``)."""
+
+
+class TrainerFn(_Named):
+    """The entry point that runs: fit, validate, test, predict."""
+
+    FITTING = "fit"
+    VALIDATING = "validate"
+    TESTING = "test"
+    PREDICTING = "predict"
+
+
+class TrainerStatus(_Named):
+    """Where a run is in its life."""
+
+    INITIALIZING = "initializing"
+    RUNNING = "running"
+    FINISHED = "finished"
+    INTERRUPTED = "interrupted"
+
+    @property
+    def stopped(self) -> bool:
+        return self in (TrainerStatus.FINISHED, TrainerStatus.INTERRUPTED)
+
+
+class RunningStage(_Named):
+    """What the loop is doing now."""
+
+    TRAINING = "train"
+    SANITY_CHECKING = "sanity_check"
+    VALIDATING = "validate"
+    TESTING = "test"
+    PREDICTING = "predict"
+
+    @property
+    def evaluating(self) -> bool:
+        return self in (RunningStage.VALIDATING, RunningStage.TESTING, RunningStage.SANITY_CHECKING)
+
+
+_PHASES = {"train": RunningStage.TRAINING, "val": RunningStage.VALIDATING, "test": RunningStage.TESTING,
+           "predict": RunningStage.PREDICTING}  # fmt: skip
+
+
+def running_stage(phase: str | None, sanity_checking: bool) -> RunningStage | None:
+    """The RunningStage of the loop's `phase` ("train", "val", "test", "predict")."""
+    if sanity_checking:
+        return RunningStage.SANITY_CHECKING
+    return _PHASES.get(phase) if phase is not None else None
