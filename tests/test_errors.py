@@ -189,7 +189,7 @@ def test_missing_training_step_and_configure_optimizers(tmp_path):
 
 
 def test_trainer_property_before_fit():
-    with pytest.raises(TaskError, match="not attached to a Trainer; call trainer.fit"):
+    with pytest.raises(TaskError, match="not attached to a `Trainer`; call trainer.fit"):
         _ = Returns(lambda loss: loss).trainer
 
 

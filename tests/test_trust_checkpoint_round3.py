@@ -227,7 +227,7 @@ KEYS: dict[str, list[str]] = {
     "BackboneFinetuning": ["done_epoch", "internal_optimizer_metadata", "previous_backbone_lr"],
     "BaseFinetuning": ["done_epoch", "internal_optimizer_metadata"],
     "EMAWeightAveraging": ["latest_update_epoch", "latest_update_step"],
-    "EarlyStopping": ["best_score", "patience", "stopped_epoch", "wait_count"],
+    "EarlyStopping": ["best_score", "patience", "stopped_epoch", "stopping_reason", "stopping_reason_message", "wait_count"],
     "ModelCheckpoint": [
         "best_k_models", "best_model_path", "best_model_score", "current_score", "dirpath", "kth_best_model_path",
         "kth_value", "last_model_path", "mode", "monitor", "run_token",

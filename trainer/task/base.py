@@ -70,7 +70,7 @@ class Task(LightningAttributes, TaskDefaults, ExportMixin, torch.nn.Module, Hype
     # ----- what the Trainer provides ------------------------------------------------------------
     @property
     def trainer(self) -> Trainer:
-        """The Trainer running this task (a TaskError outside one)."""
+        """The Trainer running this task (outside one: NotAttachedError, a TaskError and a RuntimeError as Lightning's)."""
         if self._trainer is None:
             raise NotAttachedError(
                 f"{type(self).__name__} is not attached to a `Trainer`; call trainer.fit(task) first."
