@@ -215,7 +215,7 @@ class ModelPruning(Callback):
         if trainer.strategy.name in ("fsdp", "model_parallel"):
             raise ConfigError(
                 "ModelPruning replaces each pruned parameter by weight_orig * weight_mask (torch.nn.utils.prune), "
-                f"which the DTensor parameters of strategy={trainer.strategy.name!r} do not support; use "
+                f"which the sharded (DTensor) parameters of strategy={trainer.strategy.name!r} do not support; use "
                 "strategy='ddp'."
             )
         params = self.sanitize_parameters_to_prune(task, self._parameters_to_prune, self._parameter_names)
