@@ -1,5 +1,5 @@
-"""tools/lightning_suite's alias: Lightning's public names resolve to Tandem's own objects (names only), a name
-Tandem lacks is an ImportError, and the real-Lightning mode gives Lightning's very modules."""
+"""tools/lightning_suite's alias: Lightning's public names resolve to Tandem's own objects (names only),  a name
+Tandem lacks is a stand-in that fails on use (a Lightning environment flag is the installed Lightning's value), and the real-Lightning mode gives Lightning's very modules."""
 
 from __future__ import annotations
 
@@ -24,10 +24,13 @@ CHECK = textwrap.dedent(
     from lightning.pytorch.demos.boring_classes import BoringModel
     print(LightningModule.__module__, Trainer.__module__, EarlyStopping.__module__, EarlyStoppingReason.__module__,
           BoringModel.__module__)
+    from lightning.pytorch.loops import _FitLoop
+    from lightning.fabric.utilities.imports import _TORCH_GREATER_EQUAL_2_6
+    print(_TORCH_GREATER_EQUAL_2_6)
     try:
-        from lightning.pytorch.loops import _FitLoop
-    except ImportError:
-        print("refused")
+        _FitLoop()
+    except Exception as e:
+        print(type(e).__name__ == "AbsentName" and "refused")
     """
 )
 
@@ -42,12 +45,12 @@ def _run(mode: str) -> list[str]:
 
 def test_tandem_mode_maps_public_names_to_tandem_objects():
     assert _run("tandem") == ["trainer.task.base", "trainer.trainer", "callbacks.early_stopping",
-                              "callbacks.early_stopping", "trainer.demos", "refused"]  # fmt: skip
+                              "callbacks.early_stopping", "trainer.demos", "True", "refused"]  # fmt: skip
 
 
 def test_lightning_mode_gives_lightnings_own_modules():
     got = _run("lightning")
-    assert got[:5] == ["pytorch_lightning.core.module", "pytorch_lightning.trainer.trainer",
+    assert got[:6] == ["pytorch_lightning.core.module", "pytorch_lightning.trainer.trainer",
                        "pytorch_lightning.callbacks.early_stopping", "pytorch_lightning.callbacks.early_stopping",
-                       "pytorch_lightning.demos.boring_classes"]  # fmt: skip
+                       "pytorch_lightning.demos.boring_classes", "True"]  # fmt: skip
     assert "refused" not in got  # Lightning has its loops

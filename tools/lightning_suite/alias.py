@@ -2,8 +2,8 @@
 installed Lightning (``pytorch_lightning``, ``lightning_fabric``) or to Tandem's public names.
 
 The Tandem side is a table of NAMES ONLY: each Lightning public name -> the Tandem object of the same meaning
-("module:attribute"). Nothing here implements behaviour; a name Tandem lacks is simply absent, and the test that
-imports it fails with an ImportError that the report classifies.
+("module:attribute"). Nothing here implements behaviour: a name Tandem lacks resolves to a stand-in that fails on
+any use (absent.py), so the tests that use it fail and are classified while the rest of their file still runs.
 """
 
 from __future__ import annotations
@@ -16,6 +16,10 @@ import os
 import sys
 import types
 from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from absent import absent, flag_value  # noqa: E402
+from classify import is_public  # noqa: E402
 
 # Lightning package (below lightning.pytorch) -> {Lightning name: "tandem.module:attr" or "tandem.module" (same name)}
 _TOP = {
@@ -69,7 +73,7 @@ def _resolve(target: str, name: str) -> Any:
 
 
 class _NamesModule(types.ModuleType):
-    """A module whose attributes are looked up in a name table; a missing name raises AttributeError."""
+    """A module whose attributes are looked up in a name table; a name Tandem lacks is an absent.py stand-in."""
 
     def __init__(self, name: str, table: dict[str, str]) -> None:
         super().__init__(name)
@@ -80,9 +84,21 @@ class _NamesModule(types.ModuleType):
         if name.startswith("__") and name not in self._table:
             raise AttributeError(name)
         target = self._table.get(name) or self._table.get("*")
-        if target is None:
-            raise AttributeError(name)
-        return _resolve(target, name)
+        if target is not None:
+            try:
+                return _resolve(target, name)
+            except AttributeError:
+                pass
+        if _lightning_has(
+            [*self.__name__.split("."), name]
+        ):  # `from lightning.pytorch.loops import fetchers`
+            return importlib.import_module(f"{self.__name__}.{name}")
+        return _absent(self.__name__, name)
+
+
+def _absent(module: str, name: str) -> Any:
+    flag = flag_value(module, name)
+    return flag if flag is not None else absent(f"{module}.{name}", is_public(module, name))
 
 
 class _Loader(importlib.abc.Loader):
@@ -122,10 +138,9 @@ class AliasFinder(importlib.abc.MetaPathFinder):
             return None  # not a module of Lightning (e.g. a missing name tried as a submodule by `from x import y`)
         tables = TANDEM if parts[1] == "pytorch" else TANDEM_FABRIC
         sub = parts[2] if len(parts) > 2 else ""
-        if sub not in tables:
-            return None  # a Lightning module with no public Tandem counterpart: ModuleNotFoundError
+        table = tables.get(sub, {})  # a module with no Tandem counterpart: every name in it is a stand-in
         return importlib.machinery.ModuleSpec(
-            fullname, _Loader(lambda n: _NamesModule(n, tables[sub])), is_package=True
+            fullname, _Loader(lambda n: _NamesModule(n, table)), is_package=True
         )
 
 

@@ -62,17 +62,23 @@ def _internal_module(parts: list[str]) -> bool:
     )
 
 
+def is_public(module: str, name: str) -> bool:
+    """Whether Lightning's `module.name` (module dotted as lightning.pytorch.x...) is a public Lightning name."""
+    parts = module.split(".")
+    package = parts[2] if len(parts) > 2 else ""
+    return (
+        len(parts) > 1
+        and parts[1] == "pytorch"
+        and not name.startswith("_")
+        and (name in public_names(package) or not _internal_module(parts[2:]))
+    )
+
+
 def _import_failure(text: str) -> tuple[str, str] | None:
     m = re.search(r"cannot import name '(\w+)' from '(lightning\.(?:pytorch|fabric)[\w.]*)'", text)
     if m:
         name, module = m.groups()
-        parts = module.split(".")
-        package = parts[2] if len(parts) > 2 else ""
-        public = (
-            parts[1] == "pytorch"
-            and not name.startswith("_")
-            and (name in public_names(package) or not _internal_module(parts[2:]))
-        )
+        public = is_public(module, name)
         kind = "behaviour" if public else "internal"
         what = "public name missing" if public else "not a public Lightning name"
         return kind, f"{what}: {module}.{name}"
@@ -98,8 +104,23 @@ def _attribute_failure(text: str) -> tuple[str, str] | None:
     return "behaviour", f"missing attribute {owner}.{attr}"
 
 
+def _absent_failure(text: str) -> tuple[str, str] | None:
+    m = re.search(
+        r"AbsentName: (public Lightning name Tandem lacks|Lightning internal [\w ]+): ([\w.]+)", text
+    )
+    if not m:
+        return None
+    public = m.group(1).startswith("public")
+    name = ".".join(p for p in m.group(2).split(".") if p)
+    return (
+        ("behaviour", f"public name missing: {name}")
+        if public
+        else ("internal", f"uses Lightning internal {name}")
+    )
+
+
 def collection(text: str) -> tuple[str, str]:
-    found = _import_failure(text)
+    found = _absent_failure(text) or _import_failure(text)
     if found:
         return found
     last = [line for line in text.splitlines() if line.startswith("E ")]
@@ -111,6 +132,14 @@ def failure(item: Any, excinfo: Any) -> tuple[str, str]:
         return "behaviour", "failed"
     exc = excinfo.value
     text = f"{type(exc).__name__}: {exc}"
+    for e in _chain(exc):  # a stand-in of absent.py was used, maybe under another error raised from it
+        if type(e).__name__ == "AbsentName":
+            public, name = e.public, e.name
+            return (
+                ("behaviour", f"public name missing: {name}")
+                if public
+                else ("internal", f"uses Lightning internal {name}")
+            )
     if isinstance(exc, ImportError):
         found = _import_failure(text)
         if found:
@@ -129,6 +158,14 @@ def failure(item: Any, excinfo: Any) -> tuple[str, str]:
         return "internal", f"reaches internals: {line.strip()[:120]}"
     first = text.splitlines()[0] if text else ""
     return "behaviour", first[:160]
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    while exc is not None and exc not in seen and len(seen) < 20:
+        seen.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return seen
 
 
 def _test_source(item: Any) -> str:

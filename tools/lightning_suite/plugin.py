@@ -1,7 +1,8 @@
 """pytest plugin of the Lightning-suite runner (loaded with ``-p plugin``; LIGHTNING_SUITE_MODE picks the run).
 
-It installs the import aliases before any conftest loads, relaxes ``pytest.raises(match=...)`` under the Tandem run
-(the exception class must still match, at the same moment; only the words may differ), bounds each test's time, and
+It installs the import aliases before any conftest loads, relaxes ``pytest.raises(match=...)`` and
+``pytest.warns(match=...)`` under the Tandem run (the exception or warning class must still match, in the same block;
+only the words may differ), bounds each test's time, and
 writes one JSON line per test to LIGHTNING_SUITE_OUT: outcome, whether a relaxed match was needed, and for a failure
 its class ("internal" or "behaviour") and reason (tools/lightning_suite/classify.py).
 """
@@ -53,8 +54,33 @@ def _raises(expected: Any, *args: Any, match: Any = None, **kwargs: Any) -> Any:
     return _Relaxed(_ORIGINAL_RAISES(expected, **kwargs), match)
 
 
+class _RelaxedWarns:
+    """pytest.warns(cls, match=...) that passes when a warning of the class is emitted in the block, whatever its
+    words; a test that needed that is marked relaxed."""
+
+    def __init__(self, expected: Any, match: Any) -> None:
+        self.cm, self.match = _ORIGINAL_WARNS(expected), match
+
+    def __enter__(self) -> Any:
+        return self.cm.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        result = self.cm.__exit__(*exc)
+        if exc[0] is None and not any(re.search(self.match, str(w.message)) for w in self.cm):
+            _relaxed.add(_current[0])
+        return result
+
+
+def _warns(expected: Any = Warning, *args: Any, match: Any = None, **kwargs: Any) -> Any:
+    if match is None or args or kwargs:
+        return _ORIGINAL_WARNS(expected, *args, match=match, **kwargs)
+    return _RelaxedWarns(expected, match)
+
+
+_ORIGINAL_WARNS = pytest.warns
 if MODE == "tandem":
     pytest.raises = _raises  # type: ignore[assignment]
+    pytest.warns = _warns  # type: ignore[assignment]
     import shims  # noqa: E402  (the runner also loads it with -p shims: its fixtures replace Lightning's conftest)
 
     shims.install()
