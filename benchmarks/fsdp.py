@@ -208,33 +208,38 @@ def worker(rank: int, world: int, port: int, contender: str, warmup: int, steps:
     dist.destroy_process_group()
 
 
-def run(contender: str, world: int, warmup: int, steps: int) -> list[dict[str, float]]:
-    """One fresh group of `world` processes for `contender`; the per-rank results."""
+def run_group(target: Any, world: int, args: tuple, label: str) -> list[dict[str, Any]]:
+    """One fresh group of `world` spawned processes `target(rank, world, port, *args, queue)`, each putting
+    (rank, result) on the queue; the results by rank. A worker that dies takes the group down with its exit code."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [
-        ctx.Process(target=worker, args=(r, world, port, contender, warmup, steps, queue))
-        for r in range(world)
-    ]
+    procs = [ctx.Process(target=target, args=(r, world, port, *args, queue)) for r in range(world)]
     for p in procs:
         p.start()
-    results: dict[int, dict[str, float]] = {}
-    while len(results) < world:
-        try:
-            rank, result = queue.get(timeout=5)
-            results[rank] = result
-        except queue_module.Empty:
-            failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-            if failed:
-                for p in procs:
-                    p.kill()
-                raise RuntimeError(
-                    f"{contender} at world {world}: a worker exited with {failed[0]}"
-                ) from None
-    for p in procs:
-        p.join()
+    results: dict[int, dict[str, Any]] = {}
+    try:
+        while len(results) < world:
+            try:
+                rank, result = queue.get(timeout=5)
+                results[rank] = result
+            except queue_module.Empty:
+                failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                if failed:
+                    raise RuntimeError(
+                        f"{label} at world {world}: a worker exited with {failed[0]}"
+                    ) from None
+    finally:
+        for p in procs:
+            p.join(timeout=30 if len(results) == world else 0)
+            if p.is_alive():
+                p.kill()
     return [results[r] for r in range(world)]
+
+
+def run(contender: str, world: int, warmup: int, steps: int) -> list[dict[str, float]]:
+    """One fresh group of `world` processes for `contender`; the per-rank results."""
+    return run_group(worker, world, (contender, warmup, steps), contender)
 
 
 def main() -> None:

@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -37,8 +36,7 @@ from torch.utils.data import DataLoader, TensorDataset
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # first: benchmarks/strategies.py would shadow the strategies package
 
-from benchmarks.fsdp import Meter, MeterCallback  # noqa: E402
-from strategies.launch import _free_port  # noqa: E402
+from benchmarks.fsdp import Meter, MeterCallback, run_group  # noqa: E402
 from trainer import Task, Trainer  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
@@ -222,25 +220,7 @@ def worker(rank: int, world: int, port: int, contender: str, warmup: int, steps:
 
 
 def run(contender: str, world: int, warmup: int, steps: int) -> list[dict[str, Any]]:
-    ctx = mp.get_context("spawn")
-    queue, port = ctx.Queue(), _free_port()
-    procs = [
-        ctx.Process(target=worker, args=(r, world, port, contender, warmup, steps, queue))
-        for r in range(world)
-    ]
-    for p in procs:
-        p.start()
-    results: dict[int, dict[str, Any]] = {}
-    try:
-        while len(results) < world:
-            rank, result = queue.get(timeout=600)
-            results[rank] = result
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    return [results[r] for r in range(world)]
+    return run_group(worker, world, (contender, warmup, steps), contender)
 
 
 def main() -> None:
