@@ -175,7 +175,9 @@ def _clip(trainer: Trainer, optimizer: torch.optim.Optimizer) -> None:
     cfg = trainer.config
     if "configure_gradient_clipping" in trainer.hooks.custom:
         trainer.task.configure_gradient_clipping(  # type: ignore[union-attr]
-            optimizer, cfg.gradient_clip_val, cfg.gradient_clip_algorithm
+            optimizer,
+            gradient_clip_val=cfg.gradient_clip_val,
+            gradient_clip_algorithm=cfg.gradient_clip_algorithm,
         )
     elif cfg.gradient_clip_val:
         clip_gradients(optimizer, cfg.gradient_clip_val, cfg.gradient_clip_algorithm)

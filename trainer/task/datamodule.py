@@ -9,6 +9,7 @@ import torch
 from strategies.batch import move_to_device
 from tandem_core.errors import CheckpointError, TaskError
 from tandem_core.hooks import default
+from trainer.task.attributes import _no_loader
 from trainer.task.hparams import HyperparametersMixin
 
 if TYPE_CHECKING:
@@ -24,6 +25,12 @@ class DataModule(HyperparametersMixin):
     """
 
     trainer: Trainer | None = None  # set when a stage starts
+
+    # Lightning's LightningDataModule has the four (raising); the session asks only for those defined
+    train_dataloader = _no_loader("train_dataloader")
+    val_dataloader = _no_loader("val_dataloader")
+    test_dataloader = _no_loader("test_dataloader")
+    predict_dataloader = _no_loader("predict_dataloader")
 
     @default
     def prepare_data(self) -> None:

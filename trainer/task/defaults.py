@@ -78,7 +78,9 @@ class TaskDefaults:
         gradient_clip_algorithm: str | None = None,
     ) -> None:
         """Clip before the step with the Trainer's gradient_clip_val/algorithm (override to change per step)."""
-        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        self.clip_gradients(
+            optimizer, gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm
+        )
 
     def clip_gradients(
         self,
@@ -150,8 +152,8 @@ class TaskDefaults:
 def clipping_overridden(task: object) -> bool:
     """Whether the task's class overrides configure_gradient_clipping or clip_gradients (TaskDefaults' pair
     clips only with a gradient_clip_val)."""
-    cls = type(task)
+    cls, own = type(task), getattr(task, "__dict__", {})
     return any(
-        getattr(cls, name, None) is not getattr(TaskDefaults, name)
+        (callable(own[name]) if name in own else getattr(cls, name, None) is not getattr(TaskDefaults, name))
         for name in ("configure_gradient_clipping", "clip_gradients")
     )
