@@ -56,7 +56,7 @@ class Task(LightningAttributes, TaskDefaults, ExportMixin, torch.nn.Module, Hype
     def test_step(self, batch: Any, batch_idx: int) -> Any:
         """Compute and log test metrics for one batch."""
 
-    def predict_step(self, batch: Any, batch_idx: int) -> Any:
+    def predict_step(self, batch: Any, batch_idx: int = 0, dataloader_idx: int = 0) -> Any:
         """Return predictions for one batch (default: forward on the batch, or its first element)."""
         if type(self).forward is torch.nn.Module.forward:
             raise TaskError(f"{type(self).__name__} needs forward() or predict_step() to predict.")

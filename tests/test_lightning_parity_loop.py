@@ -1,0 +1,133 @@
+"""Loop behaviour compared with Lightning itself (pytorch_lightning, the reference extra): the dataloader_idx
+argument checked when an evaluation starts, the default predict_step with several loaders, and the progress
+bar's values across epochs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+pl = pytest.importorskip("pytorch_lightning")
+from pytorch_lightning.demos import boring_classes as plb  # noqa: E402
+
+from trainer import Trainer, demos  # noqa: E402
+from trainer.loop.signatures import DataloaderIdxError  # noqa: E402
+
+QUIET = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+
+
+def _trainer(lightning: bool, tmp_path: Any, **kwargs: Any) -> Any:
+    cls = pl.Trainer if lightning else Trainer
+    return cls(default_root_dir=tmp_path / str(lightning), **{**QUIET, **kwargs})
+
+
+def _raises(lightning: bool, tmp_path: Any, make: Any, stage: str, loaders: int) -> type | None:
+    base = plb.BoringModel if lightning else demos.BoringModel
+    data = [DataLoader(plb.RandomDataset(32, 4)) for _ in range(loaders)]
+    try:
+        getattr(_trainer(lightning, tmp_path, limit_val_batches=1, limit_test_batches=1), stage)(
+            make(base), data if loaders > 1 else data[0]
+        )
+    except Exception as e:  # the class Lightning raises, and ours
+        return type(e)
+    return None
+
+
+def _required(base: type) -> Any:
+    class M(base):  # type: ignore[misc,valid-type]
+        def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int) -> None: ...
+
+        def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int) -> None: ...
+
+    return M()
+
+
+def _hook_required(base: type) -> Any:
+    class M(base):  # type: ignore[misc,valid-type]
+        def on_validation_batch_end(
+            self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int
+        ) -> None: ...
+
+    return M()
+
+
+def _missing(base: type) -> Any:
+    class M(base):  # type: ignore[misc,valid-type]
+        def validation_step(self, batch: Any, batch_idx: int) -> None: ...
+
+        def test_step(self, batch: Any, batch_idx: int) -> None: ...
+
+    return M()
+
+
+def _defaulted(base: type) -> Any:
+    class M(base):  # type: ignore[misc,valid-type]
+        def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+
+        def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+
+    return M()
+
+
+@pytest.mark.parametrize(
+    ("make", "loaders", "error"),
+    [
+        (_required, 1, True),
+        (_hook_required, 1, True),
+        (_missing, 2, True),
+        (_defaulted, 1, False),
+        (_defaulted, 2, False),
+    ],
+)
+@pytest.mark.parametrize("stage", ["validate", "test"])
+def test_dataloader_idx_signature_is_checked_as_lightning_does(
+    tmp_path: Any, make: Any, loaders: int, error: bool, stage: str
+) -> None:
+    if make is _hook_required and stage == "test":
+        pytest.skip("the validation hook only")
+    theirs = _raises(True, tmp_path, make, stage, loaders)
+    ours = _raises(False, tmp_path, make, stage, loaders)
+    assert (theirs is RuntimeError) is error
+    assert (ours is DataloaderIdxError) is error
+    if error:
+        assert issubclass(ours, RuntimeError)
+
+
+def test_default_predict_step_takes_the_dataloader_idx_of_several_loaders(tmp_path: Any) -> None:
+    def make(base: type) -> Any:
+        class M(base):  # type: ignore[misc,valid-type]
+            def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int) -> Any:
+                return super().predict_step(batch, batch_idx, dataloader_idx)  # the default, with all three
+
+        return M()
+
+    data = [DataLoader(plb.RandomDataset(32, 4)), DataLoader(plb.RandomDataset(32, 6))]
+    ours = _trainer(False, tmp_path).predict(make(demos.BoringModel), data)
+    theirs = _trainer(True, tmp_path).predict(make(plb.BoringModel), data)
+    assert [len(x) for x in ours] == [len(x) for x in theirs] == [4, 6]
+
+
+def _bar_metrics(lightning: bool, tmp_path: Any) -> dict[str, float]:
+    base = plb.BoringModel if lightning else demos.BoringModel
+
+    class M(base):  # type: ignore[misc,valid-type]
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            self.log_dict({"step_metric": torch.tensor(-1.0), "shared": 100.0}, logger=False, prog_bar=True)
+            return super().training_step(batch, batch_idx)
+
+        def on_train_epoch_end(self) -> None:
+            epoch = self.current_epoch
+            self.log_dict({f"epoch_{epoch}": float(epoch), "shared": 111.0}, logger=False, prog_bar=True)
+
+    trainer = _trainer(lightning, tmp_path, max_epochs=3, limit_train_batches=2, limit_val_batches=0)
+    trainer.fit(M())
+    return {k: float(v) for k, v in trainer.progress_bar_metrics.items()}
+
+
+def test_progress_bar_keeps_earlier_epochs_values_and_the_later_value_of_a_shared_name(tmp_path: Any) -> None:
+    ours, theirs = _bar_metrics(False, tmp_path), _bar_metrics(True, tmp_path)
+    assert ours == theirs
+    assert ours["shared"] == 111.0 and ours["epoch_0"] == 0.0
