@@ -131,3 +131,47 @@ def test_progress_bar_keeps_earlier_epochs_values_and_the_later_value_of_a_share
     ours, theirs = _bar_metrics(False, tmp_path), _bar_metrics(True, tmp_path)
     assert ours == theirs
     assert ours["shared"] == 111.0 and ours["epoch_0"] == 0.0
+
+
+def _checkpoint(lightning: bool, tmp_path: Any, strict_loading: bool | None) -> tuple[type, str]:
+    base = plb.BoringModel if lightning else demos.BoringModel
+
+    class Loading(base):  # type: ignore[misc,valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            if strict_loading is not None:
+                self.strict_loading = strict_loading
+
+    trainer = _trainer(lightning, tmp_path, max_steps=1, limit_val_batches=0)
+    trainer.fit(Loading())
+    path = str(tmp_path / f"{lightning}.ckpt")
+    trainer.save_checkpoint(path)
+    return Loading, path
+
+
+@pytest.mark.parametrize(
+    ("strict", "strict_loading"), [(True, False), (False, True), (None, False), (True, None)]
+)
+def test_load_from_checkpoint_refuses_strict_against_the_tasks_strict_loading(
+    tmp_path: Any, strict: bool | None, strict_loading: bool | None
+) -> None:
+    raised = []
+    for lightning in (True, False):
+        cls, path = _checkpoint(lightning, tmp_path, strict_loading)
+        try:
+            cls.load_from_checkpoint(path, strict=strict)
+            raised.append(False)
+        except ValueError:  # Lightning's ValueError; ours a ConfigError, which is one
+            raised.append(True)
+    conflict = strict is not None and strict_loading is not None and strict != strict_loading
+    assert raised == [conflict, conflict]
+
+
+def test_load_from_checkpoint_warns_on_an_empty_state_dict(tmp_path: Any) -> None:
+    for lightning in (True, False):
+        cls, path = _checkpoint(lightning, tmp_path, None)
+        ckpt = torch.load(path, weights_only=True)
+        ckpt["state_dict"] = {}
+        torch.save(ckpt, path)
+        with pytest.warns(UserWarning, match="no parameters"):
+            cls.load_from_checkpoint(path, strict=False)
