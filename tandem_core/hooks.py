@@ -186,7 +186,8 @@ REFUSED = {
 def refuse_unknown_hooks(obj: Any) -> None:
     """Raise TaskError when `obj` (a task or callback) defines a hook that Tandem would never call."""
     for name, advice in REFUSED.items():
-        if callable(getattr(type(obj), name, None)):
+        fn = getattr(type(obj), name, None)
+        if callable(fn) and not getattr(fn, "_tandem_refusal", False):
             raise TaskError(
                 f"{type(obj).__name__}.{name} is a Lightning hook that Tandem never calls ({advice}); "
                 "Tandem refuses it rather than skip it silently."

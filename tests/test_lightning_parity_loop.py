@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader
 pl = pytest.importorskip("pytorch_lightning")
 from pytorch_lightning.demos import boring_classes as plb  # noqa: E402
 
+from tandem_core.errors import TandemError  # noqa: E402
 from trainer import Trainer, demos  # noqa: E402
 from trainer.loop.signatures import DataloaderIdxError  # noqa: E402
 
@@ -175,3 +176,52 @@ def test_load_from_checkpoint_warns_on_an_empty_state_dict(tmp_path: Any) -> Non
         torch.save(ckpt, path)
         with pytest.warns(UserWarning, match="no parameters"):
             cls.load_from_checkpoint(path, strict=False)
+
+
+def _clipping(lightning: bool, tmp_path: Any, how: str, **trainer_kwargs: Any) -> Any:
+    base = plb.BoringModel if lightning else demos.BoringModel
+    seen: list[float] = []
+
+    class Clipping(base):  # type: ignore[misc,valid-type]
+        def configure_gradient_clipping(
+            self, optimizer: Any, gradient_clip_val: Any, gradient_clip_algorithm: Any
+        ):
+            if how == "plain":  # no arguments: the Trainer's gradient_clip_val/algorithm
+                self.clip_gradients(optimizer)
+            elif how == "val":
+                self.clip_gradients(optimizer, gradient_clip_val=0.01)
+            else:
+                self.clip_gradients(optimizer, gradient_clip_algorithm="value")
+            seen.append(float(torch.cat([p.grad.flatten() for p in self.parameters()]).norm()))
+
+    torch.manual_seed(0)
+    task = Clipping()
+    try:
+        _trainer(lightning, tmp_path, max_steps=2, limit_val_batches=0, **trainer_kwargs).fit(task)
+    except Exception as e:
+        return type(e)
+    return seen
+
+
+def test_clip_gradients_uses_and_checks_the_trainers_values_as_lightning(tmp_path: Any) -> None:
+    ours = _clipping(False, tmp_path, "plain", gradient_clip_val=1e-3)
+    theirs = _clipping(True, tmp_path, "plain", gradient_clip_val=1e-3)
+    assert ours == pytest.approx(theirs) and max(ours) <= 1e-3 + 1e-6  # clipped to the Trainer's value
+    assert (
+        _clipping(True, tmp_path, "val", gradient_clip_val=1e-4)
+        is pl.utilities.exceptions.MisconfigurationException
+    )
+    assert issubclass(_clipping(False, tmp_path, "val", gradient_clip_val=1e-4), TandemError)
+    mismatch = {"gradient_clip_algorithm": "norm"}
+    assert _clipping(True, tmp_path, "algo", **mismatch) is pl.utilities.exceptions.MisconfigurationException
+    assert issubclass(_clipping(False, tmp_path, "algo", **mismatch), TandemError)
+    # agreeing values, or none set in the Trainer: clipped as asked
+    assert _clipping(False, tmp_path, "val") == pytest.approx(_clipping(True, tmp_path, "val"))
+
+
+def test_an_attached_task_is_scriptable_as_a_lightning_module(tmp_path: Any) -> None:
+    task = demos.BoringModel()
+    task.trainer = Trainer(default_root_dir=tmp_path, **QUIET)
+    scripted = torch.jit.script(task)
+    x = torch.randn(2, 32)
+    assert torch.equal(scripted(x), task(x))
