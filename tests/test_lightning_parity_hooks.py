@@ -266,3 +266,30 @@ def test_is_overridden_mock_none_and_parents() -> None:
         is_overridden("extra", Extra())
     with pytest.raises(ValueError):
         pl_is_overridden("extra", PlExtra())
+
+
+def test_deliberate_differences(tmp_path: Any) -> None:
+    """docs/porting.md, "Deliberate differences found by Lightning's tests": Tandem's own checkpoint keys next to
+    Lightning's shared ones, the DataModule's state under "datamodule", the optimizer wrapper's name."""
+    from trainer.demos import BoringDataModule, BoringModel
+
+    seen: dict[str, Any] = {}
+
+    class Saving(BoringModel):
+        def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+            seen.update(checkpoint)
+
+    class Stateful(BoringDataModule):
+        def state_dict(self) -> dict[str, Any]:
+            return {"my": "state"}
+
+    trainer = Trainer(
+        default_root_dir=tmp_path, max_steps=1, limit_val_batches=0, logger=False, enable_progress_bar=False
+    )
+    task = Saving()
+    trainer.fit(task, datamodule=Stateful())
+    shared = {"state_dict", "optimizer_states", "lr_schedulers", "callbacks", "epoch", "global_step"}
+    assert shared <= seen.keys() and "tandem_version" in seen and "pytorch-lightning_version" not in seen
+    assert seen["datamodule"] == {"my": "state"} and Stateful.__qualname__ not in seen
+    opt = task.optimizers()
+    assert str(opt) == "Task" + str(opt.optimizer)

@@ -205,3 +205,7 @@ class TaskOptimizer:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._optimizer, name)
+
+    def __repr__(self) -> str:
+        """The wrapped optimizer's, prefixed ``Task`` (Lightning's wrapper prints ``Lightning`` + it)."""
+        return f"Task{self._optimizer!r}"
