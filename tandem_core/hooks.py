@@ -10,10 +10,12 @@ step pays nothing for hooks nobody overrides.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from unittest import mock
 
 from tandem_core.errors import TaskError
 
@@ -133,8 +135,27 @@ def add_hook_stubs(cls: type, owner: str) -> type:
 
 
 def overrides(obj: Any, name: str) -> bool:
-    """True if `obj`'s class defines hook or method `name` itself (not the no-op stub or Tandem's default)."""
+    """True if `obj`'s class defines hook or method `name` itself (not the no-op stub or Tandem's default), or
+    `obj` itself holds a callable under that name (``task.on_fit_start = fn``: Lightning calls what the
+    attribute holds, and nothing for ``task.validation_step = None``)."""
+    own = getattr(obj, "__dict__", {})
+    if name in own:
+        return callable(own[name])
     fn = getattr(type(obj), name, None)
+    return fn is not None and not getattr(fn, "_tandem_default", False)
+
+
+def replaces_default(obj: Any, name: str) -> bool:
+    """Lightning's `is_overridden` test: `obj.name`, seen through a wrapper (``functools.wraps``, a partial, a
+    ``Mock(wraps=...)``), is not the no-op stub or Tandem's default. Where Lightning decides between two owners
+    by it (a DataModule's batch-transfer hook over the task's), a wrapped default does not count."""
+    fn = getattr(obj, name, None)
+    fn = getattr(fn, "__wrapped__", fn)
+    if isinstance(fn, mock.Mock):
+        fn = fn._mock_wraps
+    elif isinstance(fn, functools.partial):
+        fn = fn.func
+    fn = getattr(fn, "__func__", fn)
     return fn is not None and not getattr(fn, "_tandem_default", False)
 
 
@@ -165,7 +186,8 @@ REFUSED = {
 def refuse_unknown_hooks(obj: Any) -> None:
     """Raise TaskError when `obj` (a task or callback) defines a hook that Tandem would never call."""
     for name, advice in REFUSED.items():
-        if callable(getattr(type(obj), name, None)):
+        fn = getattr(type(obj), name, None)
+        if callable(fn) and not getattr(fn, "_tandem_refusal", False):
             raise TaskError(
                 f"{type(obj).__name__}.{name} is a Lightning hook that Tandem never calls ({advice}); "
                 "Tandem refuses it rather than skip it silently."

@@ -154,6 +154,59 @@ class BoringDataModule(DataModule):
         return DataLoader(self.random_predict)
 
 
+class BoringDataModuleNoLen(DataModule):
+    """As BoringDataModule with iterable data sets of no length: 512 train, 128 val, 256 test, 64 predict rows."""
+
+    _COUNTS = {"train": 512, "val": 128, "test": 256, "predict": 64}
+
+    def setup(self, stage: str) -> None:
+        for name in _stage_sets(stage):
+            setattr(self, f"random_{name}", RandomIterableDataset(32, self._COUNTS[name]))
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.random_train)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.random_val)
+
+    def test_dataloader(self) -> DataLoader:
+        return DataLoader(self.random_test)
+
+    def predict_dataloader(self) -> DataLoader:
+        return DataLoader(self.random_predict)
+
+
+class IterableBoringDataModule(DataModule):
+    """Two loaders per stage, a map-style and an iterable data set of 4 features each: 16 rows each for train,
+    32 val, 64 test, 128 predict."""
+
+    _COUNTS = {"train": 16, "val": 32, "test": 64, "predict": 128}
+
+    def setup(self, stage: str) -> None:
+        for name in _stage_sets(stage):
+            n = self._COUNTS[name]
+            setattr(self, f"{name}_datasets", [RandomDataset(4, n), RandomIterableDataset(4, n)])
+
+    def train_dataloader(self) -> list[DataLoader]:
+        return [DataLoader(ds) for ds in self.train_datasets]
+
+    def val_dataloader(self) -> list[DataLoader]:
+        return [DataLoader(ds) for ds in self.val_datasets]
+
+    def test_dataloader(self) -> list[DataLoader]:
+        return [DataLoader(ds) for ds in self.test_datasets]
+
+    def predict_dataloader(self) -> list[DataLoader]:
+        return [DataLoader(ds) for ds in self.predict_datasets]
+
+
+def _stage_sets(stage: str) -> tuple[str, ...]:
+    """The data sets a stage sets up (fit: train and val; validate: val; test; predict)."""
+    return {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",)}.get(
+        stage, ()
+    )
+
+
 class DemoModel(Task):
     """Linear(32, out_dim) + ReLU; loss: the sum of its outputs; Adam(learning_rate)."""
 

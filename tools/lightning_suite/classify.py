@@ -153,11 +153,32 @@ def failure(item: Any, excinfo: Any) -> tuple[str, str]:
         leaf = target.split(".")
         if any(p.startswith("_") for p in leaf) or (len(leaf) > 3 and leaf[-1][:1].islower()):
             return "internal", f"mocks Lightning internal {target}"
+        if len(leaf) > 3 and _foreign(leaf):
+            return "internal", f"mocks a name Lightning's module imports from elsewhere: {target}"
     line = _failing_line(item, excinfo)
     if line and _INTERNAL_LINE.search(line):
         return "internal", f"reaches internals: {line.strip()[:120]}"
     first = text.splitlines()[0] if text else ""
     return "behaviour", first[:160]
+
+
+def _foreign(leaf: list[str]) -> bool:
+    """Whether `lightning.pytorch.<module>.<Name>` is another library's object imported into a Lightning module
+    (`core.datamodule.DataLoader`: torch's): patching it there depends on how Lightning's module is written.
+    Read from the module's source (its imports), without importing Lightning into the Tandem run."""
+    spec = importlib.util.find_spec(
+        {"pytorch": "pytorch_lightning", "fabric": "lightning_fabric"}.get(leaf[1], "-")
+    )
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    try:
+        tree = ast.parse(open(os.path.join(spec.submodule_search_locations[0], *leaf[2:-1]) + ".py").read())
+    except OSError:
+        return False
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == leaf[-1] for a in node.names):
+            return node.level == 0 and not (node.module or "").startswith(("lightning", "pytorch_lightning"))
+    return False
 
 
 def _chain(exc: BaseException) -> list[BaseException]:

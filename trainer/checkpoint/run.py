@@ -213,11 +213,24 @@ def rebuild_task(
     )
     task.configure_model()  # a task that builds layers lazily needs them before the weights load
     task.on_load_checkpoint(ckpt)  # before the weights, as Lightning: it may rename or drop their keys
+    own = task._strict_loading  # set by the task itself (None: not set)
+    if own is not None and strict is not None and strict != task.strict_loading:
+        raise ConfigError(
+            f"load_from_checkpoint(strict={strict!r}) contradicts {cls.__name__}.strict_loading="
+            f"{task.strict_loading!r} set by the task; pass the same value, or leave strict=None to use the task's."
+        )
     if strict is None:
         strict = task.strict_loading
     if strict:
         check_compatible(task, ckpt["state_dict"], path)
     task.load_state_dict(ckpt["state_dict"], strict=strict)
+    if not ckpt["state_dict"]:  # as Lightning: said, not refused (a task whose weights are all built later)
+        warnings.warn(
+            f"checkpoint {path!r} holds no parameters (an empty state_dict): the task keeps the weights "
+            "its __init__ gave it.",
+            UserWarning,
+            stacklevel=3,
+        )
     if isinstance(map_location, (str, torch.device)):
         task.to(map_location)
     return task

@@ -31,6 +31,7 @@ class _Entry:
     step_value: torch.Tensor | None = None
     step_batch: int = field(default=-1)  # the batch (MetricStore._batch_no) in which step_value was logged
     suffix: str = ""  # "/dataloader_idx_N" with several evaluation loaders (at the end of the key)
+    fx: str | None = None  # the step or hook that first logged it
 
     def forked(self, fork: str) -> str:
         """The key of the step ("_step") or epoch ("_epoch") value: Lightning puts the fork before the suffix."""
@@ -47,6 +48,9 @@ class MetricStore:
         self._reduce = reduce  # the strategy's cross-rank reduce, for sync_dist
         self._stages: dict[str, dict[str, _Entry]] = {"train": {}}
         self.callback_metrics: dict[str, torch.Tensor] = {}
+        # the epoch values shown in the bar so far: as Lightning's, the bar keeps an earlier epoch's values
+        # (on_train_epoch_end's epoch_metric_0 still shows in epoch 2) while they are callback metrics
+        self._bar_kept: dict[str, None] = {}
         self.stage = "train"
         self._fx: str | None = None  # the step or hook running now (trainer/loggers/log_rules.py)
         self._rule: Rule | None = None
@@ -139,7 +143,18 @@ class MetricStore:
         suffix = self.dataloader_suffix
         key = name + suffix if suffix and add_dataloader_idx else name
         entries = self._stages[self.stage]
-        entry = entries.get(key)
+        slot = key
+        entry = entries.get(slot)
+        if (
+            entry is not None
+            and entry.fx != self._fx
+            and (entry.on_step, entry.on_epoch) != (on_step, on_epoch)
+        ):
+            # as Lightning, which keeps a value per hook: the name logged again in another hook with other
+            # on_step/on_epoch (training_step's step value, on_train_epoch_end's epoch value) is a value of
+            # its own, and the one written later shows under the name
+            slot = f"{self._fx}\x00{key}"
+            entry = entries.get(slot)
         if entry is None:  # the first time this name is logged in this stage's epoch
             if add_dataloader_idx and "/dataloader_idx_" in name:
                 raise TaskError(
@@ -147,9 +162,9 @@ class MetricStore:
                     "with several evaluation loaders; drop it, or pass add_dataloader_idx=False."
                 )
             sync = sync_dist and not rank_zero_only
-            entry = entries[key] = _Entry(
+            entry = entries[slot] = _Entry(
                 key, on_step, on_epoch, prog_bar, logger is not False, sync, reduce_fx, sync_dist_group,
-                suffix=suffix if add_dataloader_idx else "",
+                suffix=suffix if add_dataloader_idx else "", fx=self._fx,
             )  # fmt: skip
         if isinstance(value, torch.Tensor) and value.ndim == 0:  # the common case: a loss
             value = value.detach()
@@ -240,13 +255,16 @@ class MetricStore:
             key = e.forked("_epoch") if e.on_step else e.name
             self.callback_metrics[key] = value
             self.callback_metrics[e.name] = value
+            if e.prog_bar:
+                self._bar_kept[key] = None
             if e.logger:
                 to_log[key] = value
         return to_log
 
     def progress_bar_tensors(self) -> dict[str, torch.Tensor]:
         """Values marked prog_bar=True: training's and the current stage's step values, every stage's epoch values."""
-        out: dict[str, torch.Tensor] = {}
+        kept = self.callback_metrics
+        out: dict[str, torch.Tensor] = {k: kept[k] for k in self._bar_kept if k in kept}
         for stage, entries in self._stages.items():
             for e in entries.values():
                 if not e.prog_bar:

@@ -12,6 +12,7 @@ from trainer.loggers.reporting import finalize_loggers, log_metrics, log_stage_s
 from trainer.loop.combined import batches
 from trainer.loop.hooks import run_as
 from trainer.loop.signals import check_stop
+from trainer.loop.signatures import check_dataloader_idx
 from trainer.loop.transfer import to_device
 from trainer.seed import get_rng_state
 
@@ -46,6 +47,7 @@ def run_eval(t: Trainer, phase: str, limit: int | None = None) -> Any:
     prefix = HOOK_PREFIX[phase]
     step_name = f"{prefix}_step"
     custom = hooks.custom
+    check_dataloader_idx(task, prefix, len(t.loaders.get(phase, [])))  # before any hook, as Lightning
     modes = [(m, m.training) for m in task.modules()]  # every submodule's own mode, restored afterwards
     if f"on_{prefix}_model_eval" in custom:
         run_as(t, f"on_{prefix}_model_eval", getattr(task, f"on_{prefix}_model_eval"))

@@ -213,7 +213,7 @@ def train_epoch(t: Trainer) -> None:
                 break
     state.epoch_finished = cut or out_of_data
     if state.epoch_finished and not cut and _should_validate(t) and (timed is None or _time_due(t, timed)):
-        _validate(t, state.batch_in_epoch, k)
+        _validate(t, state.batch_in_epoch, k, final=True)
     store.fx = None  # the training batches are over
     hooks.call("on_train_epoch_end", monitoring=False)  # the task and plain callbacks may still log
     log_metrics(t, store.epoch_end())  # so that checkpointing and early stopping see the aggregates
@@ -227,10 +227,11 @@ def train_epoch(t: Trainer) -> None:
     state.next_epoch()
 
 
-def _validate(t: Trainer, done: int, k: int) -> None:
-    """A validation inside fit; the task's gradients are released first unless a window is open."""
+def _validate(t: Trainer, done: int, k: int, final: bool = False) -> None:
+    """A validation inside fit; the task's gradients are released first unless a window is open (the epoch's
+    last batch closes its window even when it holds fewer than k batches: `final`, as Lightning)."""
     t.session.load("val")  # type: ignore[union-attr]
-    if t.task.automatic_optimization is False or done % k == 0:  # type: ignore[union-attr]
+    if t.task.automatic_optimization is False or final or done % k == 0:  # type: ignore[union-attr]
         if "on_validation_model_zero_grad" in t.hooks.custom:
             run_as(t, "on_validation_model_zero_grad", t.task.on_validation_model_zero_grad)  # type: ignore[union-attr]
         else:

@@ -68,7 +68,7 @@ class Hooks:
             return fns[0]
         return functools.partial(_call_all if result else _call_each, tuple(fns))
 
-    def call(self, name: str, *args: Any, monitoring: bool | None = None) -> Any:
+    def call(self, name: str, *args: Any, monitoring: bool | None = None, **kwargs: Any) -> Any:
         """Call every override of hook `name` (with `monitoring` given, only the plain callbacks and the task,
         or only the monitoring callbacks); return the last non-None result (the task's -1 from
         on_train_batch_start)."""
@@ -77,17 +77,19 @@ class Hooks:
             return None
         fns = groups[0 if monitoring is None else 2 if monitoring else 1]
         if getattr(self._trainer, "metric_store", None) is None:  # a dispatcher without a trainer
-            return _call_all(fns, *args)
-        return run_as(self._trainer, name, _call_all, fns, *args)  # with self.log's rules of the hook
+            return _call_all(fns, *args, **kwargs)
+        return run_as(
+            self._trainer, name, _call_all, fns, *args, **kwargs
+        )  # with self.log's rules of the hook
 
 
-def run_as(t: Any, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+def run_as(t: Any, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """`fn(*args)`, a method of Lightning's that the loop calls directly (configure_optimizers, a batch-transfer
     hook, lr_scheduler_step, ...), with self.log's rules of `name` while it runs."""
     store = t.metric_store
     running, store.fx = store.fx, name
     try:
-        return fn(*args)
+        return fn(*args, **kwargs)
     finally:
         store.fx = running
 
@@ -98,11 +100,11 @@ def _call_each(fns: tuple[Callable[..., Any], ...], *args: Any) -> None:
         fn(*args)
 
 
-def _call_all(fns: tuple[Callable[..., Any], ...], *args: Any) -> Any:
+def _call_all(fns: tuple[Callable[..., Any], ...], *args: Any, **kwargs: Any) -> Any:
     """Call every function in order; the last non-None result (as Hooks.call)."""
     out = None
     for fn in fns:
-        result = fn(*args)
+        result = fn(*args, **kwargs)
         if result is not None:
             out = result
     return out

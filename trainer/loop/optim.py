@@ -175,7 +175,9 @@ def _clip(trainer: Trainer, optimizer: torch.optim.Optimizer) -> None:
     cfg = trainer.config
     if "configure_gradient_clipping" in trainer.hooks.custom:
         trainer.task.configure_gradient_clipping(  # type: ignore[union-attr]
-            optimizer, cfg.gradient_clip_val, cfg.gradient_clip_algorithm
+            optimizer,
+            gradient_clip_val=cfg.gradient_clip_val,
+            gradient_clip_algorithm=cfg.gradient_clip_algorithm,
         )
     elif cfg.gradient_clip_val:
         clip_gradients(optimizer, cfg.gradient_clip_val, cfg.gradient_clip_algorithm)
@@ -203,3 +205,7 @@ class TaskOptimizer:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._optimizer, name)
+
+    def __repr__(self) -> str:
+        """The wrapped optimizer's, prefixed ``Task`` (Lightning's wrapper prints ``Lightning`` + it)."""
+        return f"Task{self._optimizer!r}"

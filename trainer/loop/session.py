@@ -99,8 +99,8 @@ class Session:
                     owner.prepare_data()
             t.strategy.comm.barrier("prepare_data")
         if dm is not None:
-            dm.setup(stage)
-        t.hooks.call("setup", stage)
+            dm.setup(stage=stage)  # by keyword, as Lightning calls it
+        t.hooks.call("setup", stage=stage)
         if "configure_model" in t.hooks.custom:
             run_as(t, "configure_model", task.configure_model)
         t.strategy.setup(task)
@@ -272,8 +272,8 @@ class Session:
                 self.uncompile()
             if error is None:  # as Lightning: after an exception only on_exception runs, not teardown
                 if self.dm is not None:
-                    self.dm.teardown(self.stage)
-                t.hooks.call("teardown", self.stage)
+                    self.dm.teardown(stage=self.stage)
+                t.hooks.call("teardown", stage=self.stage)
             t.strategy.teardown()
 
 

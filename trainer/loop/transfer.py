@@ -6,7 +6,7 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from tandem_core.hooks import overrides
+from tandem_core.hooks import overrides, replaces_default
 from trainer.loop.hooks import run_as
 
 if TYPE_CHECKING:
@@ -20,8 +20,8 @@ def transfer_owners(task: Any, dm: Any) -> dict[str, Any]:
     both do and uses the DataModule's), else the task."""
     owners = {}
     for name in TRANSFER:
-        if dm is not None and overrides(dm, name):
-            if task is not None and overrides(task, name):
+        if dm is not None and replaces_default(dm, name):
+            if task is not None and replaces_default(task, name):
                 warnings.warn(
                     f"{name} is overridden in both {type(task).__name__} and {type(dm).__name__}; the "
                     f"DataModule's runs (as in Lightning).",

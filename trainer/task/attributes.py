@@ -99,8 +99,9 @@ class LightningAttributes:
             "or export with task.to_onnx(...) / task.to_torchscript(...)."
         )
 
-    @property
     def configure_sharded_model(self) -> Any:
-        """Refused when read: Lightning 2.1 renamed it configure_model (a subclass defining it is refused
-        when a stage starts). Not an AttributeError, which Python would turn into "no attribute"."""
+        """Refused when called: Lightning 2.1 renamed it configure_model (a subclass defining it is refused
+        when a stage starts). A method, not a raising property: torch.jit.script reads every attribute."""
         raise TaskError("configure_sharded_model() was renamed configure_model() in Lightning 2.1; use that.")
+
+    configure_sharded_model._tandem_refusal = True  # type: ignore[attr-defined]  # Task's own, not a user's

@@ -56,7 +56,7 @@ class Task(LightningAttributes, TaskDefaults, ExportMixin, torch.nn.Module, Hype
     def test_step(self, batch: Any, batch_idx: int) -> Any:
         """Compute and log test metrics for one batch."""
 
-    def predict_step(self, batch: Any, batch_idx: int) -> Any:
+    def predict_step(self, batch: Any, batch_idx: int = 0, dataloader_idx: int = 0) -> Any:
         """Return predictions for one batch (default: forward on the batch, or its first element)."""
         if type(self).forward is torch.nn.Module.forward:
             raise TaskError(f"{type(self).__name__} needs forward() or predict_step() to predict.")
@@ -239,3 +239,15 @@ class Task(LightningAttributes, TaskDefaults, ExportMixin, torch.nn.Module, Hype
 add_hook_stubs(
     Task, TASK
 )  # on_fit_start, on_train_batch_end, ... as documented no-ops (trainer/loop/hooks.py)
+
+
+# TorchScript compiles a module's properties unless they are listed here (Lightning lists its own the same
+# way): a Task's properties (trainer, device, hparams, ...) read the run, not tensors, so that
+# torch.jit.script(task) works as on a LightningModule
+Task.__jit_unused_properties__ = sorted(  # type: ignore[attr-defined]
+    name
+    for klass in Task.__mro__
+    if not klass.__module__.startswith("torch.")
+    for name, value in vars(klass).items()
+    if isinstance(value, property)
+)

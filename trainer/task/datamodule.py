@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import inspect
+import os
+from collections.abc import Mapping, Sized
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from strategies.batch import move_to_device
 from tandem_core.errors import CheckpointError, TaskError
 from tandem_core.hooks import default
+from trainer.task.attributes import _no_loader
 from trainer.task.hparams import HyperparametersMixin
 
 if TYPE_CHECKING:
@@ -24,6 +29,16 @@ class DataModule(HyperparametersMixin):
     """
 
     trainer: Trainer | None = None  # set when a stage starts
+
+    # Lightning's LightningDataModule has the four (raising); the session asks only for those defined
+    train_dataloader = _no_loader("train_dataloader")
+    val_dataloader = _no_loader("val_dataloader")
+    test_dataloader = _no_loader("test_dataloader")
+    predict_dataloader = _no_loader("predict_dataloader")
+
+    def __init__(self) -> None:
+        """No arguments (as LightningDataModule): a subclass takes its own and may save them as hyperparameters."""
+        super().__init__()
 
     @default
     def prepare_data(self) -> None:
@@ -63,6 +78,69 @@ class DataModule(HyperparametersMixin):
         """Called when fit/validate/test/predict raises."""
 
     @classmethod
+    def from_datasets(
+        cls,
+        train_dataset: Any = None,
+        val_dataset: Any = None,
+        test_dataset: Any = None,
+        predict_dataset: Any = None,
+        batch_size: int = 1,
+        num_workers: int = 0,
+        **datamodule_kwargs: Any,
+    ) -> Any:
+        """A DataModule whose loaders wrap the given data sets (each a Dataset, or a list/dict of them): batch_size,
+        num_workers, pinned memory, the training data shuffled (unless iterable). `batch_size` and `num_workers`
+        also go to ``__init__`` where it takes them; `datamodule_kwargs` always do. Example::
+
+            dm = DataModule.from_datasets(train_ds, val_ds, batch_size=32)
+        """
+        params = inspect.signature(cls.__init__).parameters
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        special = {"batch_size": batch_size, "num_workers": num_workers}
+        dm = cls(**datamodule_kwargs, **{k: v for k, v in special.items() if takes_any or k in params})
+
+        def loaders(data: Any, shuffle: bool) -> Any:
+            if isinstance(data, Dataset):
+                return DataLoader(  # looked up at call time (a test may patch this module's DataLoader)
+                    data,
+                    batch_size=batch_size,
+                    shuffle=shuffle and not isinstance(data, IterableDataset),
+                    num_workers=num_workers,
+                    pin_memory=True,
+                )
+            if isinstance(data, Mapping):
+                return {k: loaders(v, shuffle) for k, v in data.items()}
+            if isinstance(data, (list, tuple)):
+                return type(data)(loaders(v, shuffle) for v in data)
+            return data
+
+        for name, data in (("train", train_dataset), ("val", val_dataset), ("test", test_dataset)):
+            if data is not None:
+                setattr(dm, f"{name}_dataloader", _bound(loaders, data, name == "train"))
+        if predict_dataset is not None:
+            dm.predict_dataloader = _bound(loaders, predict_dataset, False)
+        return dm
+
+    def __str__(self) -> str:
+        """One line per loader method with the size of its data set(s): ``{Train dataloader: size=64}``, ``NA``
+        for a data set without a length, ``None`` where the method gives no loader (yet), as Lightning prints."""
+        return os.linesep.join(f"{{{label}: {self._describe(name)}}}" for label, name in _LOADER_LABELS)
+
+    def _describe(self, name: str) -> str:
+        try:
+            loader = getattr(self, name)()
+        except Exception:  # not set up yet, or not defined: Lightning shows None too
+            return "None"
+        if isinstance(loader, DataLoader):
+            return _size(loader)
+        items = list(loader.values()) if isinstance(loader, Mapping) else loader
+        if not isinstance(items, (list, tuple)):
+            return "None"
+        return " ; ".join(
+            f"{i}. {_size(x)}" if isinstance(x, DataLoader) else "None" for i, x in enumerate(items, start=1)
+        )
+
+    @classmethod
     def load_from_checkpoint(
         cls, checkpoint_path: str, map_location: Any = None, hparams_file: str | None = None, **kwargs: Any
     ) -> Any:
@@ -92,3 +170,22 @@ class DataModule(HyperparametersMixin):
         if ckpt.get("datamodule"):  # Lightning loads the state only when one was saved
             dm.load_state_dict(ckpt["datamodule"])
         return dm
+
+
+_LOADER_LABELS = (
+    ("Train dataloader", "train_dataloader"),
+    ("Validation dataloader", "val_dataloader"),
+    ("Test dataloader", "test_dataloader"),
+    ("Predict dataloader", "predict_dataloader"),
+)
+
+
+def _size(loader: DataLoader) -> str:
+    return f"size={len(loader.dataset) if isinstance(loader.dataset, Sized) else 'NA'}"
+
+
+def _bound(make: Any, data: Any, shuffle: bool) -> Any:
+    def dataloader() -> Any:
+        return make(data, shuffle)
+
+    return dataloader

@@ -12,6 +12,7 @@ import torch
 
 from strategies.batch import move_to_device
 from strategies.clipping import clip_gradients
+from tandem_core.errors import ConfigError
 from tandem_core.hooks import default
 
 if TYPE_CHECKING:
@@ -78,7 +79,9 @@ class TaskDefaults:
         gradient_clip_algorithm: str | None = None,
     ) -> None:
         """Clip before the step with the Trainer's gradient_clip_val/algorithm (override to change per step)."""
-        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        self.clip_gradients(
+            optimizer, gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm
+        )
 
     def clip_gradients(
         self,
@@ -86,9 +89,37 @@ class TaskDefaults:
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        """Clip the optimizer's gradients by total norm ("norm") or by value ("value")."""
+        """Clip the optimizer's gradients by total norm ("norm") or by value ("value"); an argument left None
+        is the Trainer's (gradient_clip_val: none, 0: no clipping; algorithm: "norm"), one given must agree
+        with the Trainer's where that is set (as Lightning's: ConfigError otherwise)."""
+        trainer = getattr(self, "_trainer", None)
+        cfg = getattr(trainer, "config", None)
+        own_val = getattr(cfg, "gradient_clip_val", None)
+        own_algorithm = getattr(cfg, "gradient_clip_algorithm", None)
+        if gradient_clip_val is None:
+            gradient_clip_val = own_val or 0.0
+        elif own_val is not None and own_val != gradient_clip_val:
+            raise ConfigError(
+                f"clip_gradients(gradient_clip_val={gradient_clip_val!r}) differs from "
+                f"Trainer(gradient_clip_val={own_val!r}); set only one of them."
+            )
+        if gradient_clip_algorithm is None:
+            gradient_clip_algorithm = own_algorithm or "norm"
+        else:
+            gradient_clip_algorithm = str(gradient_clip_algorithm).lower()
+            if own_algorithm is not None and own_algorithm != gradient_clip_algorithm:
+                raise ConfigError(
+                    f"clip_gradients(gradient_clip_algorithm={gradient_clip_algorithm!r}) differs from "
+                    f"Trainer(gradient_clip_algorithm={own_algorithm!r}); set only one of them."
+                )
+        if not isinstance(gradient_clip_val, (int, float)):
+            raise TypeError(f"gradient_clip_val must be an int or a float, got {gradient_clip_val!r}")
+        if gradient_clip_algorithm not in ("norm", "value"):
+            raise ConfigError(
+                f"gradient_clip_algorithm must be 'norm' or 'value', got {gradient_clip_algorithm!r}"
+            )
         if gradient_clip_val:
-            clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm or "norm")
+            clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     @default
     def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
@@ -150,8 +181,8 @@ class TaskDefaults:
 def clipping_overridden(task: object) -> bool:
     """Whether the task's class overrides configure_gradient_clipping or clip_gradients (TaskDefaults' pair
     clips only with a gradient_clip_val)."""
-    cls = type(task)
+    cls, own = type(task), getattr(task, "__dict__", {})
     return any(
-        getattr(cls, name, None) is not getattr(TaskDefaults, name)
+        (callable(own[name]) if name in own else getattr(cls, name, None) is not getattr(TaskDefaults, name))
         for name in ("configure_gradient_clipping", "clip_gradients")
     )

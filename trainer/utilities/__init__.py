@@ -23,6 +23,7 @@ from trainer.utilities.enums import (
     disable_possible_user_warnings,
 )
 from trainer.utilities.grads import grad_norm
+from trainer.utilities.model_helpers import is_overridden
 from trainer.utilities.parameter_tying import find_shared_parameters, set_shared_parameters
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "TandemDeprecationWarning",
     "find_shared_parameters",
     "grad_norm",
+    "is_overridden",
     "is_picklable",
     "measure_flops",
     "move_data_to_device",
