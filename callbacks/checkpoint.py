@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_type_hints
 
 import torch
 
@@ -56,7 +56,7 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
         filename: str | None = None,
         monitor: str | None = None,
         verbose: bool = False,
-        save_last: bool | str | None = None,
+        save_last: bool | Literal["link"] | None = None,
         save_top_k: int = 1,
         save_on_exception: bool = False,
         save_weights_only: bool = False,
@@ -384,3 +384,8 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
         """Restore the top k when resuming into the same directory, keeping only this run's own files;
         otherwise remember the best only."""
         checkpoint_state.load_state_dict(self, state)
+
+
+# The signature's annotations as objects rather than strings (this module's `from __future__ import
+# annotations`), as Lightning's are: argument parsers built from it (jsonargparse, the CLI) read them.
+ModelCheckpoint.__init__.__annotations__.update(get_type_hints(ModelCheckpoint.__init__))

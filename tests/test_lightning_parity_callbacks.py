@@ -1,0 +1,96 @@
+"""Callbacks, checkpointing and the tuner as Lightning's own tests expect them (issue 36): each scenario runs
+under Tandem and, where it can, under Lightning itself (pytorch_lightning 2.6.6) for comparison."""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from callbacks import ModelCheckpoint
+from trainer import Task, Trainer
+
+pl = pytest.importorskip("pytorch_lightning")
+QUIET = dict(enable_progress_bar=False, enable_model_summary=False, logger=False, num_sanity_val_steps=0)
+
+
+def _loader(n: int) -> DataLoader:
+    return DataLoader(TensorDataset(torch.randn(n, 2)), batch_size=1)
+
+
+class _Calls(Task):
+    """Records (epoch, batches done in the epoch) at each validation inside fit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+        self.calls: list[tuple[int, int]] = []
+
+    def training_step(self, batch, batch_idx):
+        self.done = batch_idx + 1
+        return self.layer(batch[0]).sum()
+
+    def validation_step(self, batch, batch_idx):
+        pass
+
+    def on_validation_start(self) -> None:
+        self.calls.append((self.current_epoch, self.done))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        return _loader(5)
+
+    def val_dataloader(self):
+        return _loader(2)
+
+
+class _LightningCalls(pl.LightningModule):
+    training_step, validation_step, configure_optimizers = (
+        _Calls.training_step,
+        _Calls.validation_step,
+        _Calls.configure_optimizers,
+    )
+    on_validation_start, train_dataloader, val_dataloader = (
+        _Calls.on_validation_start,
+        _Calls.train_dataloader,
+        _Calls.val_dataloader,
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+        self.calls: list[tuple[int, int]] = []
+
+
+@pytest.mark.parametrize("interval", [1.0, 0.5, 2, 3, 0.2])
+def test_val_check_interval_that_does_not_divide_the_epoch_skips_its_end(tmp_path, interval):
+    """0.5 of 5 batches validates after batches 2 and 4 only, not again at the epoch's end (Lightning)."""
+    ours = _Calls()
+    Trainer(max_epochs=2, val_check_interval=interval, default_root_dir=tmp_path, **QUIET).fit(ours)
+    theirs = _LightningCalls()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pl.Trainer(
+            max_epochs=2, val_check_interval=interval, default_root_dir=tmp_path, accelerator="cpu", **QUIET
+        ).fit(theirs)
+    assert ours.calls == theirs.calls
+    assert len(ours.calls) == {1.0: 2, 0.5: 4, 2: 4, 3: 2, 0.2: 10}[interval]
+
+
+def test_model_checkpoint_signature_annotations_are_objects():
+    """argument parsers built from the signature (jsonargparse, as Lightning's CLI) see types, not strings."""
+    jsonargparse = pytest.importorskip("jsonargparse")
+    ours = inspect.signature(ModelCheckpoint).parameters["save_last"].annotation
+    theirs = inspect.signature(pl.callbacks.ModelCheckpoint).parameters["save_last"].annotation
+    for value in ("yes", "false", "link"):
+        results = []
+        for annotation in (ours, theirs):
+            parser = jsonargparse.ArgumentParser()
+            parser.add_argument("--a", type=annotation)
+            results.append(parser.parse_args(["--a", value]).a)
+        assert results[0] == results[1] == {"yes": True, "false": False, "link": "link"}[value]
