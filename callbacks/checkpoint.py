@@ -147,7 +147,7 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
             "every_n_epochs": self.every_n_epochs,
             "train_time_interval": self.train_time_interval,
         }
-        return f"ModelCheckpoint{keys}"
+        return f"{type(self).__qualname__}{keys}"  # a subclass saves under its own name (Lightning)
 
     # ----- set-up -------------------------------------------------------------------------------
     def setup(self, trainer: Trainer, task: Task, stage: str) -> None:

@@ -47,6 +47,12 @@ class SaveSchedule:
         self.every_n_train_steps = every_n_train_steps or 0
         self._last_time = time.monotonic()
 
+    def __eq__(self, other: object) -> bool:
+        """Equal state (a pickled and reloaded callback equals the original, as Lightning's do)."""
+        return type(other) is type(self) and vars(other) == vars(self)
+
+    __hash__ = None  # type: ignore[assignment]  # (mutable state)
+
     @property
     def per_step(self) -> bool:
         """True when saves may fall inside an epoch (a step count or a time interval)."""

@@ -133,9 +133,17 @@ def add_hook_stubs(cls: type, owner: str) -> type:
 
 
 def overrides(obj: Any, name: str) -> bool:
-    """True if `obj`'s class defines hook or method `name` itself (not the no-op stub or Tandem's default)."""
-    fn = getattr(type(obj), name, None)
+    """True if `obj`'s class defines hook or method `name` itself (not the no-op stub or Tandem's default), or
+    the instance was given its own (`task.training_step = fn`); an instance's `None` (`task.validation_step =
+    None`) switches it off, as Lightning's `is_overridden` reads it."""
+    own = getattr(obj, "__dict__", {}).get(name, _UNSET)
+    if own is None:
+        return False
+    fn = own if callable(own) else getattr(type(obj), name, None)
     return fn is not None and not getattr(fn, "_tandem_default", False)
+
+
+_UNSET = object()
 
 
 #: Lightning 1.x names that Lightning 2 removed or renamed: defining one is a TaskError when a stage starts

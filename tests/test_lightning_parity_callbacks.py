@@ -94,3 +94,79 @@ def test_model_checkpoint_signature_annotations_are_objects():
             parser.add_argument("--a", type=annotation)
             results.append(parser.parse_args(["--a", value]).a)
         assert results[0] == results[1] == {"yes": True, "false": False, "link": "link"}[value]
+
+
+def test_a_hook_set_to_none_on_the_instance_is_switched_off(tmp_path):
+    """`task.validation_step = None` (Lightning's idiom in its tests) means no validation, not a crash."""
+    ours, theirs = _Calls(), _LightningCalls()
+    ours.validation_step = None
+    theirs.validation_step = None
+    Trainer(max_epochs=1, default_root_dir=tmp_path, **QUIET).fit(ours)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pl.Trainer(max_epochs=1, default_root_dir=tmp_path, accelerator="cpu", **QUIET).fit(theirs)
+    assert ours.calls == theirs.calls == []
+
+
+def test_early_stopping_threshold_messages_name_the_reason(tmp_path):
+    from callbacks import EarlyStopping
+    from callbacks.early_stopping import EarlyStoppingReason
+
+    stop = EarlyStopping(monitor="m", stopping_threshold=0.6)
+    assert stop.evaluate(0.5)[0] and stop._why is EarlyStoppingReason.STOPPING_THRESHOLD
+    assert "Stopping threshold reached" in stop.evaluate(0.5)[1]
+    diverge = EarlyStopping(monitor="m", divergence_threshold=8.0)
+    assert "Divergence threshold reached" in diverge.evaluate(9.0)[1]
+
+
+def test_state_keys_of_subclasses_are_their_own_names_as_lightnings():
+    from callbacks import EarlyStopping
+
+    class MyStop(EarlyStopping):
+        pass
+
+    class MyCheckpoint(ModelCheckpoint):
+        pass
+
+    class TheirStop(pl.callbacks.EarlyStopping):
+        pass
+
+    class TheirCheckpoint(pl.callbacks.ModelCheckpoint):
+        pass
+
+    assert MyStop(monitor="a").state_key.replace("MyStop", "X") == TheirStop(monitor="a").state_key.replace(
+        "TheirStop", "X"
+    )
+    mine = MyCheckpoint(monitor="a", every_n_epochs=2).state_key.replace("MyCheckpoint", "X")
+    assert mine == TheirCheckpoint(monitor="a", every_n_epochs=2).state_key.replace("TheirCheckpoint", "X")
+
+
+def test_pickled_callbacks_equal_the_original(tmp_path):
+    import pickle
+
+    from callbacks import EarlyStopping
+
+    for cb in (EarlyStopping(monitor="foo"), ModelCheckpoint(dirpath=tmp_path, monitor="foo")):
+        assert vars(pickle.loads(pickle.dumps(cb))) == vars(cb)
+
+
+def test_resuming_past_max_epochs_is_refused(tmp_path):
+    """A checkpoint at epoch 2 resumed with max_epochs=1: Lightning raises; Tandem too (it used to run nothing)."""
+    from tandem_core.errors import ConfigError
+
+    trainer = Trainer(max_epochs=2, default_root_dir=tmp_path, **QUIET)
+    trainer.fit(_Calls())
+    path = str(tmp_path / "end.ckpt")
+    trainer.save_checkpoint(path)
+    with pytest.raises(ConfigError, match="max_epochs=1"):
+        Trainer(max_epochs=1, default_root_dir=tmp_path, **QUIET).fit(_Calls(), ckpt_path=path)
+    theirs = _LightningCalls()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lt = pl.Trainer(max_epochs=2, default_root_dir=tmp_path, accelerator="cpu", **QUIET)
+        lt.fit(theirs)
+        lt.save_checkpoint(str(tmp_path / "theirs.ckpt"))
+        with pytest.raises(pl.utilities.exceptions.MisconfigurationException):
+            pl.Trainer(max_epochs=1, default_root_dir=tmp_path, accelerator="cpu", **QUIET).fit(
+                _LightningCalls(), ckpt_path=str(tmp_path / "theirs.ckpt")
+            )

@@ -179,6 +179,12 @@ def _restore_loop(t: Trainer, ckpt: dict[str, Any]) -> None:
                 warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
                 step_schedulers(t, "epoch", plateau=True)  # the others stepped after the last batch
         state.next_epoch()
+    max_epochs = t.config.max_epochs
+    if max_epochs not in (None, -1) and state.epoch > max_epochs:  # (Lightning refuses it too)
+        raise ConfigError(
+            f"the checkpoint is at epoch {state.epoch}, past Trainer(max_epochs={max_epochs}): raise max_epochs "
+            "to train on from it, or load only its weights (Task.load_from_checkpoint)."
+        )
 
 
 def rebuild_task(
