@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, get_type_hints
 
@@ -11,6 +10,7 @@ import torch
 
 from callbacks import checkpoint_state
 from callbacks.base import Checkpoint
+from callbacks.checkpoint_files import link_last, remove_file
 from callbacks.checkpoint_names import (
     format_name,
     newest_lasts,
@@ -19,7 +19,7 @@ from callbacks.checkpoint_names import (
     unique_path,
     version_checkpoint_dirs,
 )
-from callbacks.checkpoint_schedule import SaveSchedule
+from callbacks.checkpoint_schedule import SaveSchedule, waits_for_validation
 from callbacks.monitor import Monitor, at_train_epoch_end, fitting, rank_zero_decides
 from tandem_core.errors import ConfigError
 
@@ -103,6 +103,7 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
         self.last_model_path = ""
         self._carried: tuple[str, float] | None = None  # best of a resumed run that saved elsewhere
         self._last_global_step_saved = 0  # nothing to save before the first step
+        self._deferred = False  # a step save waits for the next validation (checkpoint_schedule.py)
         self._last_checkpoint_saved = ""  # the newest file this callback wrote in this run (save_last="link")
         self._experiment_roots: list[str] = []
         self._token = checkpoint_state.new_token()  # this run's; adopted from the state it resumes
@@ -168,6 +169,7 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
 
     def on_train_start(self, trainer: Trainer, task: Task) -> None:
         self._schedule.restart()
+        self._deferred = False  # a step save waits for the next validation (checkpoint_schedule.py)
         self._monitor.start()
         self._last_global_step_saved = max(self._last_global_step_saved, trainer.global_step)
 
@@ -186,12 +188,16 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
         self, trainer: Trainer, task: Task, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if self._schedule.per_step and not self._skip(trainer) and self._schedule.step_due(trainer):
-            self._save(trainer, topk=True, last_always=True)
+            if waits_for_validation(self, trainer, task.automatic_optimization, batch_idx):
+                self._deferred = True  # saved at the validation's end, with its fresh metric (Lightning)
+            else:
+                self._save(trainer, topk=True, last_always=True)
 
     def on_validation_end(self, trainer: Trainer, task: Task) -> None:
         self._monitor.validation_ended(trainer)
         if not self._skip(trainer) and not self._on_epoch_end(trainer):
-            self._save(trainer, topk=self._schedule.epoch_due(trainer), last_always=False)
+            deferred, self._deferred = self._deferred, False
+            self._save(trainer, topk=deferred or self._schedule.epoch_due(trainer), last_always=deferred)
 
     def on_train_epoch_end(self, trainer: Trainer, task: Task) -> None:
         if not self._skip(trainer) and self._on_epoch_end(trainer):
@@ -282,7 +288,7 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
             )
         self._write(trainer, path)
         if drop and drop != path:
-            self._remove(trainer, drop)
+            remove_file(self, trainer, drop)
 
     def _save_latest(self, trainer: Trainer, values: dict[str, float]) -> None:
         """monitor=None: keep the newest checkpoint (save_top_k=1) or every one (-1)."""
@@ -291,7 +297,7 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
         self.best_model_path = path
         self._write(trainer, path)
         if previous and previous != path:
-            self._remove(trainer, previous)
+            remove_file(self, trainer, previous)
 
     def _save_last(self, trainer: Trainer, candidates: dict[str, Any]) -> None:
         if not self.save_last:
@@ -301,11 +307,11 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
         path = self._unique_path(path, ours)
         previous, self.last_model_path = self.last_model_path, path
         if self.save_last == "link" and self._last_checkpoint_saved and self.save_top_k != 0:
-            self._link(trainer, self._last_checkpoint_saved, path)
+            link_last(trainer, self._last_checkpoint_saved, path)
         else:
             self._write(trainer, path)
         if previous and previous != path:
-            self._remove(trainer, previous)
+            remove_file(self, trainer, previous)
 
     def _write(self, trainer: Trainer, path: str) -> None:
         self._last_global_step_saved = trainer.global_step
@@ -314,36 +320,6 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
         trainer.save_checkpoint(path, weights_only=self.save_weights_only)  # atomic; rank 0 writes, all wait
         for logger in trainer.loggers if trainer.is_global_zero else []:  # trackers upload it (log_model)
             logger.after_save_checkpoint(self)
-
-    def _link(self, trainer: Trainer, target: str, link: str) -> None:
-        """save_last="link": `link` becomes a relative symbolic link to `target` (a copy where links fail)."""
-        if trainer.is_global_zero and os.path.abspath(target) != os.path.abspath(link):
-            if os.path.islink(link) or os.path.isfile(link):
-                os.remove(link)
-            elif os.path.isdir(link):
-                shutil.rmtree(link)
-            try:
-                os.symlink(os.path.relpath(target, os.path.dirname(link)), link)
-            except OSError:  # a file system without links
-                shutil.copytree(target, link) if os.path.isdir(target) else shutil.copy(target, link)
-        trainer.strategy.comm.barrier("last checkpoint link")
-
-    def _remove(self, trainer: Trainer, path: str) -> None:
-        """Delete a checkpoint that fell out of the top k (rank 0; never the last checkpoint, never a file
-        outside dirpath or of another run: see callbacks/checkpoint_state.py)."""
-        keep = {self.last_model_path, self.best_model_path, *self.best_k_models}
-        inside = os.path.dirname(os.path.abspath(path)) == self.dirpath
-        if (
-            trainer.is_global_zero
-            and path not in keep
-            and inside
-            and os.path.lexists(path)
-            and checkpoint_state.owned(self, path)
-        ):
-            if os.path.islink(path):
-                os.remove(path)
-                return
-            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)  # a directory: sharded (FSDP)
 
     def _unique_path(self, path: str, replaceable: str) -> str:
         """Append -v1, -v2, ... rather than overwrite a file this callback does not own."""

@@ -4,6 +4,7 @@ under Tandem and, where it can, under Lightning itself (pytorch_lightning 2.6.6)
 from __future__ import annotations
 
 import inspect
+import os
 import warnings
 
 import pytest
@@ -170,3 +171,59 @@ def test_resuming_past_max_epochs_is_refused(tmp_path):
             pl.Trainer(max_epochs=1, default_root_dir=tmp_path, accelerator="cpu", **QUIET).fit(
                 _LightningCalls(), ckpt_path=str(tmp_path / "theirs.ckpt")
             )
+
+
+class _Scores(_Calls):
+    """Logs the next of `scores` at each validation's end."""
+
+    def __init__(self, scores: list[float]) -> None:
+        super().__init__()
+        self.scores = list(scores)
+
+    def on_validation_epoch_end(self) -> None:
+        self.log("auroc", self.scores.pop(0))
+
+    def train_dataloader(self):
+        return _loader(4)
+
+
+class _LightningScores(_LightningCalls):
+    on_validation_epoch_end, train_dataloader = _Scores.on_validation_epoch_end, _Scores.train_dataloader
+
+    def __init__(self, scores: list[float]) -> None:
+        super().__init__()
+        self.scores = list(scores)
+
+
+@pytest.mark.parametrize(
+    ("trigger", "options"),
+    [
+        (dict(every_n_train_steps=1), dict(max_epochs=1, val_check_interval=0.5)),
+        (dict(every_n_train_steps=3), dict(max_epochs=2, val_check_interval=0.5)),
+        (dict(train_time_interval=0), dict(max_epochs=2, check_val_every_n_epoch=2)),
+    ],
+)
+def test_step_saves_wait_for_the_validation_that_logs_the_monitored_key(tmp_path, trigger, options):
+    """A step- or time-triggered save of a validation metric waits for the validation's end when the key is
+    not logged yet, or when the epoch's last batch would save a stale value (Lightning 2.6)."""
+    from datetime import timedelta
+
+    if "train_time_interval" in trigger:
+        trigger = dict(train_time_interval=timedelta(seconds=0))  # zero is an interval: every step
+    scores = [0.1, 0.9, 0.5, 0.7]
+    kw = dict(
+        monitor="auroc", mode="max", save_top_k=-1, every_n_epochs=0, save_on_train_epoch_end=False, **trigger
+    )
+    ours = ModelCheckpoint(dirpath=tmp_path / "ours", **kw)
+    Trainer(callbacks=[ours], default_root_dir=tmp_path, **QUIET, **options).fit(_Scores(scores))
+    theirs = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "theirs", **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pl.Trainer(callbacks=[theirs], default_root_dir=tmp_path, accelerator="cpu", **QUIET, **options).fit(
+            _LightningScores(scores)
+        )
+    assert sorted(os.listdir(tmp_path / "ours")) == sorted(os.listdir(tmp_path / "theirs"))
+    assert {os.path.basename(p): round(float(v), 4) for p, v in ours.best_k_models.items()} == {
+        os.path.basename(p): round(float(v), 4) for p, v in theirs.best_k_models.items()
+    }
+    assert float(ours.best_model_score) == pytest.approx(float(theirs.best_model_score))
