@@ -81,7 +81,7 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
                 f"ModelCheckpoint(save_last=...) takes True, False, None or 'link'; got {save_last!r}."
             )
         self._schedule = SaveSchedule(every_n_train_steps, train_time_interval, every_n_epochs)
-        self.dirpath = os.path.abspath(os.fspath(dirpath)) if dirpath is not None else None
+        self.dirpath = os.path.abspath(os.path.expanduser(dirpath)) if dirpath is not None else None
         self._default_dirpath = dirpath is None
         self.filename = filename
         self.verbose = verbose
@@ -99,7 +99,7 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
         self.kth_value: float | None = None
         self.best_model_path = ""
         self._best_score: float | None = None
-        self.current_score: float | None = None
+        self.current_score: torch.Tensor | None = None
         self.last_model_path = ""
         self._carried: tuple[str, float] | None = None  # best of a resumed run that saved elsewhere
         self._last_global_step_saved = 0  # nothing to save before the first step
@@ -138,6 +138,10 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
     def best_model_score(self) -> torch.Tensor | None:
         """The best monitored value so far (a tensor, as in Lightning), or None."""
         return None if self._best_score is None else torch.tensor(self._best_score)
+
+    @best_model_score.setter
+    def best_model_score(self, value: Any) -> None:  # an attribute in Lightning: assignable
+        self._best_score = None if value is None else float(value)
 
     @property
     def state_key(self) -> str:
@@ -271,7 +275,9 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
             drop = self.kth_best_model_path
             self.best_k_models.pop(drop)
         path = self._unique_path(self.format_checkpoint_name(values, trainer), drop)
-        self.current_score = current
+        self.current_score = torch.tensor(
+            current
+        )  # a tensor, as Lightning's (== 0.3 for a logged float32 0.3)
         self.best_k_models[path] = current
         if len(self.best_k_models) == k:
             self.kth_best_model_path = self._monitor.worst_of(self.best_k_models)
@@ -317,7 +323,7 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
         self._last_global_step_saved = trainer.global_step
         self._last_checkpoint_saved = path
         self._written.add(path)
-        trainer.save_checkpoint(path, weights_only=self.save_weights_only)  # atomic; rank 0 writes, all wait
+        trainer.save_checkpoint(path, self.save_weights_only)  # atomic; rank 0 writes, all wait
         for logger in trainer.loggers if trainer.is_global_zero else []:  # trackers upload it (log_model)
             logger.after_save_checkpoint(self)
 

@@ -29,8 +29,11 @@ def link_last(trainer: Trainer, target: str, link: str) -> None:
 
 def remove_file(cb: Any, trainer: Trainer, path: str) -> None:
     """Delete a checkpoint of ModelCheckpoint `cb` that fell out of the top k (rank 0; never the last
-    checkpoint, never a file outside dirpath or of another run)."""
+    checkpoint, the one this fit resumed from, a file outside dirpath or of another run)."""
     keep = {cb.last_model_path, cb.best_model_path, *cb.best_k_models}
+    resumed = getattr(trainer, "ckpt_path", None)  # the file this fit resumed from stays (Lightning)
+    if resumed and os.path.abspath(resumed) == os.path.abspath(path):
+        return
     inside = os.path.dirname(os.path.abspath(path)) == cb.dirpath
     if (
         trainer.is_global_zero

@@ -227,3 +227,44 @@ def test_step_saves_wait_for_the_validation_that_logs_the_monitored_key(tmp_path
         os.path.basename(p): round(float(v), 4) for p, v in theirs.best_k_models.items()
     }
     assert float(ours.best_model_score) == pytest.approx(float(theirs.best_model_score))
+
+
+def test_model_checkpoint_dirpath_expands_home_and_scores_are_tensors(tmp_path):
+    from pathlib import Path
+
+    assert (
+        ModelCheckpoint(dirpath="~/ckpts").dirpath == pl.callbacks.ModelCheckpoint(dirpath="~/ckpts").dirpath
+    )
+    assert ModelCheckpoint(dirpath="~/ckpts").dirpath == str(Path.home() / "ckpts")
+    assert ModelCheckpoint(dirpath="./~/c").dirpath == str(Path.cwd() / "~" / "c")
+    cb = ModelCheckpoint(dirpath=tmp_path, monitor="x")
+    cb.best_model_score = torch.tensor(2.5)  # assignable, as Lightning's attribute
+    assert float(cb.best_model_score) == 2.5
+
+
+class _StepScore(_Calls):
+    def training_step(self, batch, batch_idx):
+        self.log("score", torch.tensor(0.1 * (self.global_step + 1)))  # a float32 tensor, as self.log keeps
+        return super().training_step(batch, batch_idx)
+
+
+def test_current_score_equals_the_logged_float32_value(tmp_path):
+    cb = ModelCheckpoint(dirpath=tmp_path, monitor="score", mode="max", every_n_train_steps=1)
+    Trainer(max_steps=3, callbacks=[cb], default_root_dir=tmp_path, **QUIET).fit(_StepScore())
+    assert cb.current_score == torch.tensor(0.3) and cb.current_score == 0.3  # not 0.30000001192092896
+
+
+def test_the_checkpoint_resumed_from_is_not_deleted_from_the_top_k(tmp_path):
+    """Resuming into the same directory: the file resumed from stays when it falls out of the top k."""
+    kw = dict(dirpath=tmp_path, monitor="step", mode="max", save_top_k=2, every_n_train_steps=2)
+    opts = dict(default_root_dir=tmp_path, limit_val_batches=0, **QUIET)
+    task = _Calls()
+    Trainer(max_steps=4, callbacks=[ModelCheckpoint(**kw)], **opts).fit(task)
+    assert sorted(os.listdir(tmp_path)) == ["epoch=0-step=2.ckpt", "epoch=0-step=4.ckpt"]
+    resume = str(tmp_path / "epoch=0-step=4.ckpt")
+    Trainer(max_steps=8, callbacks=[ModelCheckpoint(**kw)], **opts).fit(_Calls(), ckpt_path=resume)
+    assert sorted(os.listdir(tmp_path)) == [
+        "epoch=0-step=4.ckpt",  # resumed from: kept (Lightning keeps it too); step 2 fell out
+        "epoch=1-step=6.ckpt",
+        "epoch=1-step=8.ckpt",
+    ]
