@@ -268,3 +268,14 @@ def test_the_checkpoint_resumed_from_is_not_deleted_from_the_top_k(tmp_path):
         "epoch=1-step=6.ckpt",
         "epoch=1-step=8.ckpt",
     ]
+
+
+def test_a_fitted_trainer_pickles_and_loads_back(tmp_path):
+    """torch.save(trainer) / torch.load(weights_only=False) after fit (Lightning's test_model_torch_save):
+    unpickling the optimizer wrapper used to recurse without end."""
+    trainer = Trainer(max_epochs=1, default_root_dir=tmp_path, **QUIET)
+    trainer.fit(_Calls())
+    torch.save(trainer.model, tmp_path / "model.pt")
+    torch.save(trainer, tmp_path / "trainer.pt")
+    again = torch.load(tmp_path / "trainer.pt", weights_only=False)
+    assert again.global_step == trainer.global_step == 5
