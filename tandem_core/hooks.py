@@ -14,6 +14,7 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from unittest.mock import NonCallableMock
 
 from tandem_core.errors import TaskError
 
@@ -140,7 +141,9 @@ def overrides(obj: Any, name: str) -> bool:
     if own is None:
         return False
     fn = own if callable(own) else getattr(type(obj), name, None)
-    return fn is not None and not getattr(fn, "_tandem_default", False)
+    if fn is None and isinstance(obj, NonCallableMock):  # Mock(spec=Callback) in a user's tests: every hook
+        fn = getattr(obj, name, None)
+    return fn is not None and getattr(fn, "_tandem_default", False) is not True
 
 
 _UNSET = object()

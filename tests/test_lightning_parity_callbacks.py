@@ -279,3 +279,73 @@ def test_a_fitted_trainer_pickles_and_loads_back(tmp_path):
     torch.save(trainer, tmp_path / "trainer.pt")
     again = torch.load(tmp_path / "trainer.pt", weights_only=False)
     assert again.global_step == trainer.global_step == 5
+
+
+def test_timer_without_duration_has_no_remaining_time_and_logs_its_stop(tmp_path, caplog):
+    import logging
+
+    from callbacks import Timer
+
+    assert Timer().time_remaining() is None is pl.callbacks.Timer().time_remaining()
+    with caplog.at_level(logging.INFO):
+        Trainer(max_epochs=100, callbacks=[Timer(duration=0)], default_root_dir=tmp_path, **QUIET).fit(
+            _Calls()
+        )
+    assert "Time limit reached." in caplog.text  # logged (as Lightning), not only printed
+
+
+def test_pruning_verbose_2_logs_each_parameter(tmp_path, caplog):
+    import logging
+
+    from callbacks import ModelPruning
+
+    task = _Calls()
+    prune = ModelPruning(
+        "l1_unstructured", amount=0.5, parameters_to_prune=[(task.layer, "weight")], verbose=2
+    )
+    with caplog.at_level(logging.INFO):
+        Trainer(max_epochs=1, callbacks=[prune], default_root_dir=tmp_path, **QUIET).fit(task)
+    lines = [m for m in caplog.messages if m.startswith("Applied")]
+    assert len(lines) == 2 and "to `Linear(in_features=2, out_features=1, bias=True).weight`" in lines[1]
+
+
+def test_gradient_accumulation_scheduler_under_manual_optimization_is_a_runtime_error():
+    from callbacks import GradientAccumulationScheduler
+    from tandem_core.errors import TaskError
+
+    task = _Calls()
+    task.automatic_optimization = False
+    with pytest.raises(RuntimeError) as ours:  # Lightning raises RuntimeError
+        GradientAccumulationScheduler({1: 2}).on_train_start(Trainer(**QUIET), task)
+    assert isinstance(ours.value, TaskError)
+    theirs = _LightningCalls()
+    theirs.automatic_optimization = False
+    with pytest.raises(RuntimeError):
+        pl.callbacks.GradientAccumulationScheduler({1: 2}).on_train_start(pl.Trainer(), theirs)
+
+
+def test_resuming_without_a_stateful_callback_of_the_checkpoint_warns(tmp_path):
+    kw = dict(default_root_dir=tmp_path, **QUIET)
+    first = ModelCheckpoint(dirpath=tmp_path, monitor="epoch", mode="max")
+    other = ModelCheckpoint(dirpath=tmp_path, monitor="step", mode="max")
+    Trainer(max_steps=1, callbacks=[first, other], **kw).fit(_Calls())
+    with pytest.warns(UserWarning, match=r"callbacks this Trainer does not have.*'monitor': 'epoch'"):
+        Trainer(max_steps=2, callbacks=[other], **kw).fit(_Calls(), ckpt_path=first.best_model_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        warnings.filterwarnings("ignore", message=".*(does not have many workers|smaller than the logging)")
+        Trainer(max_steps=3, callbacks=[other, first], **kw).fit(_Calls(), ckpt_path=other.best_model_path)
+
+
+def test_mock_callbacks_receive_the_hooks_as_in_lightning(tmp_path):
+    """Mock(spec=Callback) (users' own tests): every hook is called on it, as Lightning calls them."""
+    from unittest.mock import Mock
+
+    from callbacks import Callback
+
+    cb = Mock(spec=Callback, state_key="m")
+    Trainer(max_steps=1, callbacks=[cb], default_root_dir=tmp_path, enable_checkpointing=False, **QUIET).fit(
+        _Calls()
+    )
+    called = [c[0] for c in cb.method_calls]
+    assert {"on_fit_start", "on_train_batch_end", "on_fit_end"} <= set(called)

@@ -104,6 +104,14 @@ def prepare_restore(t: Trainer, path: str, stage: str, weights_only: bool = True
         for cb in t.callbacks:
             if cb.state_key in states:
                 cb.load_state_dict(states[cb.state_key])
+        lost = [k for k, v in states.items() if v and k not in {cb.state_key for cb in t.callbacks}]
+        if lost and stage == "fit" and t.is_global_zero:  # (Lightning warns too)
+            warnings.warn(
+                f"the checkpoint holds the state of callbacks this Trainer does not have, which is not "
+                f"restored: {lost}. Pass the same callbacks as the run that wrote it to resume them.",
+                UserWarning,
+                stacklevel=4,
+            )
     if stage != "fit":
         t.print(f"Restored from {path} (epoch {ckpt['epoch']}, step {ckpt['global_step']})")
     return Restoring(path, ckpt)
