@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import os
-import shutil
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_type_hints
 
 import torch
 
 from callbacks import checkpoint_state
 from callbacks.base import Checkpoint
+from callbacks.checkpoint_files import link_last, remove_file
 from callbacks.checkpoint_names import (
     format_name,
     newest_lasts,
@@ -19,7 +19,7 @@ from callbacks.checkpoint_names import (
     unique_path,
     version_checkpoint_dirs,
 )
-from callbacks.checkpoint_schedule import SaveSchedule
+from callbacks.checkpoint_schedule import SaveSchedule, waits_for_validation
 from callbacks.monitor import Monitor, at_train_epoch_end, fitting, rank_zero_decides
 from tandem_core.errors import ConfigError
 
@@ -56,7 +56,7 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
         filename: str | None = None,
         monitor: str | None = None,
         verbose: bool = False,
-        save_last: bool | str | None = None,
+        save_last: bool | Literal["link"] | None = None,
         save_top_k: int = 1,
         save_on_exception: bool = False,
         save_weights_only: bool = False,
@@ -81,7 +81,7 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
                 f"ModelCheckpoint(save_last=...) takes True, False, None or 'link'; got {save_last!r}."
             )
         self._schedule = SaveSchedule(every_n_train_steps, train_time_interval, every_n_epochs)
-        self.dirpath = os.path.abspath(os.fspath(dirpath)) if dirpath is not None else None
+        self.dirpath = os.path.abspath(os.path.expanduser(dirpath)) if dirpath is not None else None
         self._default_dirpath = dirpath is None
         self.filename = filename
         self.verbose = verbose
@@ -99,10 +99,11 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
         self.kth_value: float | None = None
         self.best_model_path = ""
         self._best_score: float | None = None
-        self.current_score: float | None = None
+        self.current_score: torch.Tensor | None = None
         self.last_model_path = ""
         self._carried: tuple[str, float] | None = None  # best of a resumed run that saved elsewhere
         self._last_global_step_saved = 0  # nothing to save before the first step
+        self._deferred = False  # a step save waits for the next validation (checkpoint_schedule.py)
         self._last_checkpoint_saved = ""  # the newest file this callback wrote in this run (save_last="link")
         self._experiment_roots: list[str] = []
         self._token = checkpoint_state.new_token()  # this run's; adopted from the state it resumes
@@ -138,6 +139,10 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
         """The best monitored value so far (a tensor, as in Lightning), or None."""
         return None if self._best_score is None else torch.tensor(self._best_score)
 
+    @best_model_score.setter
+    def best_model_score(self, value: Any) -> None:  # an attribute in Lightning: assignable
+        self._best_score = None if value is None else float(value)
+
     @property
     def state_key(self) -> str:
         keys = {
@@ -147,7 +152,7 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
             "every_n_epochs": self.every_n_epochs,
             "train_time_interval": self.train_time_interval,
         }
-        return f"ModelCheckpoint{keys}"
+        return f"{type(self).__qualname__}{keys}"  # a subclass saves under its own name (Lightning)
 
     # ----- set-up -------------------------------------------------------------------------------
     def setup(self, trainer: Trainer, task: Task, stage: str) -> None:
@@ -168,6 +173,7 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
 
     def on_train_start(self, trainer: Trainer, task: Task) -> None:
         self._schedule.restart()
+        self._deferred = False  # a step save waits for the next validation (checkpoint_schedule.py)
         self._monitor.start()
         self._last_global_step_saved = max(self._last_global_step_saved, trainer.global_step)
 
@@ -186,12 +192,16 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
         self, trainer: Trainer, task: Task, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if self._schedule.per_step and not self._skip(trainer) and self._schedule.step_due(trainer):
-            self._save(trainer, topk=True, last_always=True)
+            if waits_for_validation(self, trainer, task.automatic_optimization, batch_idx):
+                self._deferred = True  # saved at the validation's end, with its fresh metric (Lightning)
+            else:
+                self._save(trainer, topk=True, last_always=True)
 
     def on_validation_end(self, trainer: Trainer, task: Task) -> None:
         self._monitor.validation_ended(trainer)
         if not self._skip(trainer) and not self._on_epoch_end(trainer):
-            self._save(trainer, topk=self._schedule.epoch_due(trainer), last_always=False)
+            deferred, self._deferred = self._deferred, False
+            self._save(trainer, topk=deferred or self._schedule.epoch_due(trainer), last_always=deferred)
 
     def on_train_epoch_end(self, trainer: Trainer, task: Task) -> None:
         if not self._skip(trainer) and self._on_epoch_end(trainer):
@@ -265,7 +275,9 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
             drop = self.kth_best_model_path
             self.best_k_models.pop(drop)
         path = self._unique_path(self.format_checkpoint_name(values, trainer), drop)
-        self.current_score = current
+        self.current_score = torch.tensor(
+            current
+        )  # a tensor, as Lightning's (== 0.3 for a logged float32 0.3)
         self.best_k_models[path] = current
         if len(self.best_k_models) == k:
             self.kth_best_model_path = self._monitor.worst_of(self.best_k_models)
@@ -282,7 +294,7 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
             )
         self._write(trainer, path)
         if drop and drop != path:
-            self._remove(trainer, drop)
+            remove_file(self, trainer, drop)
 
     def _save_latest(self, trainer: Trainer, values: dict[str, float]) -> None:
         """monitor=None: keep the newest checkpoint (save_top_k=1) or every one (-1)."""
@@ -291,7 +303,7 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
         self.best_model_path = path
         self._write(trainer, path)
         if previous and previous != path:
-            self._remove(trainer, previous)
+            remove_file(self, trainer, previous)
 
     def _save_last(self, trainer: Trainer, candidates: dict[str, Any]) -> None:
         if not self.save_last:
@@ -301,49 +313,19 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
         path = self._unique_path(path, ours)
         previous, self.last_model_path = self.last_model_path, path
         if self.save_last == "link" and self._last_checkpoint_saved and self.save_top_k != 0:
-            self._link(trainer, self._last_checkpoint_saved, path)
+            link_last(trainer, self._last_checkpoint_saved, path)
         else:
             self._write(trainer, path)
         if previous and previous != path:
-            self._remove(trainer, previous)
+            remove_file(self, trainer, previous)
 
     def _write(self, trainer: Trainer, path: str) -> None:
         self._last_global_step_saved = trainer.global_step
         self._last_checkpoint_saved = path
         self._written.add(path)
-        trainer.save_checkpoint(path, weights_only=self.save_weights_only)  # atomic; rank 0 writes, all wait
+        trainer.save_checkpoint(path, self.save_weights_only)  # atomic; rank 0 writes, all wait
         for logger in trainer.loggers if trainer.is_global_zero else []:  # trackers upload it (log_model)
             logger.after_save_checkpoint(self)
-
-    def _link(self, trainer: Trainer, target: str, link: str) -> None:
-        """save_last="link": `link` becomes a relative symbolic link to `target` (a copy where links fail)."""
-        if trainer.is_global_zero and os.path.abspath(target) != os.path.abspath(link):
-            if os.path.islink(link) or os.path.isfile(link):
-                os.remove(link)
-            elif os.path.isdir(link):
-                shutil.rmtree(link)
-            try:
-                os.symlink(os.path.relpath(target, os.path.dirname(link)), link)
-            except OSError:  # a file system without links
-                shutil.copytree(target, link) if os.path.isdir(target) else shutil.copy(target, link)
-        trainer.strategy.comm.barrier("last checkpoint link")
-
-    def _remove(self, trainer: Trainer, path: str) -> None:
-        """Delete a checkpoint that fell out of the top k (rank 0; never the last checkpoint, never a file
-        outside dirpath or of another run: see callbacks/checkpoint_state.py)."""
-        keep = {self.last_model_path, self.best_model_path, *self.best_k_models}
-        inside = os.path.dirname(os.path.abspath(path)) == self.dirpath
-        if (
-            trainer.is_global_zero
-            and path not in keep
-            and inside
-            and os.path.lexists(path)
-            and checkpoint_state.owned(self, path)
-        ):
-            if os.path.islink(path):
-                os.remove(path)
-                return
-            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)  # a directory: sharded (FSDP)
 
     def _unique_path(self, path: str, replaceable: str) -> str:
         """Append -v1, -v2, ... rather than overwrite a file this callback does not own."""
@@ -384,3 +366,8 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
         """Restore the top k when resuming into the same directory, keeping only this run's own files;
         otherwise remember the best only."""
         checkpoint_state.load_state_dict(self, state)
+
+
+# The signature's annotations as objects rather than strings (this module's `from __future__ import
+# annotations`), as Lightning's are: argument parsers built from it (jsonargparse, the CLI) read them.
+ModelCheckpoint.__init__.__annotations__.update(get_type_hints(ModelCheckpoint.__init__))

@@ -89,7 +89,8 @@ class EarlyStopping(Callback):
 
     @property
     def state_key(self) -> str:
-        return f"EarlyStopping{{'monitor': {self.monitor!r}, 'mode': {self.mode!r}}}"
+        keys = {"monitor": self.monitor, "mode": self.mode}
+        return f"{type(self).__qualname__}{keys}"  # a subclass saves under its own name (Lightning)
 
     # ----- when to check ------------------------------------------------------------------------
     def on_train_start(self, trainer: Trainer, task: Task) -> None:
@@ -138,13 +139,13 @@ class EarlyStopping(Callback):
             self._why = why.STOPPING_THRESHOLD
             return (
                 True,
-                f"stopping threshold reached: {name} = {current:.4g} is better than {self.stopping_threshold}.",
+                f"Stopping threshold reached: {name} = {current:.4g} is better than {self.stopping_threshold}.",
             )
         if self.divergence_threshold is not None and m.better(self.divergence_threshold, current):
             self._why = why.DIVERGENCE_THRESHOLD
             return (
                 True,
-                f"divergence threshold reached: {name} = {current:.4g} is worse than {self.divergence_threshold}.",
+                f"Divergence threshold reached: {name} = {current:.4g} is worse than {self.divergence_threshold}.",
             )
         if m.improves(current, self.best_score):
             improved = "" if math.isinf(self.best_score) else f" (by {abs(self.best_score - current):.4g})"

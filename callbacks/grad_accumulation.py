@@ -6,7 +6,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Callback
-from tandem_core.errors import ConfigError
+from tandem_core.errors import ConfigError, TaskError
 from tandem_core.hooks import overrides
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ class GradientAccumulationScheduler(Callback):
         """Refuse what cannot accumulate (manual optimization, a Trainer value of its own); a run resumed
         inside an epoch (which gets no on_train_epoch_start, as in Lightning) takes that epoch's value here."""
         if not task.automatic_optimization:
-            raise ConfigError(
+            raise TaskError(
                 "GradientAccumulationScheduler works with automatic optimization only; remove it, or "
                 "accumulate in training_step yourself."
             )

@@ -77,6 +77,12 @@ class Monitor:
         self.validated = False  # a validation run of the current fit has ended
         self._warned: set[str] = set()
 
+    def __eq__(self, other: object) -> bool:
+        """Equal state (a pickled and reloaded callback equals the original, as Lightning's do)."""
+        return type(other) is type(self) and vars(other) == vars(self)
+
+    __hash__ = None  # type: ignore[assignment]  # (mutable state)
+
     # comparison
     @property
     def worst(self) -> float:

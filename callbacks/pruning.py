@@ -184,6 +184,12 @@ class ModelPruning(Callback):
                 f"Applied `{self._pruning_method_name}`. Pruned: {was}/{total} ({was / total:.2%}) -> "
                 f"{now}/{total} ({now / total:.2%})"
             )
+        if self._verbose == 2:  # and each parameter's (Lightning's verbose=2)
+            for (module, name), (z0, t), (z1, _) in zip(self._parameters_to_prune, before, after):
+                log.info(
+                    f"Applied `{self._pruning_method_name}` to `{module!r}.{name}` with amount={amount}. Pruned: "
+                    f"{z0} ({z0 / t:.2%}) -> {z1} ({z1 / t:.2%})"
+                )
 
     def _run_pruning(self, trainer: Trainer, epoch: int) -> None:
         prune = self._apply_pruning(epoch) if callable(self._apply_pruning) else self._apply_pruning

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -9,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 from callbacks.base import Callback
 from callbacks.monitor import rank_zero_decides
 from tandem_core.errors import ConfigError, check_choice
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from trainer.task.base import Task
@@ -87,9 +90,9 @@ class Timer(Callback):
             return offset
         return offset + (end if end is not None else time.monotonic()) - start
 
-    def time_remaining(self, stage: str = "train") -> float:
+    def time_remaining(self, stage: str = "train") -> float | None:
         """Seconds left of the duration in `stage`, or None without a duration."""
-        return self._duration_s - self.time_elapsed(stage)
+        return None if self.duration is None else self._duration_s - self.time_elapsed(stage)
 
     # ----- stages --------------------------------------------------------------------------------
     def on_fit_start(self, trainer: Trainer, task: Task) -> None:
@@ -132,8 +135,13 @@ class Timer(Callback):
         stop = bool(rank_zero_decides(trainer, stop))  # clocks differ between ranks: rank 0 decides for all
         if stop and not trainer.should_stop:
             trainer.should_stop = True
-            if self.verbose:
-                trainer.print(f"Time limit of {self.duration} reached; signalling the trainer to stop.")
+            if self.verbose:  # printed, and logged at INFO as Lightning logs it (for log handlers and caplog)
+                said = (
+                    f"Time limit reached. {self.duration} of training have passed. Signaling Trainer to stop."
+                )
+                trainer.print(said)
+                if trainer.is_global_zero:
+                    log.info(said)
 
     # ----- checkpoint -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

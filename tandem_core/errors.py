@@ -14,8 +14,9 @@ class ConfigError(TandemError, ValueError):
     """A Trainer argument or config value is invalid."""
 
 
-class TaskError(TandemError):
-    """A Task hook returned something Tandem cannot use."""
+class TaskError(TandemError, RuntimeError):
+    """A Task hook returned something Tandem cannot use, or the task cannot run as configured (a RuntimeError
+    where Lightning raises one, e.g. a callback that needs automatic optimization)."""
 
 
 class CheckpointError(TandemError):

@@ -136,13 +136,20 @@ def add_hook_stubs(cls: type, owner: str) -> type:
 
 def overrides(obj: Any, name: str) -> bool:
     """True if `obj`'s class defines hook or method `name` itself (not the no-op stub or Tandem's default), or
-    `obj` itself holds a callable under that name (``task.on_fit_start = fn``: Lightning calls what the
-    attribute holds, and nothing for ``task.validation_step = None``)."""
-    own = getattr(obj, "__dict__", {})
-    if name in own:
-        return callable(own[name])
-    fn = getattr(type(obj), name, None)
-    return fn is not None and not getattr(fn, "_tandem_default", False)
+    the instance was given its own (`task.training_step = fn`); an instance's `None` (`task.validation_step =
+    None`) switches it off, as Lightning's `is_overridden` reads it."""
+    own = getattr(obj, "__dict__", {}).get(name, _UNSET)
+    if own is None:
+        return False
+    fn = own if callable(own) else getattr(type(obj), name, None)
+    if fn is None and isinstance(
+        obj, mock.NonCallableMock
+    ):  # Mock(spec=Callback) in a user's tests: every hook
+        fn = getattr(obj, name, None)
+    return fn is not None and getattr(fn, "_tandem_default", False) is not True
+
+
+_UNSET = object()
 
 
 def replaces_default(obj: Any, name: str) -> bool:

@@ -104,6 +104,14 @@ def prepare_restore(t: Trainer, path: str, stage: str, weights_only: bool = True
         for cb in t.callbacks:
             if cb.state_key in states:
                 cb.load_state_dict(states[cb.state_key])
+        lost = [k for k, v in states.items() if v and k not in {cb.state_key for cb in t.callbacks}]
+        if lost and stage == "fit" and t.is_global_zero:  # (Lightning warns too)
+            warnings.warn(
+                f"the checkpoint holds the state of callbacks this Trainer does not have, which is not "
+                f"restored: {lost}. Pass the same callbacks as the run that wrote it to resume them.",
+                UserWarning,
+                stacklevel=4,
+            )
     if stage != "fit":
         t.print(f"Restored from {path} (epoch {ckpt['epoch']}, step {ckpt['global_step']})")
     return Restoring(path, ckpt)
@@ -179,6 +187,12 @@ def _restore_loop(t: Trainer, ckpt: dict[str, Any]) -> None:
                 warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
                 step_schedulers(t, "epoch", plateau=True)  # the others stepped after the last batch
         state.next_epoch()
+    max_epochs = t.config.max_epochs
+    if max_epochs not in (None, -1) and state.epoch > max_epochs:  # (Lightning refuses it too)
+        raise ConfigError(
+            f"the checkpoint is at epoch {state.epoch}, past Trainer(max_epochs={max_epochs}): raise max_epochs "
+            "to train on from it, or load only its weights (Task.load_from_checkpoint)."
+        )
 
 
 def rebuild_task(

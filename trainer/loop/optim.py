@@ -204,6 +204,8 @@ class TaskOptimizer:
         self._optimizer.zero_grad(set_to_none=set_to_none)
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "_optimizer":  # unpickling asks before _optimizer exists
+            raise AttributeError(name)
         return getattr(self._optimizer, name)
 
     def __repr__(self) -> str:
