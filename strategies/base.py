@@ -64,7 +64,17 @@ class Strategy:
             self._precision = Precision("32-true")
         return self._precision
 
+    @property
+    def lightning_module(self) -> Task | None:
+        """The task this strategy was connected to (Lightning's name), None before."""
+        return getattr(self, "_connected", None)
+
     # ----- life cycle ---------------------------------------------------------------------------
+    def connect(self, task: Task) -> None:
+        """Attach `task` to this strategy (Lightning's `Strategy.connect(model)`); the Trainer calls it when a
+        stage starts, before `setup`."""
+        self._connected = task
+
     def launch(self) -> ForkStart | None:
         """Bring this process into the job: join its process group, or start the workers (then the parent
         exits with their status and never returns), or return a ForkStart that runs the stage in forked

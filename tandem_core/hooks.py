@@ -133,7 +133,12 @@ def add_hook_stubs(cls: type, owner: str) -> type:
 
 
 def overrides(obj: Any, name: str) -> bool:
-    """True if `obj`'s class defines hook or method `name` itself (not the no-op stub or Tandem's default)."""
+    """True if `obj`'s class defines hook or method `name` itself (not the no-op stub or Tandem's default), or
+    the instance was given one; an instance attribute set to None (``task.validation_step = None``) turns the
+    method off, as in Lightning."""
+    own = getattr(obj, "__dict__", {})
+    if name in own:
+        return own[name] is not None
     fn = getattr(type(obj), name, None)
     return fn is not None and not getattr(fn, "_tandem_default", False)
 
