@@ -128,10 +128,11 @@ class Strategy:
         (self._precision or self.precision).unscale(optimizer)
 
     def optimizer_step(
-        self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None
+        self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None, **kwargs: Any
     ) -> Any:
-        """Step (under 16-mixed the scaler skips a step whose gradients are inf/nan)."""
-        return (self._precision or self.precision).step(optimizer, closure)
+        """Step (under 16-mixed the scaler skips a step whose gradients are inf/nan); `kwargs` go to the
+        optimizer's own ``step`` (Lightning's ``opt.step(closure=..., **kwargs)`` in manual optimization)."""
+        return (self._precision or self.precision).step(optimizer, closure, **kwargs)
 
     # ----- checkpoints --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

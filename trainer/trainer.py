@@ -259,11 +259,6 @@ class Trainer(TrainerReadback):
         'The precision plugin; equal to its name (``trainer.precision == "bf16-mixed"``).',
     )
 
-    @property
-    def max_epochs(self) -> int | None:
-        """The epoch limit; None while unset before fit (fit then makes it 1000, or -1 when max_steps is set)."""
-        return None if self._max_epochs_unset else self.config.max_epochs
-
     max_steps = view("config.max_steps")
 
     @property
@@ -276,7 +271,6 @@ class Trainer(TrainerReadback):
         """Set by GradientAccumulationScheduler (as in Lightning); read again at each epoch's start."""
         self.config = dataclasses.replace(self.config, accumulate_grad_batches=k)  # checks k
 
-    lightning_module = view("task")
     model = view("task")
 
     @property

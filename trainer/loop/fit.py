@@ -121,6 +121,10 @@ def train_epoch(t: Trainer) -> None:
     stop_at = max_steps if max_steps != -1 else float("inf")
     val_at = (start // val_every + 1) * val_every if val_every else 0  # the next batch count that validates
     batch_idx, cut, out_of_data = start - 1, False, False
+    plateau_steps = automatic and any(c.is_plateau and c.interval == "step" for c in t.lr_scheduler_configs)
+    plateau_due = (
+        False  # the last batch stepped: its step-interval plateau schedulers wait for its validation
+    )
     # Lightning's fetcher reads one batch ahead, so an iterable that changes state when it runs out is seen
     # at the same step. A map-style loader of known length is read at its step instead: the end is known
     # without reading, and random draws in the data set then keep their order for bit-identical resume.
@@ -200,6 +204,10 @@ def train_epoch(t: Trainer) -> None:
             _validate(t, done, k)
         if global_step != checked:  # a step boundary: the ranks agree on a stop request
             checked = global_step
+            if plateau_steps:  # as Lightning: step-interval ReduceLROnPlateau after this batch's validation
+                plateau_due = last
+                if not last:  # (the last batch validates at the epoch's end, below)
+                    step_schedulers(t, "step", plateau=True)
             check_stop(t)
         # a stop request or max_steps ends the epoch, never inside an accumulation window (its gradients
         # would be lost) and not at its last batch (the epoch's end runs)
@@ -221,6 +229,8 @@ def train_epoch(t: Trainer) -> None:
         and (timed is None or time_due(t, timed))
     ):
         _validate(t, state.batch_in_epoch, k)
+    if plateau_due:
+        step_schedulers(t, "step", plateau=True)
     store.fx = None  # the training batches are over
     hooks.call("on_train_epoch_end", monitoring=False)  # the task and plain callbacks may still log
     log_metrics(t, store.epoch_end())  # so that checkpointing and early stopping see the aggregates
@@ -256,8 +266,8 @@ def _stepper(t: Trainer, closure: Closure) -> Callable[[int], None]:
 
         def step(batch_idx: int) -> None:
             task.optimizer_step(state.epoch, batch_idx, task._optimizers[0], closure)
-            if t.lr_scheduler_configs:
-                step_schedulers(t, "step")
+            if t.lr_scheduler_configs:  # (the plateau ones after the batch's validation)
+                step_schedulers(t, "step", plateau=False)
 
         return step
     optimizer, strategy = closure.optimizer, t.strategy
@@ -272,7 +282,7 @@ def _stepper(t: Trainer, closure: Closure) -> Callable[[int], None]:
             strategy.optimizer_step(optimizer, step_closure)
         state.global_step += 1
         if t.lr_scheduler_configs:
-            step_schedulers(t, "step")
+            step_schedulers(t, "step", plateau=False)
 
     return step
 

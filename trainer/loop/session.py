@@ -130,9 +130,10 @@ class Session:
         t._ckpt_path = self.restoring.path if self.restoring is not None else None  # "best"/"last" resolved
         if stage == "fit":
             t.optimizers, t.lr_scheduler_configs = parse_optimizers(
-                run_as(t, "configure_optimizers", task.configure_optimizers)
+                run_as(t, "configure_optimizers", task.configure_optimizers), task.automatic_optimization
             )
-            check_optimizers(t.optimizers, task.automatic_optimization, t.config.accumulate_grad_batches)
+            check_optimizers(t.optimizers, task.automatic_optimization, t.config.accumulate_grad_batches,
+                             task, t.lr_scheduler_configs)  # fmt: skip
             if not task.automatic_optimization and t.config.gradient_clip_val:  # Lightning refuses it too
                 raise TaskError(
                     "gradient_clip_val clips under automatic optimization only; with "
