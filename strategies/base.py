@@ -64,7 +64,17 @@ class Strategy:
             self._precision = Precision("32-true")
         return self._precision
 
+    @property
+    def lightning_module(self) -> Task | None:
+        """The task this strategy was connected to (Lightning's name), None before."""
+        return getattr(self, "_connected", None)
+
     # ----- life cycle ---------------------------------------------------------------------------
+    def connect(self, task: Task) -> None:
+        """Attach `task` to this strategy (Lightning's `Strategy.connect(model)`); the Trainer calls it when a
+        stage starts, before `setup`."""
+        self._connected = task
+
     def launch(self) -> ForkStart | None:
         """Bring this process into the job: join its process group, or start the workers (then the parent
         exits with their status and never returns), or return a ForkStart that runs the stage in forked
@@ -118,10 +128,11 @@ class Strategy:
         (self._precision or self.precision).unscale(optimizer)
 
     def optimizer_step(
-        self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None
+        self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None, **kwargs: Any
     ) -> Any:
-        """Step (under 16-mixed the scaler skips a step whose gradients are inf/nan)."""
-        return (self._precision or self.precision).step(optimizer, closure)
+        """Step (under 16-mixed the scaler skips a step whose gradients are inf/nan); `kwargs` go to the
+        optimizer's own ``step`` (Lightning's ``opt.step(closure=..., **kwargs)`` in manual optimization)."""
+        return (self._precision or self.precision).step(optimizer, closure, **kwargs)
 
     # ----- checkpoints --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -187,12 +187,12 @@ class DDPStrategy(ProcessGroupStrategy):
         super().unscale_gradients(optimizer)
 
     def optimizer_step(
-        self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None
+        self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None, **kwargs: Any
     ) -> Any:
         """With zero=1, the optimizer's ZeRO twin steps this rank's share and broadcasts it."""
         if self.zero:
-            return self.sharded_optimizers.step(optimizer, closure)
-        return super().optimizer_step(optimizer, closure)
+            return self.sharded_optimizers.step(optimizer, closure, **kwargs)
+        return super().optimizer_step(optimizer, closure, **kwargs)
 
     def _average_grads_now(self) -> None:
         """Average the locally accumulated gradients in one flat all-reduce (end of an unknown-length epoch)."""

@@ -151,12 +151,16 @@ class Precision:
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
 
-    def step(self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None) -> Any:
+    def step(
+        self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None, **kwargs: Any
+    ) -> Any:
         """Optimizer step; `closure` (the batch's forward and backward, then the gradients' final touches)
-        runs inside it. Under 16-mixed the closure runs first, once, and the scaler skips a step whose
+        runs inside it; `kwargs` go to the optimizer's ``step``, as Lightning passes them. Under 16-mixed the closure runs first, once, and the scaler skips a step whose
         gradients are inf/nan (optimizers that need to re-evaluate the closure, such as LBFGS, are refused)."""
         if self.scaler is None:
-            return optimizer.step(closure) if closure is not None else optimizer.step()
+            return (
+                optimizer.step(closure=closure, **kwargs) if closure is not None else optimizer.step(**kwargs)
+            )
         if needs_closure(optimizer):
             raise ConfigError(
                 f"precision='16-mixed' cannot run {type(optimizer).__name__}, which re-evaluates the closure; "
@@ -165,7 +169,7 @@ class Precision:
         result = closure() if closure is not None else None
         if not any(p.grad is not None for g in optimizer.param_groups for p in g["params"]):
             return result  # nothing to step (the batch was skipped): the scaler has no inf check to use
-        self.scaler.step(optimizer)
+        self.scaler.step(optimizer, **kwargs)
         self.scaler.update()
         return result
 

@@ -59,11 +59,12 @@ class ShardedOptimizers:
         self._twins[id(optimizer)] = (optimizer, zero)
         return zero
 
-    def step(self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None) -> Any:
-        """Step `optimizer`'s ZeRO twin with the task optimizer's current hyperparameters."""
+    def step(self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None, **kwargs: Any) -> Any:
+        """Step `optimizer`'s ZeRO twin with the task optimizer's current hyperparameters (`kwargs`: the
+        optimizer step's own keywords)."""
         zero = self.twin(optimizer)
         sync_hyperparameters(optimizer, zero)
-        out = zero.step(closure) if closure is not None else zero.step()
+        out = zero.step(closure, **kwargs) if closure is not None else zero.step(**kwargs)
         optimizer._opt_called = True  # type: ignore[attr-defined]  # what LR schedulers check it stepped
         return out
 

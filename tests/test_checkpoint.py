@@ -124,14 +124,8 @@ def test_resume_from_checkpoint_saved_in_train_batch_end(tmp_path, save_at):
     assert_equal_weights(a, b)
     assert b.losses == a.losses[save_at:]
     assert b.val_losses == a.val_losses[-len(b.val_losses) :]
-    val_steps = [
-        2,
-        4,
-        7,
-        9,
-        12,
-        14,
-    ]  # after batches 2 and 4 of each 5-batch epoch, not at its end (Lightning)
+    # validation after batches 2 and 4 of each 5-batch epoch; as Lightning, not again at the epoch's end
+    val_steps = [2, 4, 7, 9, 12, 14]
     assert len(b.val_losses) == 2 * len([s for s in val_steps if s >= save_at])  # the due one is not lost
 
 

@@ -91,7 +91,7 @@ def test_max_epochs(tmp_path):
 
 @pytest.mark.parametrize(
     ("interval", "expected"), [(1.0, [5]), (0.5, [2, 4]), (2, [2, 4]), (0.2, [1, 2, 3, 4, 5])]
-)
+)  # as Lightning: every n batches, so the epoch's end validates only when its last batch is one of them
 def test_val_check_interval(tmp_path, interval, expected):
     task, _ = _fit_counting(tmp_path, max_epochs=1, val_check_interval=interval)
     assert [s for _, s in task.val_calls] == expected
@@ -105,7 +105,7 @@ def test_check_val_every_n_epoch(tmp_path, every, expected):
 
 def test_check_val_every_n_epoch_also_gates_mid_epoch_validation(tmp_path):
     task, _ = _fit_counting(tmp_path, max_epochs=2, check_val_every_n_epoch=2, val_check_interval=0.5)
-    assert task.val_calls == [(1, 7), (1, 9)]  # not at the end: 2 does not divide 5 (Lightning)
+    assert task.val_calls == [(1, 7), (1, 9)]  # Lightning's (tests/test_lightning_parity_flags.py)
 
 
 def test_num_sanity_val_steps(tmp_path):

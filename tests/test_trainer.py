@@ -224,8 +224,10 @@ def test_single_callback_and_strategy_instance(tmp_path):
 
 
 def test_max_epochs_default_and_unlimited(tmp_path):
-    assert trainer(tmp_path).max_epochs == 1000
-    assert trainer(tmp_path, max_steps=5).max_epochs == -1
+    # as Lightning: unset, it reads None until fit picks 1000, or -1 under max_steps
+    # (tests/test_lightning_parity_flags.py compares both with Lightning)
+    assert trainer(tmp_path).max_epochs is None and trainer(tmp_path).config.max_epochs == 1000
+    assert trainer(tmp_path, max_steps=5).max_epochs is None
     t = trainer(tmp_path, max_epochs=-1, max_steps=5)
     t.fit(Net(), loader())
     assert t.global_step == 5

@@ -312,11 +312,12 @@ class TrainerConfig:
         if self.fast_dev_run:
             n = 1 if self.fast_dev_run is True else int(self.fast_dev_run)
             changes.update(max_epochs=1, max_steps=n, num_sanity_val_steps=0, val_check_interval=1.0)
+            changes.update(check_val_every_n_epoch=1)
             changes.update(limit_train_batches=n, limit_val_batches=n, limit_test_batches=n)
             changes.update(limit_predict_batches=n, logger=False, enable_checkpointing=False)
         if self.barebones:
             changes.update(logger=False, enable_checkpointing=False, enable_progress_bar=False)
-            changes.update(enable_model_summary=False, num_sanity_val_steps=0)
+            changes.update(enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=0)
         if self.overfit_batches:
             changes.update(limit_train_batches=self.overfit_batches, limit_val_batches=self.overfit_batches)
         max_epochs = changes.get("max_epochs", self.max_epochs)

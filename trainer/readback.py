@@ -32,12 +32,24 @@ class TrainerReadback:
     _ckpt_path: str | None = None
     _ckpt_user_managed: bool = False
     _device_spec: Any = None
+    _max_epochs_unset: bool = False
+    task: Any
 
     for _name in _OPTIONS:
         locals()[_name] = view(
             f"config.{_name}", f"The ``{_name}`` option as the Trainer uses it (read-only)."
         )
     del _name
+
+    @property
+    def max_epochs(self) -> int | None:
+        """The epoch limit; None while unset before fit (fit then makes it 1000, or -1 when max_steps is set)."""
+        return None if self._max_epochs_unset else self.config.max_epochs
+
+    @property
+    def lightning_module(self) -> Any:
+        """The task of the current (or last) stage; before one, the task ``strategy.connect`` attached."""
+        return self.task if self.task is not None else self.strategy.lightning_module
 
     @property
     def num_sanity_val_steps(self) -> int | float:

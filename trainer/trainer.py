@@ -17,9 +17,11 @@ from tandem_core.errors import ConfigError
 from tandem_core.optim import SchedulerConfig
 from tandem_core.views import view
 from trainer import checkpoint
+from trainer import option_notes as notes
 from trainer.compiler import from_option as compile_option
 from trainer.devices import count as count_devices
 from trainer.loggers import Logger, TensorBoardLogger, align_versions
+from trainer.loggers.dummy import DummyLogger
 from trainer.loggers.metrics import MetricStore
 from trainer.loggers.reporting import print_results
 from trainer.loop import evaluation
@@ -49,7 +51,14 @@ class Trainer(TrainerReadback):
     config_secrets: dict[str, str] = {}  # noqa: RUF012 (replaced, never mutated)
 
     def __init__(self, **options: Any) -> None:
-        cfg = TrainerConfig.from_kwargs(**options).effective()
+        options = notes.env_defaults(type(self).__name__, TrainerConfig.names(), options)  # PL_TRAINER_*
+        given = TrainerConfig.from_kwargs(**options)
+        notes.check_barebones(options)
+        notes.check_val_schedule(options)
+        notes.note_batch_limits(options)
+        cfg = given.effective()
+        # as Lightning: an unset max_epochs reads back None until fit picks it (trainer/option_notes.py)
+        self._max_epochs_unset = given.max_epochs is None and not given.fast_dev_run
         self._device_spec = (
             cfg.devices
         )  # as given ([1, 3], "0,1", 2): trainer.device_ids (trainer/readback.py)
@@ -59,6 +68,8 @@ class Trainer(TrainerReadback):
         set_torch_flags(cfg.deterministic, cfg.benchmark)  # as Lightning does when a Trainer is built
         self.strategy: Strategy = resolve_strategy(cfg.strategy, vars(cfg), set(options))
         self.loggers: list[Logger] = self._make_loggers(cfg.logger)
+        if given.fast_dev_run and self._make_loggers(given.logger):  # Lightning's stand-in: calls do nothing
+            self.loggers = [DummyLogger()]
         self.callbacks: list[Callback] = self._make_callbacks(cfg.callbacks)
         self.metric_store = MetricStore(self.strategy.comm.reduce)
         self.logged_metrics: dict[str, float] = {}
@@ -248,7 +259,6 @@ class Trainer(TrainerReadback):
         'The precision plugin; equal to its name (``trainer.precision == "bf16-mixed"``).',
     )
 
-    max_epochs = view("config.max_epochs")
     max_steps = view("config.max_steps")
 
     @property
@@ -261,7 +271,6 @@ class Trainer(TrainerReadback):
         """Set by GradientAccumulationScheduler (as in Lightning); read again at each epoch's start."""
         self.config = dataclasses.replace(self.config, accumulate_grad_batches=k)  # checks k
 
-    lightning_module = view("task")
     model = view("task")
 
     @property
@@ -356,7 +365,7 @@ class Trainer(TrainerReadback):
         if self.session is not None and self.session.stage == "fit" and "train" not in self.loaders:
             self.session.load("train")
         per_epoch = -(-self.num_training_batches // self.accumulate_grad_batches)
-        by_epochs = per_epoch * self.max_epochs if self.max_epochs != -1 else float("inf")
+        by_epochs = per_epoch * self.config.max_epochs if self.config.max_epochs != -1 else float("inf")
         return min(by_epochs, self.max_steps) if self.max_steps != -1 else by_epochs
 
 

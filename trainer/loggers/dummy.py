@@ -60,6 +60,11 @@ class DummyLogger(Logger):
     def log_dir(self) -> None:  # type: ignore[override]
         return None
 
+    @property
+    def root_dir(self) -> str:
+        """Empty: no experiment directory (fast_dev_run's stand-in logger writes nothing)."""
+        return ""
+
     def __getitem__(self, idx: int) -> DummyLogger:
         return self
 

@@ -41,7 +41,15 @@ def evaluate(t: Trainer, stage: str) -> Any:
 
 def run_eval(t: Trainer, phase: str, limit: int | None = None) -> Any:
     """One pass over the loaders of `phase` ('val', 'test' or 'predict') without gradients; returns the
-    logged epoch metrics per loader, or for predict the outputs."""
+    logged epoch metrics per loader, or for predict the outputs. As Lightning, the whole pass (its hooks from
+    on_*_model_eval to on_*_model_train too) runs under torch.inference_mode (Trainer(inference_mode=False):
+    torch.no_grad); inside fit under no_grad, since validation's tensors may meet training's later."""
+    standalone = t.config.inference_mode and t.state.stage != "fit"
+    with torch.inference_mode() if standalone else torch.no_grad():
+        return _run_eval(t, phase, limit)
+
+
+def _run_eval(t: Trainer, phase: str, limit: int | None) -> Any:
     task, strategy, hooks, store = t.task, t.strategy, t.hooks, t.metric_store
     assert task is not None
     prefix = HOOK_PREFIX[phase]
@@ -64,35 +72,32 @@ def run_eval(t: Trainer, phase: str, limit: int | None = None) -> Any:
     # during fit the ranks agree on a stop request after each batch that every rank has
     agree = _common_batches(t, sizes, limit) if t.state.stage == "fit" and not t.state.sanity_checking else 0
     start_rng = get_rng_state() if agree else None  # a stop inside this validation checkpoints this moment
-    # inside fit, validation's tensors may meet training's later: no_grad there, as Lightning does
-    standalone = t.config.inference_mode and t.state.stage != "fit"
     store.fx = step_name  # self.log's rules inside an evaluation batch (trainer/loggers/log_rules.py)
-    with torch.inference_mode() if standalone else torch.no_grad():
-        for dl_idx, (loader, n) in enumerate(zip(loaders, sizes)):
-            store.dataloader_suffix = f"/dataloader_idx_{dl_idx}" if multi else ""
-            extra = (dl_idx,) if multi else ()
-            outputs: list[Any] = []
-            n = n if limit is None else min(n, limit)
-            if n == 0:
-                continue
-            for batch_idx, batch in enumerate(islice(batches(loader), None if n == float("inf") else int(n))):
-                batch = to_device(t, batch, dl_idx)
-                store.set_batch(batch)
-                hooks.call(f"on_{prefix}_batch_start", batch, batch_idx, *extra)
-                with strategy.autocast(), t.profile(step_name):
-                    out = strategy.step(task, step_name, batch, batch_idx, dl_idx if multi else None)
-                if phase == "predict":
-                    outputs.append(out)
-                hooks.call(f"on_{prefix}_batch_end", out, batch, batch_idx, *extra)
-                if phase != "predict" and not t.state.sanity_checking:  # step values go to the loggers, at
-                    seen = t.session.eval_batches  # type: ignore[union-attr]  # the batches this loader ran
-                    done = seen.get((phase, dl_idx), 0)  # since its data was loaded (Lightning's step here)
-                    log_metrics(t, store.step_metrics(), step=done)
-                    seen[(phase, dl_idx)] = done + 1
-                if agree > 0:
-                    agree -= 1
-                    check_stop(t, start_rng)
-            predictions.append(outputs)
+    for dl_idx, (loader, n) in enumerate(zip(loaders, sizes)):
+        store.dataloader_suffix = f"/dataloader_idx_{dl_idx}" if multi else ""
+        extra = (dl_idx,) if multi else ()
+        outputs: list[Any] = []
+        n = n if limit is None else min(n, limit)
+        if n == 0:
+            continue
+        for batch_idx, batch in enumerate(islice(batches(loader), None if n == float("inf") else int(n))):
+            batch = to_device(t, batch, dl_idx)
+            store.set_batch(batch)
+            hooks.call(f"on_{prefix}_batch_start", batch, batch_idx, *extra)
+            with strategy.autocast(), t.profile(step_name):
+                out = strategy.step(task, step_name, batch, batch_idx, dl_idx if multi else None)
+            if phase == "predict":
+                outputs.append(out)
+            hooks.call(f"on_{prefix}_batch_end", out, batch, batch_idx, *extra)
+            if phase != "predict" and not t.state.sanity_checking:  # step values go to the loggers, at
+                seen = t.session.eval_batches  # type: ignore[union-attr]  # the batches this loader ran
+                done = seen.get((phase, dl_idx), 0)  # since its data was loaded (Lightning's step here)
+                log_metrics(t, store.step_metrics(), step=done)
+                seen[(phase, dl_idx)] = done + 1
+            if agree > 0:
+                agree -= 1
+                check_stop(t, start_rng)
+        predictions.append(outputs)
     store.dataloader_suffix = ""
     store.fx = None
     hooks.call(f"on_{prefix}_epoch_end")

@@ -7,7 +7,6 @@ import functools
 import time
 import warnings
 from collections.abc import Callable
-from datetime import timedelta
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +15,6 @@ import torch
 from strategies.base import batch_mover, is_plain
 from strategies.checkpoint.io import checkpoint_io
 from strategies.data.reinit import rebuild, rebuildable
-from tandem_core.errors import TaskError
 from trainer import checkpoint
 from trainer.checkpoint.run import check_window_saves
 from trainer.loggers.reporting import finalize_loggers, log_metrics, log_stage_start
@@ -28,6 +26,7 @@ from trainer.loop.hooks import run_as
 from trainer.loop.optim import StepClosure, step_schedulers
 from trainer.loop.signals import check_stop
 from trainer.loop.transfer import to_device
+from trainer.loop.val_schedule import should_validate, time_due, val_check_batches, val_check_seconds
 from trainer.seed import get_rng_state, set_rng_state
 from trainer.utilities.combined_loader import CombinedLoader
 
@@ -95,8 +94,8 @@ def train_epoch(t: Trainer) -> None:
     cfg, state, hooks, strategy, task, store = t.config, t.state, t.hooks, t.strategy, t.task, t.metric_store
     assert task is not None
     automatic = task.automatic_optimization
-    val_every = _val_check_batches(t) if _should_validate(t) else 0  # check_val_every_n_epoch gates it too
-    timed = _val_check_seconds(t)  # a wall-time val_check_interval: validate once it has passed
+    val_every = val_check_batches(t) if should_validate(t) else 0  # check_val_every_n_epoch gates it too
+    timed = val_check_seconds(t)  # a wall-time val_check_interval: validate once it has passed
     loader = t.loaders["train"][0]  # (a CombinedLoader when several were given: loop/combined.py)
     set_epoch(loader, state.epoch)
     state.phase = "train"
@@ -122,6 +121,10 @@ def train_epoch(t: Trainer) -> None:
     stop_at = max_steps if max_steps != -1 else float("inf")
     val_at = (start // val_every + 1) * val_every if val_every else 0  # the next batch count that validates
     batch_idx, cut, out_of_data = start - 1, False, False
+    plateau_steps = automatic and any(c.is_plateau and c.interval == "step" for c in t.lr_scheduler_configs)
+    plateau_due = (
+        False  # the last batch stepped: its step-interval plateau schedulers wait for its validation
+    )
     # Lightning's fetcher reads one batch ahead, so an iterable that changes state when it runs out is seen
     # at the same step. A map-style loader of known length is read at its step instead: the end is known
     # without reading, and random draws in the data set then keep their order for bit-identical resume.
@@ -184,7 +187,7 @@ def train_epoch(t: Trainer) -> None:
             val_at += val_every
             validate_now = not last
         elif timed is not None:
-            validate_now = not last and _should_validate(t) and _time_due(t, timed)
+            validate_now = not last and should_validate(t) and time_due(t, timed)
         else:
             validate_now = False
         # a checkpoint written in on_train_batch_end records the due validation
@@ -201,12 +204,16 @@ def train_epoch(t: Trainer) -> None:
             _validate(t, done, k)
         if global_step != checked:  # a step boundary: the ranks agree on a stop request
             checked = global_step
+            if plateau_steps:  # as Lightning: step-interval ReduceLROnPlateau after this batch's validation
+                plateau_due = last
+                if not last:  # (the last batch validates at the epoch's end, below)
+                    step_schedulers(t, "step", plateau=True)
             check_stop(t)
         # a stop request or max_steps ends the epoch, never inside an accumulation window (its gradients
         # would be lost) and not at its last batch (the epoch's end runs)
         if (state.should_stop or global_step >= stop_at) and (not automatic or done % k == 0) and not last:
             if _stop_requested(t):  # as Lightning: a stop asked mid-epoch validates first
-                if _should_validate(t) and not validate_now:
+                if should_validate(t) and not validate_now:
                     _validate(t, done, k)
                 break
             if _max_steps_reached(t):
@@ -218,10 +225,12 @@ def train_epoch(t: Trainer) -> None:
     if (
         state.epoch_finished
         and not cut
-        and _should_validate(t)
-        and (aligned if timed is None else _time_due(t, timed))
+        and should_validate(t)
+        and (aligned if timed is None else time_due(t, timed))
     ):
         _validate(t, state.batch_in_epoch, k, final=True)
+    if plateau_due:
+        step_schedulers(t, "step", plateau=True)
     store.fx = None  # the training batches are over
     hooks.call("on_train_epoch_end", monitoring=False)  # the task and plain callbacks may still log
     log_metrics(t, store.epoch_end())  # so that checkpointing and early stopping see the aggregates
@@ -258,8 +267,8 @@ def _stepper(t: Trainer, closure: Closure) -> Callable[[int], None]:
 
         def step(batch_idx: int) -> None:
             task.optimizer_step(state.epoch, batch_idx, task._optimizers[0], closure)
-            if t.lr_scheduler_configs:
-                step_schedulers(t, "step")
+            if t.lr_scheduler_configs:  # (the plateau ones after the batch's validation)
+                step_schedulers(t, "step", plateau=False)
 
         return step
     optimizer, strategy = closure.optimizer, t.strategy
@@ -274,7 +283,7 @@ def _stepper(t: Trainer, closure: Closure) -> Callable[[int], None]:
             strategy.optimizer_step(optimizer, step_closure)
         state.global_step += 1
         if t.lr_scheduler_configs:
-            step_schedulers(t, "step")
+            step_schedulers(t, "step", plateau=False)
 
     return step
 
@@ -364,43 +373,3 @@ def _map_style(loader: Any) -> bool:
     return getattr(loader, "batch_sampler", None) is not None and not isinstance(
         getattr(loader, "dataset", None), torch.utils.data.IterableDataset
     )
-
-
-def _val_check_seconds(t: Trainer) -> float | None:
-    """The seconds of a time-based val_check_interval ('DD:HH:MM:SS', a timedelta or a dict), else None."""
-    v = t.config.val_check_interval
-    if not isinstance(v, (str, dict, timedelta)):
-        return None
-    from callbacks.timer import parse_duration  # (checked when the option was given)
-
-    return parse_duration(v).total_seconds()  # type: ignore[union-attr]
-
-
-def _time_due(t: Trainer, seconds: float) -> bool:
-    """Whether `seconds` passed since the last validation (or the start of training); rank 0's clock decides,
-    so that every rank validates at the same batch."""
-    due = time.monotonic() - t.session.last_val_time >= seconds  # type: ignore[union-attr]
-    comm = t.strategy.comm
-    return bool(comm.broadcast(due, 0)) if comm.world_size > 1 else due
-
-
-def _val_check_batches(t: Trainer) -> int:
-    """Run validation every this many training batches inside the epoch (0: only at the epoch's end)."""
-    v = t.config.val_check_interval
-    if not t.session.val_enabled or (isinstance(v, float) and v == 1.0):  # type: ignore[union-attr]
-        return 0
-    if not isinstance(v, (int, float)):  # a duration: _val_check_seconds
-        return 0
-    if isinstance(v, float):
-        n = t.num_training_batches
-        if n == float("inf"):
-            raise TaskError(
-                "val_check_interval as a fraction needs a training loader with a length; pass an int."
-            )
-        return max(1, int(n * v))
-    return int(v)
-
-
-def _should_validate(t: Trainer) -> bool:
-    every = t.config.check_val_every_n_epoch
-    return t.session.val_enabled and (every is None or (t.state.epoch + 1) % every == 0)  # type: ignore[union-attr]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -10,6 +12,7 @@ import torch
 from strategies.base import is_plain
 from strategies.clipping import clip_gradients
 from tandem_core.errors import ConfigError, TaskError
+from tandem_core.hooks import overrides
 from tandem_core.optim import SchedulerConfig
 from trainer.loop.hooks import run_as
 from trainer.task.defaults import clipping_overridden
@@ -18,22 +21,78 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 
-_SCHED_KEYS = {"scheduler", "interval", "frequency", "monitor", "strict", "name"}
+_SCHED_KEYS = {"scheduler", "interval", "frequency", "monitor", "strict", "name", "reduce_on_plateau"}
+_OPTIM_KEYS = {"optimizer", "lr_scheduler", "monitor"}
+_MANUAL_IGNORED = ("reduce_on_plateau", "monitor", "strict")  # manual optimization steps schedulers itself
 
 
-def _sched_config(obj: Any, monitor: str | None) -> SchedulerConfig:
+class OptimizerSetupError(TaskError, RuntimeError):
+    """configure_optimizers or training_step asks for what automatic optimization cannot do (several optimizers,
+    an ``optimizer_idx`` argument); a RuntimeError, as Lightning raises for the same mistakes."""
+
+
+class SchedulerApiError(TaskError, TypeError):
+    """A learning-rate scheduler without ``state_dict``/``load_state_dict`` (it could not be checkpointed); a
+    TypeError, as Lightning's."""
+
+
+class NoOptimizer(torch.optim.Optimizer):
+    """What fit steps when configure_optimizers returned None (Lightning's stand-in): runs the closure, updates
+    nothing, saves no state."""
+
+    def __init__(self) -> None:
+        super().__init__([torch.zeros(1)], {})
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        """Run `closure` (the batch's forward and backward) and change nothing."""
+        return closure() if closure is not None else None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Nothing to clear."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """No state."""
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """No state to restore."""
+
+    def __repr__(self) -> str:
+        return "NoOptimizer()"
+
+
+def _sched_config(obj: Any, monitor: str | None, automatic: bool = True) -> SchedulerConfig:
     if isinstance(obj, Mapping):
         unknown = set(obj) - _SCHED_KEYS
-        if unknown or "scheduler" not in obj:
-            raise TaskError(
-                f"lr_scheduler dict must have 'scheduler' and only keys {sorted(_SCHED_KEYS)}; got {sorted(obj)}."
+        if unknown:  # as Lightning: said and dropped
+            warnings.warn(
+                f"The lr_scheduler dict has keys Tandem does not know: {sorted(unknown)}; they are ignored "
+                f"(known: {sorted(_SCHED_KEYS)}).",
+                RuntimeWarning,
+                stacklevel=5,
             )
-        cfg = SchedulerConfig(**{"monitor": monitor, **obj})
+        if "scheduler" not in obj:
+            raise TaskError(
+                f"lr_scheduler dict must have 'scheduler' (the scheduler itself); got keys {sorted(obj)}."
+            )
+        given = {k: v for k, v in obj.items() if k in _SCHED_KEYS and k != "reduce_on_plateau"}
+        if not automatic:
+            ignored = [k for k in obj if k in _MANUAL_IGNORED]
+            if ignored:
+                warnings.warn(
+                    f"The lr_scheduler dict has {ignored}, which manual optimization ignores: call "
+                    "scheduler.step(...) yourself in the task.",
+                    RuntimeWarning,
+                    stacklevel=5,
+                )
+            given = {k: v for k, v in given.items() if k not in _MANUAL_IGNORED}
+            monitor = None
+        cfg = SchedulerConfig(**{"monitor": monitor, **given})
     else:
-        cfg = SchedulerConfig(scheduler=obj, monitor=monitor)
+        cfg = SchedulerConfig(scheduler=obj, monitor=monitor if automatic else None)
     if cfg.interval not in ("step", "epoch"):
         raise TaskError(f"lr_scheduler interval must be 'step' or 'epoch', got {cfg.interval!r}.")
-    if cfg.is_plateau and not cfg.monitor:
+    if automatic and cfg.is_plateau and not cfg.monitor:
         raise TaskError(
             "ReduceLROnPlateau needs a metric: return {'optimizer': opt, 'lr_scheduler': sched, "
             "'monitor': 'val/loss'} from configure_optimizers."
@@ -41,30 +100,71 @@ def _sched_config(obj: Any, monitor: str | None) -> SchedulerConfig:
     return cfg
 
 
-def parse_optimizers(out: Any) -> tuple[list[torch.optim.Optimizer], list[SchedulerConfig]]:
-    """Accept an optimizer, a list, (optimizers, schedulers), a dict or a list of dicts."""
+def parse_optimizers(
+    out: Any, automatic: bool = True
+) -> tuple[list[torch.optim.Optimizer], list[SchedulerConfig]]:
+    """Accept an optimizer, a list, (optimizers, schedulers), a dict or a list of dicts; None (with a warning, as
+    Lightning) trains with `NoOptimizer`. `automatic=False` (manual optimization): the task steps the schedulers,
+    so their monitor/strict keys are ignored (with a RuntimeWarning) and a ReduceLROnPlateau needs no monitor."""
+    if out is None:
+        warnings.warn(
+            "configure_optimizers returned None: this fit runs with no optimizer (the parameters do not change).",
+            UserWarning,
+            stacklevel=4,
+        )
+        return [NoOptimizer()], []
     if isinstance(out, torch.optim.Optimizer):
         return [out], []
     if isinstance(out, Mapping):
         out = [out]
     if isinstance(out, Sequence) and len(out) == 2 and all(isinstance(x, Sequence) for x in out):
         opts, scheds = list(out[0]), list(out[1])
-        return _check_opts(opts), [_sched_config(s, None) for s in scheds]
+        return _checked(_check_opts(opts), [_sched_config(s, None, automatic) for s in scheds])
     if isinstance(out, Sequence) and out and all(isinstance(x, Mapping) for x in out):
         opts, scheds = [], []
         for d in out:
             if "optimizer" not in d:
                 raise TaskError(f"configure_optimizers dict needs key 'optimizer'; got keys {sorted(d)}.")
+            extra = set(d) - _OPTIM_KEYS
+            if extra:
+                warnings.warn(
+                    f"The configure_optimizers dict has keys Tandem does not know: {sorted(extra)}; they are "
+                    f"ignored (known: {sorted(_OPTIM_KEYS)}).",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
             opts.append(d["optimizer"])
             if d.get("lr_scheduler") is not None:
-                scheds.append(_sched_config(d["lr_scheduler"], d.get("monitor")))
-        return _check_opts(opts), scheds
+                scheds.append(_sched_config(d["lr_scheduler"], d.get("monitor"), automatic))
+        return _checked(_check_opts(opts), scheds)
     if isinstance(out, Sequence) and out:
         return _check_opts(list(out)), []
     raise TaskError(
         f"configure_optimizers returned {type(out).__name__}; return an optimizer, a list of optimizers, "
         "or {'optimizer': ..., 'lr_scheduler': ...}."
     )
+
+
+def _checked(
+    opts: list[torch.optim.Optimizer], scheds: list[SchedulerConfig]
+) -> tuple[list[torch.optim.Optimizer], list[SchedulerConfig]]:
+    """Refuse a scheduler that steps an optimizer configure_optimizers did not return, or that cannot be saved."""
+    for cfg in scheds:
+        sched = cfg.scheduler
+        if not (
+            callable(getattr(sched, "state_dict", None)) and callable(getattr(sched, "load_state_dict", None))
+        ):
+            raise SchedulerApiError(
+                f"The lr scheduler {type(sched).__name__} has no state_dict()/load_state_dict(), so it could not "
+                "be checkpointed; define both."
+            )
+        owner = getattr(sched, "optimizer", None)
+        if owner is not None and not any(owner is o for o in opts):
+            raise TaskError(
+                f"A {type(sched).__name__} steps an optimizer that configure_optimizers did not return; build it "
+                "on one of the returned optimizers."
+            )
+    return opts, scheds
 
 
 def _check_opts(opts: list[Any]) -> list[torch.optim.Optimizer]:
@@ -94,6 +194,12 @@ def step_schedulers(trainer: Trainer, interval: str, plateau: bool | None = None
                         f"ReduceLROnPlateau monitors {cfg.monitor!r}, which was not logged; logged keys: "
                         f"{sorted(trainer.callback_metrics)}. Log it with self.log or fix 'monitor'."
                     )
+                warnings.warn(
+                    f"ReduceLROnPlateau monitors {cfg.monitor!r}, which was not logged (strict=False): this "
+                    "step leaves the learning rate as it is.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
                 continue
             _step_one(trainer, cfg.scheduler, value)  # the logged value itself, as Lightning passes it
         else:
@@ -109,13 +215,35 @@ def _step_one(trainer: Trainer, scheduler: Any, metric: Any) -> None:
         scheduler.step(metric)
 
 
-def check_optimizers(optimizers: list[torch.optim.Optimizer], automatic: bool, accumulate: int) -> None:
+def check_optimizers(
+    optimizers: list[torch.optim.Optimizer],
+    automatic: bool,
+    accumulate: int,
+    task: Any = None,
+    schedulers: Sequence[SchedulerConfig] = (),
+) -> None:
     """Refuse combinations that automatic optimization cannot run, saying what to do instead."""
+    step = getattr(task, "training_step", None)
+    if step is not None and "optimizer_idx" in _parameters(step):
+        raise OptimizerSetupError(
+            "training_step takes optimizer_idx, which Lightning 2 removed: several optimizers need manual "
+            "optimization; drop the argument, set self.automatic_optimization = False and step "
+            "`opt1, opt2 = self.optimizers()` in training_step."
+        )
     if automatic and len(optimizers) > 1:
-        raise TaskError(
+        raise OptimizerSetupError(
             "automatic optimization supports one optimizer; for several set "
             "self.automatic_optimization = False and step them in training_step."
         )
+    custom_step = task is not None and overrides(task, "lr_scheduler_step")
+    for cfg in schedulers if automatic and not custom_step else ():
+        if not isinstance(
+            cfg.scheduler, (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        ):
+            raise TaskError(
+                f"The lr scheduler {type(cfg.scheduler).__name__} is not a torch LRScheduler, so Tandem cannot "
+                "step it: override the task's lr_scheduler_step(scheduler, metric) to step it yourself."
+            )
     if not automatic and accumulate > 1:
         raise TaskError(
             "accumulate_grad_batches applies to automatic optimization only; with "
@@ -123,14 +251,24 @@ def check_optimizers(optimizers: list[torch.optim.Optimizer], automatic: bool, a
         )
 
 
+def _parameters(fn: Callable[..., Any]) -> list[str]:
+    try:
+        return list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return []
+
+
 def optimizer_step(
-    trainer: Trainer, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None
+    trainer: Trainer,
+    optimizer: torch.optim.Optimizer,
+    closure: Callable[[], Any] | None = None,
+    **kwargs: Any,
 ) -> Any:
     """The step through the strategy and precision, with Lightning's order: the closure (this batch's
     forward and backward) runs first, inside the step; then the gradients are made final (reduced, unscaled),
     on_before_optimizer_step runs, and (automatic optimization) gradients are clipped; then the update.
     An optimizer that calls the closure several times gets all of this each time."""
-    return trainer.strategy.optimizer_step(optimizer, StepClosure(trainer, optimizer, closure))
+    return trainer.strategy.optimizer_step(optimizer, StepClosure(trainer, optimizer, closure), **kwargs)
 
 
 class StepClosure:
@@ -194,9 +332,10 @@ class TaskOptimizer:
     def optimizer(self) -> torch.optim.Optimizer:
         return self._optimizer
 
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """Step through the strategy (the closure, if any, runs inside it first) and count the step."""
-        out = optimizer_step(self._trainer, self._optimizer, closure)
+    def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
+        """Step through the strategy (the closure, if any, runs inside it first) and count the step; `kwargs`
+        go to the optimizer's own ``step`` (Lightning's ``opt.step(closure=..., **kwargs)``)."""
+        out = optimizer_step(self._trainer, self._optimizer, closure, **kwargs)
         self._trainer.state.global_step += 1
         return out
 

@@ -26,6 +26,7 @@ from trainer.loop.hooks import Hooks, run_as
 from trainer.loop.optim import TaskOptimizer, check_optimizers, parse_optimizers
 from trainer.loop.signals import StopSignals
 from trainer.loop.transfer import transfer_owners
+from trainer.option_notes import resolve_max_epochs
 from trainer.states import TrainerStatus
 from trainer.task.base import Task
 from trainer.utilities.combined_loader import CombinedLoader
@@ -68,6 +69,8 @@ class Session:
         t, task, stage = self.t, self.task, self.stage
         t.task, t.datamodule, t.state.stage, t.session = task, self.dm, stage, self
         t.state.status = TrainerStatus.RUNNING
+        if stage == "fit":
+            resolve_max_epochs(t)  # an unset max_epochs becomes 1000 or -1 now, as in Lightning
         task._trainer = t
         if self.dm is not None:
             self.dm.trainer = t
@@ -103,6 +106,7 @@ class Session:
         t.hooks.call("setup", stage=stage)
         if "configure_model" in t.hooks.custom:
             run_as(t, "configure_model", task.configure_model)
+        t.strategy.connect(task)
         t.strategy.setup(task)
         t.loaders, t.loader_sizes = {}, {}
         self._check_data()
@@ -126,9 +130,10 @@ class Session:
         t._ckpt_path = self.restoring.path if self.restoring is not None else None  # "best"/"last" resolved
         if stage == "fit":
             t.optimizers, t.lr_scheduler_configs = parse_optimizers(
-                run_as(t, "configure_optimizers", task.configure_optimizers)
+                run_as(t, "configure_optimizers", task.configure_optimizers), task.automatic_optimization
             )
-            check_optimizers(t.optimizers, task.automatic_optimization, t.config.accumulate_grad_batches)
+            check_optimizers(t.optimizers, task.automatic_optimization, t.config.accumulate_grad_batches,
+                             task, t.lr_scheduler_configs)  # fmt: skip
             if not task.automatic_optimization and t.config.gradient_clip_val:  # Lightning refuses it too
                 raise TaskError(
                     "gradient_clip_val clips under automatic optimization only; with "
@@ -223,8 +228,8 @@ class Session:
     def _prepare(self, phase: str, loader: Any) -> Any:
         """One loader made ready for `phase`: unshuffled for overfit_batches, sharded, its workers seeded."""
         t = self.t
-        if phase == "train" and t.config.overfit_batches:  # the same first batches every epoch: no shuffling
-            loader = _unshuffled(loader)
+        if t.config.overfit_batches and (phase == "train" or (phase == "val" and self.stage == "fit")):
+            loader = _unshuffled(loader, phase)  # the same first batches every epoch: in order, as Lightning
         loader = with_worker_seeding(t.strategy.process_dataloader(loader, phase))
         if phase == "predict":  # each batch's sample indices, for prediction writers (as Lightning)
             loader = track_indices(loader)
@@ -311,12 +316,26 @@ def set_torch_flags(det: bool | str | None, bench: bool | None) -> None:
         torch.backends.cudnn.benchmark = bench
 
 
-def _unshuffled(loader: Any) -> Any:
-    """The loader with its samples in order (overfit_batches), when it can be rebuilt."""
-    from torch.utils.data import RandomSampler, SequentialSampler
+def _unshuffled(loader: Any, phase: str) -> Any:
+    """The loader with its samples in order (overfit_batches): a loader whose sampler is not sequential is rebuilt
+    with a SequentialSampler, with a warning (Lightning's); one that cannot be rebuilt is refused."""
+    from torch.utils.data import SequentialSampler
 
     from strategies.data.reinit import rebuild, rebuildable
 
-    if rebuildable(loader) and isinstance(loader.sampler, RandomSampler):
-        return rebuild(loader, sampler=SequentialSampler(loader.dataset))
-    return loader
+    sampler = getattr(loader, "sampler", None)
+    if sampler is None or isinstance(sampler, SequentialSampler):
+        return loader
+    kind = type(sampler).__name__
+    if not rebuildable(loader):
+        raise TaskError(
+            f"overfit_batches needs the {phase} loader's samples in order, but its {kind} cannot be replaced "
+            "(the DataLoader cannot be rebuilt); pass a DataLoader with shuffle=False."
+        )
+    warnings.warn(
+        f"overfit_batches was requested but the {phase} loader draws its samples with a {kind}: it now reads "
+        "them in order (a SequentialSampler), so every epoch sees the same batches.",
+        UserWarning,
+        stacklevel=2,
+    )
+    return rebuild(loader, sampler=SequentialSampler(loader.dataset))
