@@ -119,3 +119,121 @@ def test_task_print_goes_through_the_drawing_bar_with_its_keywords(tmp_path):
         mock.call("training_step", end=""),
         mock.call("test_step", file=sys.stderr),
     ]
+
+
+def test_two_progress_bars_are_refused_as_lightning_refuses_them():
+    from tandem_core.errors import ConfigError
+
+    with pytest.raises(pl.utilities.exceptions.MisconfigurationException):
+        pl.Trainer(callbacks=[pl.callbacks.TQDMProgressBar(), pl.callbacks.TQDMProgressBar()])
+    with pytest.raises(ConfigError, match="2 progress bars"):
+        Trainer(callbacks=[TQDMProgressBar(), TQDMProgressBar()])
+
+
+# ----- LearningRateMonitor ------------------------------------------------------------------------------------
+def _lr_run(lightning: bool, tmp_path, model_fn, **monitor_kw):
+    import torch
+
+    from callbacks import LearningRateMonitor
+    from trainer.loggers import CSVLogger
+
+    T, Monitor, Logger, Base = (
+        (pl.Trainer, pl.callbacks.LearningRateMonitor, pl.loggers.CSVLogger, PLBoring)
+        if lightning
+        else (Trainer, LearningRateMonitor, CSVLogger, BoringModel)
+    )
+    monitor = Monitor(**monitor_kw)
+    t = T(default_root_dir=str(tmp_path), max_epochs=2, limit_train_batches=5, limit_val_batches=0,
+          log_every_n_steps=2, callbacks=[monitor], logger=Logger(str(tmp_path)), enable_checkpointing=False,
+          enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    t.fit(model_fn(Base, torch))
+    return monitor
+
+
+def _two_optimizers_manual(Base, torch):
+    class Two(Base):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+
+        def training_step(self, batch, batch_idx):
+            for opt in self.optimizers():
+                loss = self.step(batch).sum()
+                opt.zero_grad()
+                self.manual_backward(loss)
+                opt.step()
+
+        def on_train_epoch_end(self):
+            for s in self.lr_schedulers():
+                s.step()
+
+        def configure_optimizers(self):
+            a = torch.optim.Adam(self.parameters(), lr=1e-2)
+            b = torch.optim.Adam(self.parameters(), lr=1e-3)
+            return [a, b], [
+                torch.optim.lr_scheduler.StepLR(a, 1, 0.1),
+                torch.optim.lr_scheduler.StepLR(b, 1, 0.5),
+            ]
+
+    return Two()
+
+
+def _named_groups(Base, torch):
+    class Groups(Base):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+
+        def configure_optimizers(self):
+            w, b = self.layer.weight, self.layer.bias
+            sgd = torch.optim.SGD([{"params": [w], "name": "weights"}, {"params": [b]}], lr=0.1, momentum=0.9)
+            rms = torch.optim.Adagrad([{"params": [self.layer.weight], "name": "only"}], lr=0.2)
+            return [sgd, rms]
+
+        def training_step(self, batch, batch_idx):
+            for opt in self.optimizers():
+                opt.zero_grad()
+                self.manual_backward(self.step(batch).sum())
+                opt.step()
+
+    return Groups()
+
+
+@pytest.mark.parametrize("interval", [None, "step", "epoch"])
+def test_lr_monitor_keys_values_and_steps_as_lightnings_with_two_manual_optimizers(tmp_path, interval):
+    ours = _lr_run(False, tmp_path / "t", _two_optimizers_manual, logging_interval=interval)
+    theirs = _lr_run(True, tmp_path / "l", _two_optimizers_manual, logging_interval=interval)
+    assert (
+        ours.lrs == theirs.lrs and ours.lrs["lr-Adam-1"]
+    )  # written at batches that stepped, not global steps
+
+
+def test_lr_monitor_group_names_momentum_and_its_warning_as_lightnings(tmp_path):
+    with pytest.warns(RuntimeWarning):  # Adagrad has no momentum
+        ours = _lr_run(False, tmp_path / "t", _named_groups, log_momentum=True, log_weight_decay=True)
+    with pytest.warns(RuntimeWarning):
+        theirs = _lr_run(True, tmp_path / "l", _named_groups, log_momentum=True, log_weight_decay=True)
+    assert list(ours.lrs) == list(theirs.lrs) == ["lr-SGD/weights", "lr-SGD/pg2", "lr-Adagrad/only"]
+    assert ours.lrs == theirs.lrs
+    assert ours.last_momentum_values == theirs.last_momentum_values
+    assert ours.last_weight_decay_values == theirs.last_weight_decay_values
+
+
+def test_lr_monitor_refuses_two_groups_of_one_name_as_lightning(tmp_path):
+    from tandem_core.errors import ConfigError
+
+    def same_names(Base, torch):
+        class Same(Base):
+            def configure_optimizers(self):
+                groups = [
+                    {"params": [self.layer.weight], "name": "x"},
+                    {"params": [self.layer.bias], "name": "x"},
+                ]
+                return torch.optim.SGD(groups, lr=0.1)
+
+        return Same()
+
+    with pytest.raises(pl.utilities.exceptions.MisconfigurationException):
+        _lr_run(True, tmp_path / "l", same_names)
+    with pytest.raises(ConfigError, match="share the name"):
+        _lr_run(False, tmp_path / "t", same_names)
