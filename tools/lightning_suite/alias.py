@@ -37,7 +37,11 @@ _UTILITIES = {  # the other helper's trainer.utilities holds the rest; looked up
 }
 TANDEM: dict[str, dict[str, str]] = {
     "": _TOP,
-    "core": _TOP,
+    "core": {
+        **_TOP,
+        "load_hparams_from_yaml": "trainer.loggers.hparams_file",
+        "save_hparams_to_yaml": "trainer.loggers.hparams_file",
+    },
     "trainer": {
         **_TOP,
         "TrainerFn": "trainer.states",
@@ -54,6 +58,8 @@ TANDEM: dict[str, dict[str, str]] = {
         "*": "trainer.loggers",
         "Logger": "trainer.loggers.base",
         "DummyLogger": "trainer.loggers.dummy",
+        "DummyExperiment": "trainer.loggers.dummy",
+        "ExperimentWriter": "trainer.loggers.csv_logs",
     },
     "strategies": {"*": "strategies"},
     "plugins": {"*": "trainer.plugins"},
