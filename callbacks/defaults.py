@@ -26,6 +26,9 @@ def default_callbacks(cfg: TrainerConfig, given: list[Callback]) -> list[Callbac
     def has(kind: type) -> bool:
         return any(isinstance(cb, kind) for cb in cbs)
 
+    bars = [type(cb).__name__ for cb in cbs if isinstance(cb, ProgressBar)]
+    if len(bars) > 1:  # two bars would draw over each other
+        raise ConfigError(f"callbacks include {len(bars)} progress bars ({', '.join(bars)}); keep one.")
     if not cfg.fast_dev_run:  # fast_dev_run turns checkpointing off by itself; a given callback then idles
         for flag, kind in (("enable_progress_bar", ProgressBar), ("enable_checkpointing", ModelCheckpoint)):
             if not getattr(cfg, flag) and has(kind):

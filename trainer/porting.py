@@ -205,17 +205,15 @@ def strategies_table() -> list[str]:
 
 def loggers_table() -> list[str]:
     import trainer.loggers as loggers
-    from tandem_core.errors import ConfigError
 
     rows = ["| logger | Tandem | constructor |", "|---|---|---|"]
     names = list(LIGHTNING_LOGGERS) + sorted(
         n for n in getattr(loggers, "__all__", []) if n.endswith("Logger") and n not in LIGHTNING_LOGGERS
     )
     for name in names:
-        try:  # a name Tandem refuses raises its message here (trainer.loggers' module __getattr__)
-            cls = getattr(loggers, name, None)
-        except ConfigError as e:
-            rows.append(f"| `{name}` | refused | {_cell(str(e))} |")
+        cls = getattr(loggers, name, None)
+        if getattr(cls, "refused_because", ""):  # importable, refused when built (trainer/loggers/refused.py)
+            rows.append(f"| `{name}` | refused when built | {_cell(cls.refused_because)} |")
             continue
         if not isinstance(cls, type):
             rows.append(

@@ -95,6 +95,16 @@ class ProgressBar(Callback):
         self._current_eval_dataloader_idx = None
 
     # ----- what a bar implements ------------------------------------------------------------------
+    @property
+    def is_enabled(self) -> bool:
+        """Whether the bar draws (override with your bar's state; the task prints through an enabled bar)."""
+        return True
+
+    @property
+    def is_disabled(self) -> bool:
+        """Whether the bar is off."""
+        return not self.is_enabled
+
     def disable(self) -> None:
         """Stop drawing (called on ranks other than 0, and by the Tuner while it runs)."""
         raise NotImplementedError

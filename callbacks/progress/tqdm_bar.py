@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import os
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -10,26 +12,44 @@ from callbacks.progress.base import ProgressBar
 from tandem_core.errors import ConfigError
 
 if TYPE_CHECKING:
+    from callbacks.progress.tqdm_class import Tqdm
     from trainer.task.base import Task
     from trainer.trainer import Trainer
 
 
-def format_metrics(metrics: dict[str, Any]) -> dict[str, str]:
-    """Three significant digits for numbers, as Lightning's bar shows them; anything else as text."""
-    return {k: f"{v:.3g}" if isinstance(v, float) else str(v) for k, v in metrics.items()}
+def __getattr__(name: str) -> Any:
+    """``Tqdm`` is imported on first use (`import trainer` stays fast); a test may replace it here."""
+    if name == "Tqdm":
+        from callbacks.progress.tqdm_class import Tqdm
+
+        globals()["Tqdm"] = Tqdm
+        return Tqdm
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _bar_class() -> type:
+    return globals().get("Tqdm") or __getattr__("Tqdm")
+
+
+def _finite(total: int | float | None) -> int | float | None:
+    """tqdm takes None for an unknown length (an infinite or NaN total)."""
+    return None if total is None or math.isinf(total) or math.isnan(total) else total
 
 
 class TQDMProgressBar(ProgressBar):
-    """A tqdm bar per training epoch (it/s, prog_bar metrics) and one per evaluation run.
+    """A tqdm bar for training (one per epoch with ``leave=True``) and one per evaluation run, its
+    ``train_progress_bar``, ``val_progress_bar``, ``test_progress_bar`` and ``predict_progress_bar``
+    (kept after they close, as Lightning keeps them).
 
-    Lightning's arguments: the bar advances every `refresh_rate` batches (0 draws nothing),
-    `process_position` offsets the bars by that many lines, `leave` keeps each epoch's bar. Tandem adds
-    `min_interval_s`: the prog_bar metrics are converted to numbers (a device synchronization) only on
-    drawing batches and at most once per `min_interval_s`, so a step that draws nothing costs no
-    synchronization. Customize a bar by overriding ``init_train_tqdm`` (or the sanity, validation, test,
-    predict ones). Example: ``Trainer(callbacks=[TQDMProgressBar(refresh_rate=10)])``.
+    Lightning's arguments: the bar advances every `refresh_rate` batches (0 draws nothing; the environment
+    variable ``TQDM_MINITERS`` raises it), `process_position` offsets the bars by that many lines, `leave` keeps
+    each epoch's bar. Tandem adds `min_interval_s`: the prog_bar metrics are converted to numbers (a device
+    synchronization) only on drawing batches and at most once per `min_interval_s`, so a step that draws
+    nothing costs no synchronization. Customize a bar by overriding ``init_train_tqdm`` (or the sanity,
+    validation, test, predict ones). Example: ``Trainer(callbacks=[TQDMProgressBar(refresh_rate=10)])``.
     """
 
+    BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_noinv_fmt}{postfix}]"
     # runs after the task's hooks, so that the epoch-end bar shows the epoch's aggregates
     monitoring = True
 
@@ -44,16 +64,60 @@ class TQDMProgressBar(ProgressBar):
         super().__init__()
         if not isinstance(refresh_rate, int) or isinstance(refresh_rate, bool) or refresh_rate < 0:
             raise ConfigError(f"TQDMProgressBar(refresh_rate=...) must be an int >= 0, got {refresh_rate!r}.")
+        if os.getenv("COLAB_GPU") and refresh_rate == 1:  # a bar redrawn every batch crashes Colab's output
+            refresh_rate = 20
+        if "TQDM_MINITERS" in os.environ:  # tqdm's own setting of the fewest iterations between draws
+            refresh_rate = max(refresh_rate, int(os.environ["TQDM_MINITERS"]))
         self._refresh_rate = refresh_rate
         self._process_position = process_position
         self._leave = leave
         self._enabled = True
         self.min_interval_s = min_interval_s
-        self.train_progress_bar: Any = None
-        self.val_progress_bar: Any = None  # the open evaluation bar (validation, test or predict)
-        self._eval_count = 0
+        self._bars: dict[str, Any] = {"train": None, "val": None, "test": None, "predict": None}
         self._last_metrics_t = float("-inf")
-        self._train_rate = refresh_rate
+
+    # ----- the bars, as Lightning names them -------------------------------------------------------
+    def _get(self, kind: str) -> Any:
+        bar = self._bars[kind]
+        if bar is None:
+            raise TypeError(f"{type(self).__name__}.{kind}_progress_bar has not been opened yet.")
+        return bar
+
+    @property
+    def train_progress_bar(self) -> Tqdm:
+        """The training bar (a TypeError before training opened one)."""
+        return self._get("train")
+
+    @train_progress_bar.setter
+    def train_progress_bar(self, bar: Any) -> None:
+        self._bars["train"] = bar
+
+    @property
+    def val_progress_bar(self) -> Tqdm:
+        """The validation (or sanity check) bar."""
+        return self._get("val")
+
+    @val_progress_bar.setter
+    def val_progress_bar(self, bar: Any) -> None:
+        self._bars["val"] = bar
+
+    @property
+    def test_progress_bar(self) -> Tqdm:
+        """The test bar."""
+        return self._get("test")
+
+    @test_progress_bar.setter
+    def test_progress_bar(self, bar: Any) -> None:
+        self._bars["test"] = bar
+
+    @property
+    def predict_progress_bar(self) -> Tqdm:
+        """The predict bar."""
+        return self._get("predict")
+
+    @predict_progress_bar.setter
+    def predict_progress_bar(self, bar: Any) -> None:
+        self._bars["predict"] = bar
 
     @property
     def refresh_rate(self) -> int:
@@ -87,188 +151,211 @@ class TQDMProgressBar(ProgressBar):
         self._enabled = True
 
     def __getstate__(self) -> dict[str, Any]:  # open bars hold a file: pickle without them
-        return {k: None if k.endswith("progress_bar") else v for k, v in vars(self).items()}
+        state = dict(vars(self))
+        state["_bars"] = dict.fromkeys(self._bars)
+        return state
 
-    # ----- the bars (override to customize) -------------------------------------------------------
-    def _tqdm(self, desc: str, position: int, leave: bool) -> Any:
-        from tqdm import tqdm  # imported when a bar is drawn: `import trainer` stays fast
-
-        return tqdm(
+    # ----- making bars (override to customize) ----------------------------------------------------
+    def _tqdm(self, desc: str, line: int, leave: bool, smoothing: bool = False) -> Any:
+        extra = {"smoothing": 0} if smoothing else {}
+        return _bar_class()(
             desc=desc,
-            position=2 * self.process_position + position,
+            position=2 * self.process_position + line,
             disable=self.is_disabled,
             leave=leave,
             dynamic_ncols=True,
             file=sys.stdout,
-            smoothing=0,
             mininterval=self.min_interval_s,
+            bar_format=self.BAR_FORMAT,
+            **extra,
         )
 
-    def init_sanity_tqdm(self) -> Any:
+    def init_sanity_tqdm(self) -> Tqdm:
         """The tqdm bar of the sanity check."""
         return self._tqdm(self.sanity_check_description, 0, False)
 
-    def init_train_tqdm(self) -> Any:
+    def init_train_tqdm(self) -> Tqdm:
         """The tqdm bar of training."""
-        return self._tqdm(self.train_description, 0, True)
+        return self._tqdm(self.train_description, 0, True, smoothing=True)
 
-    def init_validation_tqdm(self) -> Any:
-        """The tqdm bar of validation."""
-        return self._tqdm(self.validation_description, 0 if self.train_progress_bar is None else 1, False)
+    def init_validation_tqdm(self) -> Tqdm:
+        """The tqdm bar of validation (under the training bar during fit)."""
+        under_train = self.trainer.state.fn != "validate"
+        return self._tqdm(self.validation_description, int(under_train), not under_train)
 
-    def init_test_tqdm(self) -> Any:
+    def init_test_tqdm(self) -> Tqdm:
         """The tqdm bar of testing."""
         return self._tqdm(self.test_description, 0, True)
 
-    def init_predict_tqdm(self) -> Any:
+    def init_predict_tqdm(self) -> Tqdm:
         """The tqdm bar of predicting."""
-        return self._tqdm(self.predict_description, 0, True)
+        return self._tqdm(self.predict_description, 0, True, smoothing=True)
 
-    def _set_metrics(self, trainer: Trainer, bar: Any, force: bool = False) -> None:
-        """Show the bar's metrics; converts them, so only when it is time to draw."""
+    # ----- drawing ---------------------------------------------------------------------------------
+    def _due(self, n: int, total: Any) -> bool:
+        return self.is_enabled and (n % self.refresh_rate == 0 or n == total)
+
+    def _advance(self, bar: Any, n: int) -> None:
+        """Set the count (exact after every drawing batch, as Lightning's); redraw unless tqdm drew just now."""
+        if bar.disable:
+            return
+        bar.n = n
+        drawn = getattr(bar, "last_print_t", None)
+        if n == bar.total or drawn is None or time.time() - drawn >= getattr(bar, "mininterval", 0):
+            bar.refresh()
+
+    def _show_metrics(self, trainer: Trainer, force: bool = False, even_hidden: bool = False) -> None:
+        """Put the metrics on the training bar; converts them, so only when it is time to draw (and, as in
+        Lightning, at the end of each validation of fit, the sanity check's included)."""
+        bar = self._bars["train"]
+        if bar is None or (bar.disable and not even_hidden):
+            return
         now = time.monotonic()
         if force or now - self._last_metrics_t >= self.min_interval_s:
             self._last_metrics_t = now
             assert trainer.task is not None
-            bar.set_postfix(format_metrics(self.get_metrics(trainer, trainer.task)), refresh=False)
+            # numbers stay numbers: the bar class formats them (Tqdm pads them to a steady width)
+            bar.set_postfix(self.get_metrics(trainer, trainer.task), refresh=force)
+
+    def _loader_start(self, kind: str, total: Any, desc: str, dataloader_idx: int) -> None:
+        """A new evaluation loader: restart the bar at 0 of its length."""
+        if not self.has_dataloader_changed(dataloader_idx):
+            return
+        bar = self._bars[kind]
+        if bar is None:
+            return
+        bar.reset()
+        bar.total = _finite(total)
+        bar.initial = 0
+        bar.set_description(f"{desc} DataLoader {dataloader_idx}")
+
+    def _batch_end(self, kind: str, batch_idx: int) -> None:
+        bar = self._bars[kind]
+        if bar is not None and self._due(batch_idx + 1, bar.total):
+            self._advance(bar, batch_idx + 1)
+
+    def _close(self, kind: str) -> None:
+        if self._bars[kind] is not None:
+            self._bars[kind].close()
 
     # ----- training ------------------------------------------------------------------------------
+    def on_sanity_check_start(self, trainer: Trainer, task: Task) -> None:
+        self.val_progress_bar = self.init_sanity_tqdm()
+        self.train_progress_bar = _bar_class()(disable=True)  # no training bar yet
+
+    def on_sanity_check_end(self, trainer: Trainer, task: Task) -> None:
+        self._close("val")
+        self._close("train")
+
     def on_train_start(self, trainer: Trainer, task: Task) -> None:
-        """A run resumed inside an epoch gets no on_train_epoch_start (as in Lightning): open its bar here."""
+        """Open the training bar; a run resumed inside an epoch gets no on_train_epoch_start (as in Lightning)."""
+        self.train_progress_bar = self.init_train_tqdm()
         if trainer.state.batch_in_epoch:
             self.on_train_epoch_start(trainer, task)
 
     def on_train_epoch_start(self, trainer: Trainer, task: Task) -> None:
-        """Open (or reset) the epoch's bar."""
-        if self.is_disabled:
-            return
-        self._train_rate = self.refresh_rate  # read once per epoch (is_enabled: it is > 0)
-        total, start = self.total_train_batches, trainer.state.batch_in_epoch
-        if self.train_progress_bar is None or self.leave:
-            self._close_train()
+        """Restart the bar (a new one with ``leave=True``) at the epoch's first batch."""
+        if self.leave and trainer.state.batch_in_epoch == 0:
             self.train_progress_bar = self.init_train_tqdm()
         bar = self.train_progress_bar
-        bar.reset(total=None if total == float("inf") else int(total))
-        bar.update(start)
-        bar.set_description(f"Epoch {trainer.current_epoch}", refresh=False)
+        bar.reset()
+        bar.total = _finite(self.total_train_batches)
+        bar.initial = 0
+        bar.set_description(f"Epoch {trainer.current_epoch}")
+        if trainer.state.batch_in_epoch:
+            self._advance(bar, trainer.state.batch_in_epoch)
 
     def on_train_batch_end(
         self, trainer: Trainer, task: Task, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        """Advance every refresh_rate batches."""
-        bar = self.train_progress_bar
-        if bar is None or not self._enabled:  # (is_enabled was read when the epoch's bar opened)
-            return
-        done = batch_idx + 1
-        if done != bar.total:
-            if done % self._train_rate:
-                return
-            # tqdm's update draws only `mininterval` after its last draw: before that, count without the call
-            # (and without converting the metrics, which only a draw shows)
-            drawn = getattr(bar, "last_print_t", None)
-            if drawn is not None and time.time() - drawn < bar.mininterval:
-                bar.n = done
-                return
-        self._set_metrics(trainer, bar)
-        bar.update(done - bar.n)
+        """Advance every refresh_rate batches (and on the last one)."""
+        bar = self._bars["train"]
+        if bar is not None and self._due(batch_idx + 1, bar.total):
+            self._show_metrics(trainer, force=batch_idx + 1 == bar.total)
+            self._advance(bar, batch_idx + 1)
 
     def on_train_epoch_end(self, trainer: Trainer, task: Task) -> None:
         """Show the epoch's final metrics."""
-        if self.train_progress_bar is not None and self.is_enabled:
-            self._set_metrics(trainer, self.train_progress_bar, force=True)
-            self.train_progress_bar.refresh()
-            if self.leave:
-                self._close_train()
+        self._show_metrics(trainer, force=True)
+        if self.leave:
+            self._close("train")
 
     def on_train_end(self, trainer: Trainer, task: Task) -> None:
-        """Close the bar."""
-        self._close_train()
+        """Close the bar (it stays readable as train_progress_bar)."""
+        self._close("train")
 
     # ----- evaluation ----------------------------------------------------------------------------
-    def _eval_start(self, bar: Any, total: int | float) -> None:
-        self._close_eval()
-        self._eval_count = 0
-        bar.reset(total=None if total == float("inf") else int(total))
-        self.val_progress_bar = bar
-
-    def _eval_batch_end(self) -> None:
-        self._eval_count += 1
-        bar = self.val_progress_bar
-        if bar is not None and self.is_enabled and self._eval_count % self.refresh_rate == 0:
-            bar.update(self._eval_count - bar.n)
-
-    def _eval_end(self, trainer: Trainer) -> None:
-        bar = self.val_progress_bar
-        if bar is not None and self.is_enabled:
-            bar.update(self._eval_count - bar.n)
-        self._close_eval()
-        self.reset_dataloader_idx_tracker()
-        if self.train_progress_bar is not None and self.is_enabled and not trainer.sanity_checking:
-            self._set_metrics(trainer, self.train_progress_bar, force=True)  # show the validation metrics
-            self.train_progress_bar.refresh()
-
-    def on_sanity_check_start(self, trainer: Trainer, task: Task) -> None:
-        self._eval_start(self.init_sanity_tqdm(), sum(self.num_sanity_val_batches))
-
-    def on_sanity_check_end(self, trainer: Trainer, task: Task) -> None:
-        self._close_eval()
-
     def on_validation_start(self, trainer: Trainer, task: Task) -> None:
         """Open the validation bar (the sanity check opened its own)."""
         if not trainer.sanity_checking:
-            self._eval_start(self.init_validation_tqdm(), sum(trainer.num_val_batches))
+            self.val_progress_bar = self.init_validation_tqdm()
 
-    def on_validation_batch_end(self, trainer: Trainer, task: Task, *args: Any) -> None:
-        self._eval_batch_end()
+    def on_validation_batch_start(
+        self, trainer: Trainer, task: Task, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        desc = self.sanity_check_description if trainer.sanity_checking else self.validation_description
+        self._loader_start("val", self.total_val_batches_current_dataloader, desc, dataloader_idx)
+
+    def on_validation_batch_end(
+        self, trainer: Trainer, task: Task, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._batch_end("val", batch_idx)
 
     def on_validation_end(self, trainer: Trainer, task: Task) -> None:
-        self._eval_end(trainer)
+        self._close("val")
+        self.reset_dataloader_idx_tracker()
+        if trainer.state.fn == "fit":
+            self._show_metrics(trainer, force=True, even_hidden=True)  # show the validation metrics
 
     def on_test_start(self, trainer: Trainer, task: Task) -> None:
-        self._eval_start(self.init_test_tqdm(), sum(trainer.num_test_batches))
+        self.test_progress_bar = self.init_test_tqdm()
 
-    def on_test_batch_end(self, trainer: Trainer, task: Task, *args: Any) -> None:
-        self._eval_batch_end()
+    def on_test_batch_start(
+        self, trainer: Trainer, task: Task, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        total = self.total_test_batches_current_dataloader
+        self._loader_start("test", total, self.test_description, dataloader_idx)
+
+    def on_test_batch_end(
+        self, trainer: Trainer, task: Task, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._batch_end("test", batch_idx)
 
     def on_test_end(self, trainer: Trainer, task: Task) -> None:
-        self._eval_end(trainer)
+        self._close("test")
+        self.reset_dataloader_idx_tracker()
 
     def on_predict_start(self, trainer: Trainer, task: Task) -> None:
-        self._eval_start(self.init_predict_tqdm(), sum(trainer.num_predict_batches))
+        self.predict_progress_bar = self.init_predict_tqdm()
 
-    def on_predict_batch_end(self, trainer: Trainer, task: Task, *args: Any) -> None:
-        self._eval_batch_end()
+    def on_predict_batch_start(
+        self, trainer: Trainer, task: Task, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        total = self.total_predict_batches_current_dataloader
+        self._loader_start("predict", total, self.predict_description, dataloader_idx)
+
+    def on_predict_batch_end(
+        self, trainer: Trainer, task: Task, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._batch_end("predict", batch_idx)
 
     def on_predict_end(self, trainer: Trainer, task: Task) -> None:
-        self._eval_end(trainer)
+        self._close("predict")
+        self.reset_dataloader_idx_tracker()
 
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        """Print above the bars."""
-        bar = self.val_progress_bar or self.train_progress_bar
-        if bar is None:
-            print(*args, **kwargs)
-            return
-        from tqdm import tqdm
-
-        sep, end = kwargs.pop("sep", " "), kwargs.pop("end", "\n")
-        tqdm.write(sep.join(map(str, args)), end=end, file=kwargs.pop("file", sys.stdout))
+    def print(self, *args: Any, sep: str = " ", **kwargs: Any) -> None:
+        """Print above the bars (through the first drawing bar's ``write``; nothing when none draws)."""
+        for bar in self._bars.values():
+            if bar is not None and not bar.disable:
+                bar.write(sep.join(map(str, args)), **kwargs)
+                return
 
     # ----- clean-up ------------------------------------------------------------------------------
-    def _close_train(self) -> None:
-        if self.train_progress_bar is not None:
-            self.train_progress_bar.close()
-            self.train_progress_bar = None
-
-    def _close_eval(self) -> None:
-        if self.val_progress_bar is not None:
-            self.val_progress_bar.close()
-            self.val_progress_bar = None
-
     def on_exception(self, trainer: Trainer, task: Task, exception: BaseException) -> None:
         """Close the bars so that the traceback starts on a clean line."""
-        self._close_eval()
-        self._close_train()
+        for kind in self._bars:
+            self._close(kind)
 
     def teardown(self, trainer: Trainer, task: Task, stage: str) -> None:
-        self._close_eval()
-        self._close_train()
+        for kind in self._bars:
+            self._close(kind)

@@ -37,18 +37,29 @@ _UTILITIES = {  # the other helper's trainer.utilities holds the rest; looked up
 }
 TANDEM: dict[str, dict[str, str]] = {
     "": _TOP,
-    "core": _TOP,
+    "core": {
+        **_TOP,
+        "load_hparams_from_yaml": "trainer.loggers.hparams_file",
+        "save_hparams_to_yaml": "trainer.loggers.hparams_file",
+    },
     "trainer": {
         **_TOP,
         "TrainerFn": "trainer.states",
         "TrainerStatus": "trainer.states",
         "RunningStage": "trainer.states",
     },
-    "callbacks": {"*": "callbacks", "EarlyStoppingReason": "callbacks.early_stopping"},
+    "callbacks": {
+        "*": "callbacks",
+        "EarlyStoppingReason": "callbacks.early_stopping",
+        "Tqdm": "callbacks.progress.tqdm_bar",
+        "RichProgressBarTheme": "callbacks.progress.rich_bar",
+    },
     "loggers": {
         "*": "trainer.loggers",
         "Logger": "trainer.loggers.base",
         "DummyLogger": "trainer.loggers.dummy",
+        "DummyExperiment": "trainer.loggers.dummy",
+        "ExperimentWriter": "trainer.loggers.csv_logs",
     },
     "strategies": {"*": "strategies"},
     "plugins": {"*": "trainer.plugins"},
@@ -77,6 +88,9 @@ def _resolve(target: str, name: str) -> Any:
         raise AttributeError(name) from None
 
 
+_MISSING = object()
+
+
 class _NamesModule(types.ModuleType):
     """A module whose attributes are looked up in a name table; a name Tandem lacks is an absent.py stand-in."""
 
@@ -84,6 +98,30 @@ class _NamesModule(types.ModuleType):
         super().__init__(name)
         self.__path__: list[str] = []  # a package: its submodules resolve through the finder too
         self._table = table
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """`mock.patch("lightning.pytorch.x.Name", new)` patches the Tandem object Name is aliased to, where
+        Tandem looks it up (only for a name listed by itself: "*" entries name a package, not where it is used)."""
+        target = None if name.startswith("_") else self.__dict__.get("_table", {}).get(name)
+        if target is not None:
+            module, _, attr = target.partition(":")
+            owner = importlib.import_module(module)
+            saved = self.__dict__.setdefault("_patched", {})
+            if name not in saved:
+                saved[name] = (owner, attr or name, owner.__dict__.get(attr or name, _MISSING))
+            setattr(owner, attr or name, value)
+        super().__setattr__(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        """The end of a patch: the Tandem module gets its own object back."""
+        saved = self.__dict__.get("_patched", {}).pop(name, None)
+        if saved is not None:
+            owner, attr, original = saved
+            if original is _MISSING:
+                owner.__dict__.pop(attr, None)
+            else:
+                setattr(owner, attr, original)
+        super().__delattr__(name)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") and name not in self._table:

@@ -57,7 +57,7 @@ def align_versions(loggers: list[Logger]) -> list[Logger]:
     """
     groups: dict[str, list[Logger]] = {}
     for lg in loggers:
-        if lg._version is None and lg.numbered_versions:
+        if getattr(lg, "_version", 0) is None and lg.numbered_versions and lg.root_dir is not None:
             groups.setdefault(os.path.abspath(lg.root_dir), []).append(lg)
     for group in groups.values():
         if len(group) > 1:
@@ -74,12 +74,27 @@ def agree_versions(loggers: list[Logger], comm: Any) -> None:
     """
     if comm.world_size <= 1 and comm.is_global_zero:
         return
-    versions = [lg.version for lg in loggers] if comm.is_global_zero else None
+    versions = [_version_or_none(lg) for lg in loggers] if comm.is_global_zero else None
     versions = comm.broadcast(versions, 0)
     if versions is None:  # a lone process that is not rank 0 (tests pose as one): claim nothing
-        versions = [lg._version if lg._version is not None else next_version(lg.root_dir) for lg in loggers]
+        versions = [_own_version(lg) for lg in loggers]
     for lg, v in zip(loggers, versions):
-        lg._version = v
+        if v is not None:
+            lg._version = v
+
+
+def _own_version(lg: Logger) -> Any:
+    """A non-zero rank's guess without rank 0: the given version, else the next free one (None: no directory)."""
+    given = getattr(lg, "_version", None)
+    return given if given is not None or lg.root_dir is None else next_version(lg.root_dir)
+
+
+def _version_or_none(lg: Logger) -> Any:
+    """The logger's version, or None for a logger that has none (no save_dir, no version of its own)."""
+    try:
+        return lg.version
+    except TypeError:
+        return None
 
 
 class Logger:
@@ -95,35 +110,66 @@ class Logger:
     def __init__(
         self, save_dir: str = ".", name: str | None = "lightning_logs", version: int | str | None = None
     ) -> None:
-        self.save_dir = os.fspath(save_dir)
-        self.name = name or ""
+        # kept under private names: a subclass may define save_dir or name as read-only properties (Lightning's
+        # Logger declares them abstract), and this __init__ must not assign through them
+        self._save_dir = os.fspath(save_dir) if save_dir is not None else None
+        self._name = name or ""
         self._version = version
         self._shared: SharedVersion | None = None  # set by align_versions
 
     @property
-    def root_dir(self) -> str:
-        """save_dir/name: the directory that holds every version of this experiment."""
-        return os.path.join(self.save_dir, self.name)
+    def save_dir(self) -> str | None:
+        """The directory under which the experiment's directories are made (None: the logger writes nothing
+        locally)."""
+        return self._save_dir
+
+    @save_dir.setter
+    def save_dir(self, value: str | None) -> None:
+        self._save_dir = value
+
+    @property
+    def name(self) -> str:
+        """The experiment's name (its directory under save_dir)."""
+        return self._name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self._name = value
+
+    @property
+    def root_dir(self) -> str | None:
+        """save_dir/name: the directory that holds every version of this experiment (None without save_dir)."""
+        if self.save_dir is None:
+            return None
+        return os.path.join(self.save_dir, str(self.name or ""))
 
     @property
     def version(self) -> int | str:
         """The run's version: unless given, claimed (version_N created) at the first access on rank 0."""
         if self._version is None:
             root = self.root_dir
+            if root is None:
+                raise TypeError(
+                    f"{type(self).__name__} has neither a save_dir nor a version; define `version`."
+                )
             self._version = self._shared.get(root) if self._shared is not None else claim_version(root)
         return self._version
 
     @property
-    def log_dir(self) -> str:
-        """The directory this logger writes into."""
+    def log_dir(self) -> str | None:
+        """The directory this logger writes into (None without save_dir)."""
+        if self.root_dir is None:
+            return None
         version = self.version if isinstance(self.version, str) else f"version_{self.version}"
         return os.path.join(self.root_dir, version)
 
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         """Write scalar metrics at a step."""
         raise NotImplementedError
 
-    def log_hyperparams(self, params: dict[str, Any], metrics: dict[str, float] | None = None) -> None:
+    def log_hyperparams(
+        self, params: dict[str, Any] | None = None, metrics: dict[str, float] | None = None
+    ) -> None:
         """Record the run's hyperparameters (with metrics when given); the Trainer calls it when a stage starts."""
 
     def after_save_checkpoint(self, checkpoint_callback: Any) -> None:

@@ -12,6 +12,46 @@ from tandem_core.fileio import atomic_write
 from trainer.loggers.base import Logger, add_prefix, write_hparams_yaml
 
 
+class ExperimentWriter:
+    """What ``CSVLogger.experiment`` gives: the rows not yet written (``metrics``), ``log_metrics``, ``log_hparams``
+    and ``save``, as Lightning's ExperimentWriter. Example: ``logger.experiment.log_metrics({"loss": 0.1})``."""
+
+    NAME_HPARAMS_FILE = "hparams.yaml"
+    NAME_METRICS_FILE = "metrics.csv"
+
+    def __init__(self, logger: CSVLogger) -> None:
+        self._logger = logger
+        self.hparams: dict[str, Any] = {}
+
+    @property
+    def log_dir(self) -> str:
+        """The version directory written into."""
+        return self._logger.log_dir
+
+    @property
+    def metrics_file_path(self) -> str:
+        """The path of metrics.csv."""
+        return self._logger.metrics_file
+
+    @property
+    def metrics(self) -> list[dict[str, Any]]:
+        """The rows logged since the last save (emptied by it)."""
+        return self._logger.rows[self._logger._written :]
+
+    def log_metrics(self, metrics_dict: dict[str, Any], step: int | None = None) -> None:
+        """Add a row (step: the number of rows so far when not given); written at the next save."""
+        self._logger._add_row(metrics_dict, step)
+
+    def log_hparams(self, params: dict[str, Any]) -> None:
+        """Write hparams.yaml with these hyperparameters added."""
+        self.hparams.update(params)
+        write_hparams_yaml(self.log_dir, self.hparams)
+
+    def save(self) -> None:
+        """Write the rows logged since the last save."""
+        self._logger.save()
+
+
 class CSVLogger(Logger):
     """Writes save_dir/name/version_N/metrics.csv (and hparams.yaml).
 
@@ -37,21 +77,37 @@ class CSVLogger(Logger):
         self._columns: list[str] = []
         self._written = 0  # rows already in the file
         self._opened = False  # whether the file's earlier rows (a resumed run) were read
+        self._experiment: ExperimentWriter | None = None
+
+    @property
+    def experiment(self) -> ExperimentWriter:
+        """The writer of metrics.csv and hparams.yaml (Lightning's ExperimentWriter)."""
+        if self._experiment is None:
+            self._experiment = ExperimentWriter(self)
+        return self._experiment
 
     @property
     def metrics_file(self) -> str:
         """The path of the metrics CSV file."""
         return os.path.join(self.log_dir, "metrics.csv")
 
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        self.rows.append(
-            {**add_prefix(metrics, self.prefix), "step": step}
-        )  # one row per call, as Lightning's
+    def _add_row(self, metrics: dict[str, Any], step: int | None) -> int:
+        if step is None:  # Lightning: the number of rows not yet written
+            step = len(self.rows) - self._written
+        values = {k: v.item() if hasattr(v, "item") else v for k, v in metrics.items()}  # tensors as numbers
+        self.rows.append({**values, "step": step})  # one row per call, as Lightning's
+        return step
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        step = self._add_row(add_prefix(metrics, self.prefix), step)
         if (step + 1) % self.flush_logs_every_n_steps == 0:  # Lightning's rule
             self.save()
 
-    def log_hyperparams(self, params: dict[str, Any], metrics: dict[str, float] | None = None) -> None:
-        write_hparams_yaml(self.log_dir, params)
+    def log_hyperparams(
+        self, params: dict[str, Any] | None = None, metrics: dict[str, float] | None = None
+    ) -> None:
+        """Write hparams.yaml (every call's hyperparameters together, as Lightning's)."""
+        self.experiment.log_hparams(dict(params or {}))
 
     def save(self) -> None:
         """Append the new rows; rewrite the file when a column was added."""
@@ -65,7 +121,7 @@ class CSVLogger(Logger):
         new = self.rows[self._written :]
         added = [k for row in new for k in row if k not in self._columns]
         if added or not os.path.exists(path):
-            self._columns.extend(dict.fromkeys(added))
+            self._columns = sorted({*self._columns, *added})  # Lightning sorts the columns
             text = io.StringIO(newline="")
             writer = csv.DictWriter(text, fieldnames=self._columns)
             writer.writeheader()

@@ -17,10 +17,13 @@ if TYPE_CHECKING:
 def log_metrics(t: Trainer, metrics: dict[str, torch.Tensor], step: int | None = None) -> None:
     """Send metrics to the loggers (rank 0, not during the sanity check); one host copy per device. The step
     is Lightning's: inside fit the optimizer steps taken before the current one (global_step - 1 after a
-    step), else global_step; without a `step` "epoch" is added as an int unless the task logged its own."""
+    step), else global_step, or the value the task logged as "step" (which is then no metric); without a
+    `step` "epoch" is added as an int unless the task logged its own."""
     if not metrics or not t.loggers:  # as Lightning: logged_metrics holds what went to a logger (and
         return  # without one nothing is converted: no host copy)
     values: dict[str, float | int] = {k: float(v) for k, v in to_floats(metrics).items()}
+    if step is None and "step" in values:  # a metric logged as "step" is the step to write at (Lightning's)
+        step = int(values.pop("step"))
     t.logged_metrics.update(values)
     if t.is_global_zero and not t.state.sanity_checking:
         if step is None:
@@ -35,10 +38,10 @@ def log_metrics(t: Trainer, metrics: dict[str, torch.Tensor], step: int | None =
 def stage_hparams(t: Trainer) -> dict[str, Any] | None:
     """What the loggers get at the start of a stage, as Lightning 2.6: the task's hparams_initial and the
     DataModule's, merged (a key both hold with different values is an error), each only if its
-    save_hyperparameters(logger=...) allows; None when neither does. LightningCLI's "_class_path" is left out."""
+    save_hyperparameters(logger=...) allows (never without a save_hyperparameters call); None when neither does. LightningCLI's "_class_path" is left out."""
     task, dm = t.task, t.datamodule
-    task_on = task is not None and getattr(task, "_log_hyperparams", True)
-    dm_on = dm is not None and getattr(dm, "_log_hyperparams", True)
+    task_on = task is not None and getattr(task, "_log_hyperparams", False)
+    dm_on = dm is not None and getattr(dm, "_log_hyperparams", False)
     parts = [p.hparams_initial for p, on in ((task, task_on), (dm, dm_on)) if on]  # type: ignore[union-attr]
     if not parts:
         return None

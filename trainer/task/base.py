@@ -231,8 +231,14 @@ class Task(LightningAttributes, TaskDefaults, ExportMixin, torch.nn.Module, Hype
         return rebuild_task(cls, checkpoint_path, map_location, strict, kwargs, weights_only)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
-        """print() on global rank 0 only."""
-        if self.global_rank == 0:
+        """print() on global rank 0 only; through the progress bar while one draws, so that it stays intact."""
+        if self.global_rank != 0:
+            return
+        trainer = getattr(self, "_trainer", None)
+        bar = getattr(trainer, "progress_bar_callback", None) if trainer is not None else None
+        if bar is not None and getattr(bar, "is_enabled", False):
+            bar.print(*args, **kwargs)
+        else:
             print(*args, **kwargs)
 
 
