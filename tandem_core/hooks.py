@@ -141,7 +141,9 @@ def overrides(obj: Any, name: str) -> bool:
     own = getattr(obj, "__dict__", {}).get(name, _UNSET)
     if own is None:
         return False
-    fn = own if callable(own) else getattr(type(obj), name, None)
+    if callable(own):  # Lightning calls what the instance holds, whatever it wraps
+        return True
+    fn = getattr(type(obj), name, None)
     if fn is None and isinstance(
         obj, mock.NonCallableMock
     ):  # Mock(spec=Callback) in a user's tests: every hook
