@@ -378,3 +378,22 @@ def test_lightnings_unsupported_loggers_import_and_refuse_when_built():
     assert issubclass(CometLogger, Logger)  # `isinstance(logger, CometLogger)` in a user's code still works
     with pytest.raises(ConfigError, match="CometLogger is not available"):
         CometLogger(api_key="k", project="p")
+
+
+def test_tensorboard_logger_writes_hparams_yaml_without_hyperparameters_and_pickles_as_lightnings(tmp_path):
+    import pickle
+
+    from trainer.loggers import TensorBoardLogger
+
+    texts = []
+    for T, Logger, Model, root in (
+        (Trainer, TensorBoardLogger, BoringModel, tmp_path / "t"),
+        (pl.Trainer, pl.loggers.TensorBoardLogger, PLBoring, tmp_path / "l"),
+    ):
+        logger = Logger(save_dir=str(root), default_hp_metric=False)
+        T(max_steps=1, default_root_dir=str(root), logger=logger, enable_progress_bar=False).fit(Model())
+        texts.append((root / "lightning_logs" / "version_0" / "hparams.yaml").read_text())
+        logger.log_metrics({"a": 1.0})
+        logger.save()
+        pickle.loads(pickle.dumps(logger)).log_metrics({"a": 2.0}, 1)
+    assert texts[0] == texts[1] == "{}\n"
