@@ -397,3 +397,13 @@ def test_tensorboard_logger_writes_hparams_yaml_without_hyperparameters_and_pick
         logger.save()
         pickle.loads(pickle.dumps(logger)).log_metrics({"a": 2.0}, 1)
     assert texts[0] == texts[1] == "{}\n"
+
+
+def test_a_rich_progress_bar_brings_a_rich_model_summary_as_in_lightning():
+    pytest.importorskip("rich")
+    from callbacks import RichModelSummary, RichProgressBar
+
+    theirs = pl.Trainer(callbacks=pl.callbacks.RichProgressBar(), logger=False)
+    assert any(isinstance(cb, pl.callbacks.RichModelSummary) for cb in theirs.callbacks)
+    ours = Trainer(callbacks=RichProgressBar(), logger=False)
+    assert [type(cb) for cb in ours.callbacks if isinstance(cb, RichModelSummary)] == [RichModelSummary]

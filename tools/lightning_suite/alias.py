@@ -66,7 +66,11 @@ TANDEM: dict[str, dict[str, str]] = {
     "profilers": {"*": "trainer.profiler"},
     "tuner": {"Tuner": "trainer.tuner"},
     "demos": {"*": "trainer.demos"},
-    "utilities": {"*": "trainer.utilities", **_UTILITIES},
+    "utilities": {
+        "*": "trainer.utilities",
+        **_UTILITIES,
+        "summarize": "callbacks.summary.table",
+    },
 }
 # lightning.fabric under the Tandem run: only the user-facing names Lightning's tests import through it
 TANDEM_FABRIC: dict[str, dict[str, str]] = {
