@@ -313,7 +313,9 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
         self._written.add(path)
         trainer.save_checkpoint(path, weights_only=self.save_weights_only)  # atomic; rank 0 writes, all wait
         for logger in trainer.loggers if trainer.is_global_zero else []:  # trackers upload it (log_model)
-            logger.after_save_checkpoint(self)
+            getattr(logger, "after_save_checkpoint", lambda cb: None)(
+                self
+            )  # (a duck-typed logger may lack it)
 
     def _link(self, trainer: Trainer, target: str, link: str) -> None:
         """save_last="link": `link` becomes a relative symbolic link to `target` (a copy where links fail)."""

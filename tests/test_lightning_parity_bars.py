@@ -407,3 +407,46 @@ def test_a_rich_progress_bar_brings_a_rich_model_summary_as_in_lightning():
     assert any(isinstance(cb, pl.callbacks.RichModelSummary) for cb in theirs.callbacks)
     ours = Trainer(callbacks=RichProgressBar(), logger=False)
     assert [type(cb) for cb in ours.callbacks if isinstance(cb, RichModelSummary)] == [RichModelSummary]
+
+
+class _Duck:  # a logger that is no Logger subclass: Lightning takes any object as one
+    name, version, save_dir = "duck", 0, None
+
+    def __init__(self):
+        self.seen = []
+
+    def log_metrics(self, metrics, step=None):
+        self.seen.append((sorted(metrics), step))
+
+    def log_hyperparams(self, params, *args, **kwargs):
+        pass
+
+    def log_graph(self, model, input_array=None):
+        pass
+
+    def save(self):
+        pass
+
+    def finalize(self, status):
+        self.status = status
+
+
+class _Logs:
+    def training_step(self, batch, batch_idx):
+        out = super().training_step(batch, batch_idx)
+        self.log("a", out["loss"])
+        return out
+
+
+def test_a_duck_typed_logger_is_taken_as_lightning_takes_it(tmp_path):
+    from tandem_core.errors import ConfigError
+
+    seen = []
+    for T, Base in ((Trainer, BoringModel), (pl.Trainer, PLBoring)):
+        duck = _Duck()
+        T(default_root_dir=str(tmp_path), max_steps=3, log_every_n_steps=1, logger=duck, enable_progress_bar=False,
+          enable_checkpointing=False, enable_model_summary=False).fit(type("M", (_Logs, Base), {})())  # fmt: skip
+        seen.append((duck.seen, duck.status))
+    assert seen[0] == seen[1] and seen[0][1] == "success"
+    with pytest.raises(ConfigError, match="logger must be"):
+        Trainer(logger="tensorboard")
