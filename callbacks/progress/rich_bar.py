@@ -105,7 +105,8 @@ class RichProgressBar(ProgressBar):
         self._console_kwargs = console_kwargs or {}
         self._enabled = True
         self._console: Any = None
-        self.progress: Any = None
+        self.progress: Any = None  # rich's Progress of the running (or last) stage
+        self._stopped = True
         self._metrics: dict[str, Any] = {}
         self._metrics_t = float("-inf")
         self._reset_ids()
@@ -154,7 +155,7 @@ class RichProgressBar(ProgressBar):
 
     # ----- the display -----------------------------------------------------------------------------
     def _start(self) -> None:
-        if self.is_disabled or self.progress is not None:
+        if self.is_disabled or (self.progress is not None and not self._stopped):
             return
         from rich.console import Console
         from rich.progress import Progress
@@ -165,22 +166,24 @@ class RichProgressBar(ProgressBar):
             *_columns(self), auto_refresh=True, refresh_per_second=self.refresh_rate, console=self._console
         )
         self.progress.start()
+        self._stopped = False
 
     def _stop(self) -> None:
-        if self.progress is not None:
+        """Stop drawing; the stopped display stays readable (``progress.tasks``) until the next stage starts one."""
+        if self.progress is not None and not self._stopped:
             self.progress.stop()
-            self.progress = None
+        self._stopped = True
 
     def _add(self, total: int | float, description: str) -> Any:
         desc = f"[{self.theme.description}]{description}" if self.theme.description else description
         return self.progress.add_task(desc, total=total if math.isfinite(total) else None)
 
     def _hide(self, task_id: Any) -> None:
-        if self.progress is not None and task_id is not None:
+        if self.progress is not None and not self._stopped and task_id is not None:
             self.progress.update(task_id, visible=False)
 
     def _advance(self, task_id: Any, completed: int) -> None:
-        if self.progress is not None and task_id is not None and self.is_enabled:
+        if self.progress is not None and not self._stopped and task_id is not None and self.is_enabled:
             self.progress.update(task_id, completed=completed)
 
     def _update_metrics(self, trainer: Trainer, force: bool = False) -> None:
@@ -219,7 +222,8 @@ class RichProgressBar(ProgressBar):
             self.progress.reset(
                 self.train_progress_bar_id, total=total if math.isfinite(total) else None, description=desc
             )
-        self._advance(self.train_progress_bar_id, trainer.state.batch_in_epoch)
+        if trainer.state.batch_in_epoch:  # resumed inside the epoch (else the reset bar is at 0 already)
+            self._advance(self.train_progress_bar_id, trainer.state.batch_in_epoch)
 
     def on_train_batch_end(
         self, trainer: Trainer, task: Task, outputs: Any, batch: Any, batch_idx: int
@@ -229,7 +233,7 @@ class RichProgressBar(ProgressBar):
 
     def on_train_epoch_end(self, trainer: Trainer, task: Task) -> None:
         self._update_metrics(trainer, force=True)
-        if self.progress is not None:
+        if self.progress is not None and not self._stopped:
             self.progress.refresh()
 
     def _eval_batch_start(self, kind: str, dataloader_idx: int) -> None:
