@@ -464,3 +464,42 @@ def test_fast_dev_run_logs_to_a_dummy_logger_as_lightning(tmp_path, logger):
         ours.fit(type("M", (_Logs, BoringModel), {})())
         assert "v_num" not in ours.progress_bar_callback.get_metrics(ours, ours.task)
         assert not (tmp_path / "lightning_logs").exists()
+
+
+# ----- RichProgressBar ----------------------------------------------------------------------------------------
+def _rich_run(lightning: bool, tmp_path, train: int, val: int) -> tuple:
+    from callbacks import RichProgressBar
+
+    T, Bar, Model = (
+        (pl.Trainer, pl.callbacks.RichProgressBar, PLBoring)
+        if lightning
+        else (Trainer, RichProgressBar, BoringModel)
+    )
+    bar = Bar()
+    t = T(default_root_dir=str(tmp_path), num_sanity_val_steps=2, limit_train_batches=train, limit_val_batches=val,
+          max_epochs=1, callbacks=bar, logger=False, enable_checkpointing=False, enable_model_summary=False)  # fmt: skip
+    bar.on_train_start(t, Model())  # the display exists before fit: its updates can be counted
+    with mock.patch.object(bar.progress, "update", wraps=bar.progress.update) as update:
+        t.fit(Model())
+        updates = update.call_count
+    tasks = [(task.completed, task.total, task.visible) for task in bar.progress.tasks]
+    t.validate(Model(), verbose=False)  # a new stage: a new display with its own bars
+    return updates, tasks, [(task.completed, task.total) for task in bar.progress.tasks]
+
+
+@pytest.mark.parametrize(("train", "val"), [(3, 2), (2, 0)])
+def test_rich_bars_tasks_and_updates_as_lightnings(tmp_path, train, val):
+    pytest.importorskip("rich")
+    assert _rich_run(False, tmp_path / "t", train, val) == _rich_run(True, tmp_path / "l", train, val)
+
+
+def test_rich_columns_take_the_theme_styles_under_lightnings_names():
+    pytest.importorskip("rich")
+    import callbacks.progress.rich_columns as cols
+    from callbacks import RichProgressBar
+    from callbacks.progress import RichProgressBarTheme
+
+    theme = RichProgressBarTheme(batch_progress="red", time="blue", processing_speed="green")
+    made = cols.columns(RichProgressBar(theme=theme))
+    assert [type(c).__name__ for c in made[1:]] == list(cols._NAMES)
+    assert (made[2].style, made[3].style, made[4].style) == ("red", "blue", "green")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from callbacks.progress.base import ProgressBar
+from callbacks.progress.rich_columns import columns
 from tandem_core.errors import require
 
 if TYPE_CHECKING:
@@ -30,53 +30,6 @@ class RichProgressBarTheme:
     metrics: str = "italic"
     metrics_text_delimiter: str = " "
     metrics_format: str = ".3f"
-
-
-def _columns(bar: RichProgressBar) -> list[Any]:
-    """Description, bar, batches done/total, elapsed • remaining, speed, and the training metrics."""
-    from rich.progress import BarColumn, ProgressColumn, TextColumn
-    from rich.text import Text
-
-    theme = bar.theme
-
-    class Batches(ProgressColumn):
-        def render(self, task: Any) -> Text:
-            total = "--" if task.total is None or not math.isfinite(task.total) else int(task.total)
-            return Text(f"{int(task.completed)}/{total}", style=theme.batch_progress)
-
-    class Times(ProgressColumn):
-        max_refresh = 0.5
-
-        def render(self, task: Any) -> Text:
-            elapsed = task.finished_time if task.finished else task.elapsed
-            remaining = None if task.total is None or not math.isfinite(task.total) else task.time_remaining
-            show = [
-                ("-:--:--" if s is None else str(timedelta(seconds=int(s)))) for s in (elapsed, remaining)
-            ]
-            return Text(" • ".join(show), style=theme.time)
-
-    class Speed(ProgressColumn):
-        def render(self, task: Any) -> Text:
-            return Text(f"{task.speed or 0.0:>.2f}it/s", style=theme.processing_speed)
-
-    class Metrics(ProgressColumn):
-        def render(self, task: Any) -> Text:  # the metrics follow the training bar only
-            if task.id != bar.train_progress_bar_id:
-                return Text()
-            return Text(theme.metrics_text_delimiter.join(bar.metrics_texts()), style=theme.metrics)
-
-    return [
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(
-            complete_style=theme.progress_bar,
-            finished_style=theme.progress_bar_finished,
-            pulse_style=theme.progress_bar_pulse,
-        ),
-        Batches(),
-        Times(),
-        Speed(),
-        Metrics(),
-    ]
 
 
 class RichProgressBar(ProgressBar):
@@ -163,7 +116,7 @@ class RichProgressBar(ProgressBar):
         self._reset_ids()
         self._console = Console(**self._console_kwargs)
         self.progress = Progress(
-            *_columns(self), auto_refresh=True, refresh_per_second=self.refresh_rate, console=self._console
+            *columns(self), auto_refresh=True, refresh_per_second=self.refresh_rate, console=self._console
         )
         self.progress.start()
         self._stopped = False

@@ -53,6 +53,11 @@ TANDEM: dict[str, dict[str, str]] = {
         "EarlyStoppingReason": "callbacks.early_stopping",
         "Tqdm": "callbacks.progress.tqdm_bar",
         "RichProgressBarTheme": "callbacks.progress.rich_bar",
+        "CustomBarColumn": "callbacks.progress.rich_columns",
+        "BatchesProcessedColumn": "callbacks.progress.rich_columns",
+        "CustomTimeColumn": "callbacks.progress.rich_columns",
+        "ProcessingSpeedColumn": "callbacks.progress.rich_columns",
+        "MetricsTextColumn": "callbacks.progress.rich_columns",
     },
     "loggers": {
         "*": "trainer.loggers",
