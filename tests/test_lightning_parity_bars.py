@@ -503,3 +503,23 @@ def test_rich_columns_take_the_theme_styles_under_lightnings_names():
     made = cols.columns(RichProgressBar(theme=theme))
     assert [type(c).__name__ for c in made[1:]] == list(cols._NAMES)
     assert (made[2].style, made[3].style, made[4].style) == ("red", "blue", "green")
+
+
+def test_a_keyboard_interrupt_reaches_the_caller_with_the_bars_closed_and_ctrl_c_still_working(tmp_path):
+    """Deliberate difference (docs/porting.md): Lightning turns a KeyboardInterrupt into sys.exit(1) and leaves
+    SIGINT ignored in the process for good; Tandem closes the bars and lets the KeyboardInterrupt through."""
+    import signal
+
+    pytest.importorskip("rich")
+    from callbacks import RichProgressBar
+
+    class Interrupted(BoringModel):
+        def on_train_start(self):
+            raise KeyboardInterrupt
+
+    bar = RichProgressBar()
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(default_root_dir=str(tmp_path), fast_dev_run=True, callbacks=bar).fit(Interrupted())
+    assert bar._stopped  # the live display no longer draws
+    assert signal.getsignal(signal.SIGINT) is before
