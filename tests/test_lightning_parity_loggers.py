@@ -213,17 +213,3 @@ def test_a_duck_typed_logger_is_taken_as_lightning_takes_it(tmp_path):
     assert seen[0] == seen[1] and seen[0][1] == "success"
     with pytest.raises(ConfigError, match="logger must be"):
         Trainer(logger="tensorboard")
-
-
-@pytest.mark.parametrize("logger", [True, False])
-def test_fast_dev_run_logs_to_a_dummy_logger_as_lightning(tmp_path, logger):
-    from trainer.loggers import DummyLogger
-
-    theirs = pl.Trainer(default_root_dir=str(tmp_path), fast_dev_run=True, logger=logger)
-    ours = Trainer(default_root_dir=str(tmp_path), fast_dev_run=True, logger=logger)
-    assert [type(lg).__name__ for lg in ours.loggers] == [type(lg).__name__ for lg in theirs.loggers]
-    if logger:
-        assert isinstance(ours.logger, DummyLogger)
-        ours.fit(type("M", (_Logs, BoringModel), {})())
-        assert "v_num" not in ours.progress_bar_callback.get_metrics(ours, ours.task)
-        assert not (tmp_path / "lightning_logs").exists()

@@ -49,8 +49,7 @@ class Trainer(TrainerReadback):
     config_secrets: dict[str, str] = {}  # noqa: RUF012 (replaced, never mutated)
 
     def __init__(self, **options: Any) -> None:
-        given = TrainerConfig.from_kwargs(**options)
-        cfg = given.effective()
+        cfg = TrainerConfig.from_kwargs(**options).effective()
         self._device_spec = (
             cfg.devices
         )  # as given ([1, 3], "0,1", 2): trainer.device_ids (trainer/readback.py)
@@ -60,10 +59,6 @@ class Trainer(TrainerReadback):
         set_torch_flags(cfg.deterministic, cfg.benchmark)  # as Lightning does when a Trainer is built
         self.strategy: Strategy = resolve_strategy(cfg.strategy, vars(cfg), set(options))
         self.loggers: list[Logger] = self._make_loggers(cfg.logger)
-        if cfg.fast_dev_run and self._make_loggers(given.logger):  # Lightning's: a logger that writes nothing
-            from trainer.loggers import DummyLogger
-
-            self.loggers = [DummyLogger()]
         self.callbacks: list[Callback] = self._make_callbacks(cfg.callbacks)
         self.metric_store = MetricStore(self.strategy.comm.reduce)
         self.logged_metrics: dict[str, float] = {}
