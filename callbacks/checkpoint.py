@@ -325,7 +325,9 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
         self._written.add(path)
         trainer.save_checkpoint(path, self.save_weights_only)  # atomic; rank 0 writes, all wait
         for logger in trainer.loggers if trainer.is_global_zero else []:  # trackers upload it (log_model)
-            logger.after_save_checkpoint(self)
+            getattr(logger, "after_save_checkpoint", lambda cb: None)(
+                self
+            )  # (a duck-typed logger may lack it)
 
     def _unique_path(self, path: str, replaceable: str) -> str:
         """Append -v1, -v2, ... rather than overwrite a file this callback does not own."""

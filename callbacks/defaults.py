@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 from callbacks.base import Callback, check_state_keys
 from callbacks.checkpoint import ModelCheckpoint
 from callbacks.model_summary import ModelSummary
-from callbacks.progress import ProgressBar, TQDMProgressBar
+from callbacks.progress import ProgressBar, RichProgressBar, TQDMProgressBar
+from callbacks.summary.rich_table import RichModelSummary
 from callbacks.timer import Timer
 from tandem_core.errors import ConfigError
 
@@ -37,8 +38,8 @@ def default_callbacks(cfg: TrainerConfig, given: list[Callback]) -> list[Callbac
                 )
     if cfg.enable_progress_bar and not has(ProgressBar):
         cbs.append(TQDMProgressBar())
-    if cfg.enable_model_summary and not has(ModelSummary):
-        cbs.append(ModelSummary())
+    if cfg.enable_model_summary and not has(ModelSummary):  # a rich bar gets a rich summary (Lightning's)
+        cbs.append(RichModelSummary() if has(RichProgressBar) else ModelSummary())
     if cfg.enable_checkpointing and not has(ModelCheckpoint):
         cbs.append(ModelCheckpoint())
     if cfg.max_time is not None and not has(Timer):

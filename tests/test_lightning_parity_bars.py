@@ -1,4 +1,4 @@
-"""Progress bars, summaries, LR monitor and loggers compared with Lightning's on the same small runs (issue 36)."""
+"""Progress bars, model summaries and the LR monitor compared with Lightning's on the same small runs (issue 36)."""
 
 from __future__ import annotations
 
@@ -239,142 +239,70 @@ def test_lr_monitor_refuses_two_groups_of_one_name_as_lightning(tmp_path):
         _lr_run(False, tmp_path / "t", same_names)
 
 
-# ----- loggers ------------------------------------------------------------------------------------------------
-def _custom_logger(Base):
-    class Custom(Base):  # Lightning's style: read-only properties, no directory
-        def __init__(self):
-            super().__init__()
-            self.calls = []
+def test_a_rich_progress_bar_brings_a_rich_model_summary_as_in_lightning():
+    pytest.importorskip("rich")
+    from callbacks import RichModelSummary, RichProgressBar
 
-        @property
-        def save_dir(self):
-            return None
-
-        @property
-        def name(self):
-            return "custom"
-
-        @property
-        def version(self):
-            return "1"
-
-        @property
-        def experiment(self):
-            return None
-
-        def log_hyperparams(self, params, *args, **kwargs):
-            self.calls.append(("hparams", dict(params)))
-
-        def log_metrics(self, metrics, step=None):
-            self.calls.append(("metrics", sorted(metrics), step))
-
-    return Custom()
+    theirs = pl.Trainer(callbacks=pl.callbacks.RichProgressBar(), logger=False)
+    assert any(isinstance(cb, pl.callbacks.RichModelSummary) for cb in theirs.callbacks)
+    ours = Trainer(callbacks=RichProgressBar(), logger=False)
+    assert [type(cb) for cb in ours.callbacks if isinstance(cb, RichModelSummary)] == [RichModelSummary]
 
 
-class _StepKey:  # logs its own "step" at each epoch end
-    def on_train_epoch_end(self):
-        self.log_dict({"step": 10 * (self.current_epoch + 1), "train_acc": float(self.current_epoch)})
+# ----- RichProgressBar ----------------------------------------------------------------------------------------
+def _rich_run(lightning: bool, tmp_path, train: int, val: int) -> tuple:
+    from callbacks import RichProgressBar
 
-
-def _logger_run(lightning: bool, tmp_path):
-    from trainer.loggers import Logger
-
-    T, Base, LBase = (
-        (pl.Trainer, PLBoring, pl.loggers.Logger) if lightning else (Trainer, BoringModel, Logger)
+    T, Bar, Model = (
+        (pl.Trainer, pl.callbacks.RichProgressBar, PLBoring)
+        if lightning
+        else (Trainer, RichProgressBar, BoringModel)
     )
-    model = type("M", (_StepKey, Base), {})()
-    logger = _custom_logger(LBase)
-    T(default_root_dir=str(tmp_path), max_epochs=2, limit_train_batches=2, limit_val_batches=0, logger=logger,
-      log_every_n_steps=1, enable_progress_bar=False, enable_model_summary=False).fit(model)  # fmt: skip
-    return logger.calls
+    bar = Bar()
+    t = T(default_root_dir=str(tmp_path), num_sanity_val_steps=2, limit_train_batches=train, limit_val_batches=val,
+          max_epochs=1, callbacks=bar, logger=False, enable_checkpointing=False, enable_model_summary=False)  # fmt: skip
+    bar.on_train_start(t, Model())  # the display exists before fit: its updates can be counted
+    with mock.patch.object(bar.progress, "update", wraps=bar.progress.update) as update:
+        t.fit(Model())
+        updates = update.call_count
+    tasks = [(task.completed, task.total, task.visible) for task in bar.progress.tasks]
+    t.validate(Model(), verbose=False)  # a new stage: a new display with its own bars
+    return updates, tasks, [(task.completed, task.total) for task in bar.progress.tasks]
 
 
-def test_a_lightning_style_logger_subclass_gets_lightnings_calls(tmp_path):
-    ours, theirs = _logger_run(False, tmp_path / "t"), _logger_run(True, tmp_path / "l")
-    assert ours == theirs  # no log_hyperparams without save_hyperparameters; a logged "step" is the step
-    assert ("metrics", ["train_acc"], 20) in ours
+@pytest.mark.parametrize(("train", "val"), [(3, 2), (2, 0)])
+def test_rich_bars_tasks_and_updates_as_lightnings(tmp_path, train, val):
+    pytest.importorskip("rich")
+    assert _rich_run(False, tmp_path / "t", train, val) == _rich_run(True, tmp_path / "l", train, val)
 
 
-def _csv_calls(Logger, root):
-    import torch
+def test_rich_columns_take_the_theme_styles_under_lightnings_names():
+    pytest.importorskip("rich")
+    import callbacks.progress.rich_columns as cols
+    from callbacks import RichProgressBar
+    from callbacks.progress import RichProgressBarTheme
 
-    logger = Logger(str(root), flush_logs_every_n_steps=2)
-    logger.log_hyperparams({"a": 1})
-    logger.log_hyperparams({"b": "x"})
-    logger.log_metrics({"x": torch.tensor(0.5)})  # no step: the number of rows not yet written
-    pending = [dict(r) for r in logger.experiment.metrics]
-    logger.log_metrics({"x": 1.0, "y": 2}, step=1)  # (1 + 1) % 2 == 0: saved
-    after = list(logger.experiment.metrics)
-    logger.log_metrics({"y": 3})
-    logger.save()
-    with open(logger.experiment.metrics_file_path) as f:
-        rows = f.read().splitlines()
-    with open(f"{logger.log_dir}/{logger.experiment.NAME_HPARAMS_FILE}") as f:
-        hparams = f.read()
-    return pending, after, rows, hparams
+    theme = RichProgressBarTheme(batch_progress="red", time="blue", processing_speed="green")
+    made = cols.columns(RichProgressBar(theme=theme))
+    assert [type(c).__name__ for c in made[1:]] == list(cols._NAMES)
+    assert (made[2].style, made[3].style, made[4].style) == ("red", "blue", "green")
 
 
-def test_csv_logger_experiment_rows_steps_and_hparams_as_lightnings(tmp_path):
-    from trainer.loggers import CSVLogger
+def test_a_keyboard_interrupt_reaches_the_caller_with_the_bars_closed_and_ctrl_c_still_working(tmp_path):
+    """Deliberate difference (docs/porting.md): Lightning turns a KeyboardInterrupt into sys.exit(1) and leaves
+    SIGINT ignored in the process for good; Tandem closes the bars and lets the KeyboardInterrupt through."""
+    import signal
 
-    ours = _csv_calls(CSVLogger, tmp_path / "t")
-    theirs = _csv_calls(pl.loggers.CSVLogger, tmp_path / "l")
-    assert ours == theirs
-    assert ours[1] == [] and ours[3] == "a: 1\nb: x\n"
+    pytest.importorskip("rich")
+    from callbacks import RichProgressBar
 
+    class Interrupted(BoringModel):
+        def on_train_start(self):
+            raise KeyboardInterrupt
 
-def test_hparams_yaml_functions_round_trip_as_lightnings(tmp_path):
-    from argparse import Namespace
-
-    from pytorch_lightning.core.saving import load_hparams_from_yaml as pl_load
-    from pytorch_lightning.core.saving import save_hparams_to_yaml as pl_save
-
-    from trainer.loggers.hparams_file import load_hparams_from_yaml, save_hparams_to_yaml
-
-    hp = Namespace(batch_size=32, lr=0.001, nested={"a": [1, 2]}, name="x")
-    save_hparams_to_yaml(tmp_path / "ours.yaml", hp)
-    pl_save(tmp_path / "theirs.yaml", hp)
-    assert (tmp_path / "ours.yaml").read_text() == (tmp_path / "theirs.yaml").read_text()
-    assert load_hparams_from_yaml(tmp_path / "ours.yaml") == pl_load(tmp_path / "theirs.yaml") == vars(hp)
-    assert load_hparams_from_yaml(tmp_path / "ours.yaml", use_omegaconf=False) == vars(hp)
-    with pytest.warns(RuntimeWarning):
-        assert load_hparams_from_yaml(tmp_path / "missing.yaml") == {}
-    with pytest.raises(RuntimeError):
-        save_hparams_to_yaml(tmp_path / "no" / "such.yaml", {})
-
-
-def test_hparams_yaml_with_a_python_tag_is_refused_where_lightning_runs_it(tmp_path):
-    import yaml
-
-    from trainer.loggers.hparams_file import load_hparams_from_yaml
-
-    (tmp_path / "h.yaml").write_text("f: !!python/name:os.system\n")
-    with pytest.raises(yaml.YAMLError):  # Lightning's full_load would import os.system
-        load_hparams_from_yaml(tmp_path / "h.yaml")
-
-
-def test_csv_logger_keeps_an_earlier_metrics_file_where_lightning_deletes_it(tmp_path):
-    """Deliberate difference (docs/porting.md): a version directory with a metrics.csv (a resumed run, or a
-    version given twice) keeps its rows and gets the new ones appended; Lightning warns and deletes the file."""
-    from trainer.loggers import CSVLogger
-
-    first = CSVLogger(str(tmp_path), name="exp", version=0)
-    first.log_metrics({"loss": 1.0}, step=0)
-    first.save()
-    again = CSVLogger(str(tmp_path), name="exp", version=0)
-    again.log_metrics({"loss": 0.5}, step=1)
-    again.save()
-    assert (tmp_path / "exp" / "version_0" / "metrics.csv").read_text().splitlines() == [
-        "loss,step",
-        "1.0,0",
-        "0.5,1",
-    ]
-
-
-def test_lightnings_unsupported_loggers_import_and_refuse_when_built():
-    from tandem_core.errors import ConfigError
-    from trainer.loggers import CometLogger, Logger
-
-    assert issubclass(CometLogger, Logger)  # `isinstance(logger, CometLogger)` in a user's code still works
-    with pytest.raises(ConfigError, match="CometLogger is not available"):
-        CometLogger(api_key="k", project="p")
+    bar = RichProgressBar()
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(default_root_dir=str(tmp_path), fast_dev_run=True, callbacks=bar).fit(Interrupted())
+    assert bar._stopped  # the live display no longer draws
+    assert signal.getsignal(signal.SIGINT) is before

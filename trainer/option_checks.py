@@ -152,7 +152,8 @@ def check_logger(name: str, value: Any) -> None:
     from trainer.loggers import Logger
 
     for item in value if isinstance(value, (list, tuple)) else [value]:
-        if not isinstance(item, Logger):
+        # any object with log_metrics is taken as a logger (Lightning's duck typing: a user's own class, a mock)
+        if not isinstance(item, Logger) and not callable(getattr(item, "log_metrics", None)):
             raise OptionError(
                 name, f"{name} must be True, False, a Logger or a list of Loggers; got {type(item).__name__}"
             )

@@ -282,7 +282,7 @@ class Trainer(TrainerReadback):
     def log_dir(self) -> str:
         """The first logger's directory; default_root_dir without one (or for a tracker with no local
         directory, such as MLflow on a server)."""
-        log_dir = self.loggers[0].log_dir if self.loggers else None
+        log_dir = getattr(self.loggers[0], "log_dir", None) if self.loggers else None
         return log_dir if log_dir is not None else self.default_root_dir
 
     callback_metrics = view("metric_store.callback_metrics")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from callbacks.progress.base import ProgressBar
+from callbacks.progress.rich_columns import columns
 from tandem_core.errors import require
 
 if TYPE_CHECKING:
@@ -30,53 +30,6 @@ class RichProgressBarTheme:
     metrics: str = "italic"
     metrics_text_delimiter: str = " "
     metrics_format: str = ".3f"
-
-
-def _columns(bar: RichProgressBar) -> list[Any]:
-    """Description, bar, batches done/total, elapsed • remaining, speed, and the training metrics."""
-    from rich.progress import BarColumn, ProgressColumn, TextColumn
-    from rich.text import Text
-
-    theme = bar.theme
-
-    class Batches(ProgressColumn):
-        def render(self, task: Any) -> Text:
-            total = "--" if task.total is None or not math.isfinite(task.total) else int(task.total)
-            return Text(f"{int(task.completed)}/{total}", style=theme.batch_progress)
-
-    class Times(ProgressColumn):
-        max_refresh = 0.5
-
-        def render(self, task: Any) -> Text:
-            elapsed = task.finished_time if task.finished else task.elapsed
-            remaining = None if task.total is None or not math.isfinite(task.total) else task.time_remaining
-            show = [
-                ("-:--:--" if s is None else str(timedelta(seconds=int(s)))) for s in (elapsed, remaining)
-            ]
-            return Text(" • ".join(show), style=theme.time)
-
-    class Speed(ProgressColumn):
-        def render(self, task: Any) -> Text:
-            return Text(f"{task.speed or 0.0:>.2f}it/s", style=theme.processing_speed)
-
-    class Metrics(ProgressColumn):
-        def render(self, task: Any) -> Text:  # the metrics follow the training bar only
-            if task.id != bar.train_progress_bar_id:
-                return Text()
-            return Text(theme.metrics_text_delimiter.join(bar.metrics_texts()), style=theme.metrics)
-
-    return [
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(
-            complete_style=theme.progress_bar,
-            finished_style=theme.progress_bar_finished,
-            pulse_style=theme.progress_bar_pulse,
-        ),
-        Batches(),
-        Times(),
-        Speed(),
-        Metrics(),
-    ]
 
 
 class RichProgressBar(ProgressBar):
@@ -105,7 +58,8 @@ class RichProgressBar(ProgressBar):
         self._console_kwargs = console_kwargs or {}
         self._enabled = True
         self._console: Any = None
-        self.progress: Any = None
+        self.progress: Any = None  # rich's Progress of the running (or last) stage
+        self._stopped = True
         self._metrics: dict[str, Any] = {}
         self._metrics_t = float("-inf")
         self._reset_ids()
@@ -154,7 +108,7 @@ class RichProgressBar(ProgressBar):
 
     # ----- the display -----------------------------------------------------------------------------
     def _start(self) -> None:
-        if self.is_disabled or self.progress is not None:
+        if self.is_disabled or (self.progress is not None and not self._stopped):
             return
         from rich.console import Console
         from rich.progress import Progress
@@ -162,25 +116,27 @@ class RichProgressBar(ProgressBar):
         self._reset_ids()
         self._console = Console(**self._console_kwargs)
         self.progress = Progress(
-            *_columns(self), auto_refresh=True, refresh_per_second=self.refresh_rate, console=self._console
+            *columns(self), auto_refresh=True, refresh_per_second=self.refresh_rate, console=self._console
         )
         self.progress.start()
+        self._stopped = False
 
     def _stop(self) -> None:
-        if self.progress is not None:
+        """Stop drawing; the stopped display stays readable (``progress.tasks``) until the next stage starts one."""
+        if self.progress is not None and not self._stopped:
             self.progress.stop()
-            self.progress = None
+        self._stopped = True
 
     def _add(self, total: int | float, description: str) -> Any:
         desc = f"[{self.theme.description}]{description}" if self.theme.description else description
         return self.progress.add_task(desc, total=total if math.isfinite(total) else None)
 
     def _hide(self, task_id: Any) -> None:
-        if self.progress is not None and task_id is not None:
+        if self.progress is not None and not self._stopped and task_id is not None:
             self.progress.update(task_id, visible=False)
 
     def _advance(self, task_id: Any, completed: int) -> None:
-        if self.progress is not None and task_id is not None and self.is_enabled:
+        if self.progress is not None and not self._stopped and task_id is not None and self.is_enabled:
             self.progress.update(task_id, completed=completed)
 
     def _update_metrics(self, trainer: Trainer, force: bool = False) -> None:
@@ -219,7 +175,8 @@ class RichProgressBar(ProgressBar):
             self.progress.reset(
                 self.train_progress_bar_id, total=total if math.isfinite(total) else None, description=desc
             )
-        self._advance(self.train_progress_bar_id, trainer.state.batch_in_epoch)
+        if trainer.state.batch_in_epoch:  # resumed inside the epoch (else the reset bar is at 0 already)
+            self._advance(self.train_progress_bar_id, trainer.state.batch_in_epoch)
 
     def on_train_batch_end(
         self, trainer: Trainer, task: Task, outputs: Any, batch: Any, batch_idx: int
@@ -229,7 +186,7 @@ class RichProgressBar(ProgressBar):
 
     def on_train_epoch_end(self, trainer: Trainer, task: Task) -> None:
         self._update_metrics(trainer, force=True)
-        if self.progress is not None:
+        if self.progress is not None and not self._stopped:
             self.progress.refresh()
 
     def _eval_batch_start(self, kind: str, dataloader_idx: int) -> None:

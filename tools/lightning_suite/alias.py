@@ -53,6 +53,11 @@ TANDEM: dict[str, dict[str, str]] = {
         "EarlyStoppingReason": "callbacks.early_stopping",
         "Tqdm": "callbacks.progress.tqdm_bar",
         "RichProgressBarTheme": "callbacks.progress.rich_bar",
+        "CustomBarColumn": "callbacks.progress.rich_columns",
+        "BatchesProcessedColumn": "callbacks.progress.rich_columns",
+        "CustomTimeColumn": "callbacks.progress.rich_columns",
+        "ProcessingSpeedColumn": "callbacks.progress.rich_columns",
+        "MetricsTextColumn": "callbacks.progress.rich_columns",
     },
     "loggers": {
         "*": "trainer.loggers",
@@ -66,7 +71,11 @@ TANDEM: dict[str, dict[str, str]] = {
     "profilers": {"*": "trainer.profiler"},
     "tuner": {"Tuner": "trainer.tuner"},
     "demos": {"*": "trainer.demos"},
-    "utilities": {"*": "trainer.utilities", **_UTILITIES},
+    "utilities": {
+        "*": "trainer.utilities",
+        **_UTILITIES,
+        "summarize": "callbacks.summary.table",
+    },
 }
 # lightning.fabric under the Tandem run: only the user-facing names Lightning's tests import through it
 TANDEM_FABRIC: dict[str, dict[str, str]] = {

@@ -17,6 +17,9 @@ _INTERNAL_ATTR = re.compile(
 )
 _INTERNAL_LINE = re.compile(r"\._[a-z]\w*|\b\w*_loop\b|_connector\b|\bbatch_progress\b|\.fetcher\b")
 _PATCH = re.compile(r"""patch(?:\.object)?\(\s*["'](lightning\.(?:pytorch|fabric)[\w.]*)["']""")
+# `import lightning.pytorch.x as m; monkeypatch.setattr(m, "_RICH_AVAILABLE", False)`: a Lightning module's internal
+_MONKEYPATCH_INTERNAL = re.compile(r"""monkeypatch\.setattr\(\s*(\w+)\s*,\s*["'](_\w+)["']""")
+_IMPORT_AS = re.compile(r"import (lightning\.(?:pytorch|fabric)[\w.]*) as (\w+)")
 
 
 @functools.cache
@@ -155,6 +158,10 @@ def failure(item: Any, excinfo: Any) -> tuple[str, str]:
             return "internal", f"mocks Lightning internal {target}"
         if len(leaf) > 3 and _foreign(leaf):
             return "internal", f"mocks a name Lightning's module imports from elsewhere: {target}"
+    lightning_modules = {alias: module for module, alias in _IMPORT_AS.findall(source)}
+    for owner, attr in _MONKEYPATCH_INTERNAL.findall(source):
+        if owner in lightning_modules:
+            return "internal", f"patches Lightning internal {lightning_modules[owner]}.{attr}"
     line = _failing_line(item, excinfo)
     if line and _INTERNAL_LINE.search(line):
         return "internal", f"reaches internals: {line.strip()[:120]}"

@@ -107,6 +107,16 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: Any) -> Any:
         signal.signal(signal.SIGALRM, previous)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Item) -> Any:
+    """A KeyboardInterrupt raised by the code under test (not by a person: that one arrives as a signal between
+    tests too) fails that test instead of ending the whole run, so that every later test is still counted."""
+    try:
+        return (yield)
+    except KeyboardInterrupt as e:
+        raise RuntimeError("KeyboardInterrupt raised inside the test reached pytest") from e
+
+
 _failed: dict[str, dict[str, Any]] = {}
 
 

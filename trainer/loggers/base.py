@@ -57,7 +57,11 @@ def align_versions(loggers: list[Logger]) -> list[Logger]:
     """
     groups: dict[str, list[Logger]] = {}
     for lg in loggers:
-        if getattr(lg, "_version", 0) is None and lg.numbered_versions and lg.root_dir is not None:
+        if (
+            getattr(lg, "_version", 0) is None
+            and getattr(lg, "numbered_versions", False)
+            and getattr(lg, "root_dir", None)
+        ):
             groups.setdefault(os.path.abspath(lg.root_dir), []).append(lg)
     for group in groups.values():
         if len(group) > 1:
@@ -86,7 +90,8 @@ def agree_versions(loggers: list[Logger], comm: Any) -> None:
 def _own_version(lg: Logger) -> Any:
     """A non-zero rank's guess without rank 0: the given version, else the next free one (None: no directory)."""
     given = getattr(lg, "_version", None)
-    return given if given is not None or lg.root_dir is None else next_version(lg.root_dir)
+    root = getattr(lg, "root_dir", None)
+    return given if given is not None or root is None else next_version(root)
 
 
 def _version_or_none(lg: Logger) -> Any:

@@ -74,7 +74,7 @@ class TensorBoardLogger(Logger):
             self._writer = None
         self._purge_step = step
 
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         """All of a step's scalars in one event (one Summary holding a value per tag): an event's cost
         (serializing, a checksum in Python, a write) is per event, so a step of several metrics costs what
         one did. Each value is what torch's add_scalar writes for a number, a `simple_value` (its `scalar()`
@@ -88,12 +88,15 @@ class TensorBoardLogger(Logger):
         if values:
             self.experiment._get_file_writer().add_summary(Summary(value=values), step)
 
-    def log_hyperparams(self, params: dict[str, Any], metrics: dict[str, float] | None = None) -> None:
+    def log_hyperparams(
+        self, params: dict[str, Any] | None = None, metrics: dict[str, float] | None = None
+    ) -> None:
         """Lightning's: `params` (with those given before) go to the HParams tab with `metrics`, each also
         written as a scalar at step 0; without metrics, ``hp_metric=-1`` when `default_hp_metric`, else the
         params are only remembered. The Trainer calls this at the start of each stage. TensorBoard's reader
         keeps the first HParams summary of a run (later ones are ignored), so the tab's columns are those
         of the first call; each column shows the last value of the scalar of that name."""
+        params = dict(params or {})
         self._hparams.update(flatten(params))
         self._params = {**(self._params or {}), **params}
         if metrics is None:
@@ -114,10 +117,21 @@ class TensorBoardLogger(Logger):
         beside them, as Lightning's TensorBoardLogger (an existing one, an earlier start's, is kept)."""
         if self._writer is not None:
             self._writer.flush()
-        if self._params is not None and not os.path.lexists(os.path.join(self.log_dir, "hparams.yaml")):
-            write_hparams_yaml(self.log_dir, self._params)
+        # once the run has a directory, hparams.yaml is there ({} without hyperparameters, as Lightning's)
+        has_dir = self._version is not None and os.path.isdir(self.log_dir)  # (log_dir claims a version)
+        if (self._params is not None or has_dir) and not os.path.lexists(
+            os.path.join(self.log_dir, "hparams.yaml")
+        ):
+            write_hparams_yaml(self.log_dir, self._params or {})
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the open event file (a copy opens its own when it logs)."""
+        return {**vars(self), "_writer": None}
 
     def finalize(self, status: str) -> None:
+        """Close the event file; a successful run also saves (hparams.yaml), as Lightning's."""
+        if status == "success":
+            self.save()
         if self._writer is not None:
             self._writer.flush()
             self._writer.close()
