@@ -218,7 +218,7 @@ class Trainer(TrainerReadback):
     # ----- Lightning's read-only view of the run ----------------------------------------------------
     current_epoch = view("state.epoch")
     global_step = view("state.global_step")
-    stage = view("state.stage")
+    stage = view("state.entry")
     sanity_checking = view("state.sanity_checking")
 
     @property

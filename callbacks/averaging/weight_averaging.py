@@ -160,7 +160,7 @@ class WeightAveraging(Callback):
     def on_load_checkpoint(self, trainer: Trainer, task: Task, checkpoint: dict[str, Any]) -> None:
         """Resume both: the averaged model from state_dict, the task from current_model_state."""
         if self._average_model is None:
-            if trainer.state.stage == "fit":
+            if trainer.state.entry == "fit":
                 warnings.warn(
                     f"{type(self).__name__} was not set up; its state is not restored.", stacklevel=2
                 )

@@ -73,14 +73,14 @@ class BatchSizeFinder(Callback):
             len(
                 trainer.loaders.get(
                     {"fit": "train", "validate": "val"}.get(
-                        str(trainer.state.stage), str(trainer.state.stage)
+                        str(trainer.state.entry), str(trainer.state.entry)
                     ),
                     [],
                 )
             )
             > 1
         ):
-            raise ConfigError(f"The batch size finder works with one {trainer.state.stage} dataloader.")
+            raise ConfigError(f"The batch size finder works with one {trainer.state.entry} dataloader.")
         self.optimal_batch_size = trainer._scale_batch_size(
             self._mode, self._steps_per_trial, self._init_val, self._max_trials, self._batch_arg_name,
             self._margin, self._max_val,
@@ -90,7 +90,7 @@ class BatchSizeFinder(Callback):
         self.scale_batch_size(trainer, task)
 
     def on_validation_start(self, trainer: Trainer, task: Task) -> None:
-        if trainer.sanity_checking or trainer.state.stage != "validate":
+        if trainer.sanity_checking or trainer.state.entry != "validate":
             return
         self.scale_batch_size(trainer, task)
 

@@ -64,7 +64,7 @@ class ThroughputMonitor(Callback):
         return _PHASE[str(trainer.state.phase)]
 
     def _start(self, trainer: Trainer, stage: str) -> None:
-        if trainer.state.stage == "fit" or stage not in self._samples:
+        if trainer.state.entry == "fit" or stage not in self._samples:
             self._throughputs[stage].reset()
             self._lengths[stage] = self._samples[stage] = self._batches[stage] = 0
         self._t0s[stage] = time.perf_counter()
@@ -141,7 +141,7 @@ class ThroughputMonitor(Callback):
         if (
             not trainer.is_global_zero
             or trainer.sanity_checking
-            or trainer.state.stage != "fit"
+            or trainer.state.entry != "fit"
             or "train" not in self._t0s
         ):
             return

@@ -29,7 +29,7 @@ def log_metrics(t: Trainer, metrics: dict[str, torch.Tensor], step: int | None =
         if step is None:
             values.setdefault("epoch", t.state.epoch)
             step = t.state.global_step
-            if t.state.stage == "fit" and step > 0:
+            if t.state.entry == "fit" and step > 0:
                 step -= 1
         for lg in t.loggers:
             lg.log_metrics(values, step)

@@ -44,7 +44,7 @@ def run_eval(t: Trainer, phase: str, limit: int | None = None) -> Any:
     logged epoch metrics per loader, or for predict the outputs. As Lightning, the whole pass (its hooks from
     on_*_model_eval to on_*_model_train too) runs under torch.inference_mode (Trainer(inference_mode=False):
     torch.no_grad); inside fit under no_grad, since validation's tensors may meet training's later."""
-    standalone = t.config.inference_mode and t.state.stage != "fit"
+    standalone = t.config.inference_mode and t.state.entry != "fit"
     with torch.inference_mode() if standalone else torch.no_grad():
         return _run_eval(t, phase, limit)
 
@@ -70,7 +70,7 @@ def _run_eval(t: Trainer, phase: str, limit: int | None) -> Any:
     predictions: list[list[Any]] = []
     multi = len(loaders) > 1
     # during fit the ranks agree on a stop request after each batch that every rank has
-    agree = _common_batches(t, sizes, limit) if t.state.stage == "fit" and not t.state.sanity_checking else 0
+    agree = _common_batches(t, sizes, limit) if t.state.entry == "fit" and not t.state.sanity_checking else 0
     start_rng = get_rng_state() if agree else None  # a stop inside this validation checkpoints this moment
     store.fx = step_name  # self.log's rules inside an evaluation batch (trainer/loggers/log_rules.py)
     for dl_idx, (loader, n) in enumerate(zip(loaders, sizes)):

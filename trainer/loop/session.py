@@ -67,7 +67,7 @@ class Session:
 
     def __enter__(self) -> Session:
         t, task, stage = self.t, self.task, self.stage
-        t.task, t.datamodule, t.state.stage, t.session = task, self.dm, stage, self
+        t.task, t.datamodule, t.state.entry, t.session = task, self.dm, stage, self
         t.state.status = TrainerStatus.RUNNING
         if stage == "fit":
             resolve_max_epochs(t)  # an unset max_epochs becomes 1000 or -1 now, as in Lightning
@@ -256,7 +256,8 @@ class Session:
         t = self.t
         t.metric_store.fx = None  # no step runs any more
         stopped = error is not None or t.state.stop_signal is not None
-        t.state.status = TrainerStatus.INTERRUPTED if stopped else TrainerStatus.FINISHED
+        if stopped:  # a finished run stays RUNNING through its teardown hooks (as Lightning's)
+            t.state.status = TrainerStatus.INTERRUPTED
         try:
             if error is not None:
                 t.hooks.call("on_exception", error)
@@ -275,11 +276,15 @@ class Session:
                 if error is None and self.recompiles is not None:
                     self.recompiles.check(f"by the end of {self.stage}")
                 self.uncompile()
-            if error is None:  # as Lightning: after an exception only on_exception runs, not teardown
-                if self.dm is not None:
-                    self.dm.teardown(stage=self.stage)
-                t.hooks.call("teardown", stage=self.stage)
-            t.strategy.teardown()
+            try:
+                if error is None:  # as Lightning: after an exception only on_exception runs, not teardown
+                    if self.dm is not None:
+                        self.dm.teardown(stage=self.stage)
+                    t.hooks.call("teardown", stage=self.stage)
+            finally:
+                if not stopped:
+                    t.state.status = TrainerStatus.FINISHED
+                t.strategy.teardown()
 
 
 def _defined(owner: Any, name: str) -> Any:

@@ -23,7 +23,7 @@ class LoopState:
     entry per rank by the checkpoint code and given back to each rank by `load_state_dict(state, rank)`.
     """
 
-    stage: str | None = None  # "fit", "validate", "test" or "predict" while one runs
+    entry: str | None = None  # the entry point that runs: "fit", "validate", "test" or "predict"
     phase: str | None = None  # what the loop is doing: "train", "val", "test" or "predict"
     epoch: int = 0
     global_step: int = 0  # optimizer steps taken
@@ -53,11 +53,19 @@ class LoopState:
     @property
     def fn(self) -> TrainerFn | None:
         """The running entry point (``TrainerFn.FITTING`` == "fit"), or None before the first."""
-        return TrainerFn(self.stage) if self.stage is not None else None
+        return TrainerFn(self.entry) if self.entry is not None else None
 
     @property
-    def running_stage(self) -> RunningStage | None:
-        return running_stage(self.phase, self.sanity_checking)
+    def stage(self) -> RunningStage | None:
+        """What the loop is doing now, as Lightning's ``trainer.state.stage``: ``RunningStage.TRAINING`` ("train"),
+        ``SANITY_CHECKING``, ``VALIDATING``, ``TESTING``, ``PREDICTING``; None when no entry point runs."""
+        if self.status != TrainerStatus.RUNNING or self.entry is None:
+            return None
+        if self.sanity_checking or self.phase in ("val", "test", "predict"):
+            return running_stage(self.phase, self.sanity_checking)
+        return running_stage({"fit": "train", "validate": "val"}.get(self.entry, self.entry), False)
+
+    running_stage = stage
 
     @property
     def finished(self) -> bool:

@@ -41,7 +41,7 @@ def _free_memory() -> None:
 
 
 def _dataset_length(t: Trainer) -> int | None:
-    loaders = t.loaders.get(_PHASE[t.state.stage or "fit"], [])
+    loaders = t.loaders.get(_PHASE[t.state.entry or "fit"], [])
     try:
         return sum(len(dl.dataset) for dl in loaders) if loaders else None
     except (TypeError, AttributeError):
@@ -73,7 +73,7 @@ def scale_batch_size(
     if t.config.fast_dev_run:
         warnings.warn("scale_batch_size is skipped under fast_dev_run.", UserWarning, stacklevel=2)
         return None
-    stage = t.state.stage or "fit"
+    stage = t.state.entry or "fit"
     session = t.session
     assert session is not None
     snap = Snapshot(t)
