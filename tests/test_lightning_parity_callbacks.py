@@ -29,6 +29,7 @@ class _Calls(Task):
         super().__init__()
         self.layer = torch.nn.Linear(2, 1)
         self.calls: list[tuple[int, int]] = []
+        self.done = 0
 
     def training_step(self, batch, batch_idx):
         self.done = batch_idx + 1
@@ -66,6 +67,7 @@ class _LightningCalls(pl.LightningModule):
         super().__init__()
         self.layer = torch.nn.Linear(2, 1)
         self.calls: list[tuple[int, int]] = []
+        self.done = 0
 
 
 @pytest.mark.parametrize("interval", [1.0, 0.5, 2, 3, 0.2])
@@ -349,3 +351,52 @@ def test_mock_callbacks_receive_the_hooks_as_in_lightning(tmp_path):
     )
     called = [c[0] for c in cb.method_calls]
     assert {"on_fit_start", "on_train_batch_end", "on_fit_end"} <= set(called)
+
+
+def test_evaluation_loaders_read_back_as_given(tmp_path):
+    """trainer.val_dataloaders: the one loader given (not a list of it), a dict as a dict; None before."""
+    one, two = _loader(2), _loader(3)
+    trainer = Trainer(max_steps=1, default_root_dir=tmp_path, **QUIET)
+    assert trainer.val_dataloaders is None
+    trainer.fit(_Calls(), val_dataloaders=one)
+    assert isinstance(trainer.val_dataloaders, DataLoader) and len(trainer.val_dataloaders) == 2
+    trainer = Trainer(max_steps=1, default_root_dir=tmp_path, **QUIET)
+    trainer.validate(_Calls(), dataloaders={"a": one, "b": two})
+    shaped = trainer.val_dataloaders
+    assert list(shaped) == ["a", "b"] and [len(dl) for dl in shaped.values()] == [2, 3]
+    theirs = pl.Trainer(max_steps=1, default_root_dir=tmp_path, accelerator="cpu", **QUIET)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs.fit(_LightningCalls(), val_dataloaders=one)
+    assert isinstance(theirs.val_dataloaders, DataLoader)
+
+
+def test_scale_batch_size_and_swa_log_their_steps(tmp_path, caplog):
+    import logging
+
+    from callbacks import StochasticWeightAveraging
+    from trainer import Tuner
+
+    class Sized(_Calls):
+        def __init__(self) -> None:
+            super().__init__()
+            self.batch_size = 2
+
+        def train_dataloader(self):
+            return DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=self.batch_size)
+
+        def configure_optimizers(self):
+            opt = torch.optim.SGD(self.parameters(), lr=0.1)
+            return [opt], [torch.optim.lr_scheduler.StepLR(opt, 1)]
+
+    with caplog.at_level(logging.INFO):
+        Tuner(Trainer(max_epochs=1, default_root_dir=tmp_path, **QUIET)).scale_batch_size(
+            Sized(), init_val=2, max_trials=4, steps_per_trial=1
+        )
+    assert caplog.text.count("trying batch size") == 2  # 2 -> 4 -> 8
+    assert caplog.text.count("greater or equal than the length") == 1  # 8 covers the 8 samples
+    caplog.clear()
+    swa = StochasticWeightAveraging(swa_lrs=0.01, swa_epoch_start=1)
+    with caplog.at_level(logging.INFO):
+        Trainer(max_epochs=2, callbacks=[swa], default_root_dir=tmp_path, **QUIET).fit(Sized())
+    assert "Swapping scheduler `StepLR` for `SWALR`" in caplog.text
