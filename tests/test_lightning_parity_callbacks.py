@@ -400,3 +400,17 @@ def test_scale_batch_size_and_swa_log_their_steps(tmp_path, caplog):
     with caplog.at_level(logging.INFO):
         Trainer(max_epochs=2, callbacks=[swa], default_root_dir=tmp_path, **QUIET).fit(Sized())
     assert "Swapping scheduler `StepLR` for `SWALR`" in caplog.text
+
+
+def test_lr_find_without_a_learning_rate_field_is_an_attribute_error(tmp_path):
+    from tandem_core.errors import ConfigError
+    from trainer import Tuner
+
+    with pytest.raises(AttributeError) as ours:  # Lightning's class; still a ConfigError (a TandemError)
+        Tuner(Trainer(max_steps=2, default_root_dir=tmp_path, **QUIET)).lr_find(_Calls(), update_attr=True)
+    assert isinstance(ours.value, ConfigError)
+    with pytest.raises(AttributeError), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pl.tuner.Tuner(pl.Trainer(max_steps=2, default_root_dir=tmp_path, **QUIET)).lr_find(
+            _LightningCalls(), update_attr=True
+        )
