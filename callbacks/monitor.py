@@ -21,7 +21,8 @@ MODES = ("min", "max")
 # ----- when ---------------------------------------------------------------------------------------
 def no_validation(trainer: Trainer) -> bool:
     """True when this fit runs no validation batches at all."""
-    return not trainer.val_dataloaders or sum(trainer.num_val_batches) == 0
+    loaders = trainer.val_dataloaders  # None, or the loader(s) as given
+    return loaders is None or loaders == [] or sum(trainer.num_val_batches) == 0
 
 
 def fitting(trainer: Trainer) -> bool:

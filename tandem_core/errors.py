@@ -54,3 +54,8 @@ def require(module: str, feature: str, extra: str) -> None:
             f"{feature} needs the {module!r} package, which is not installed: "
             f"pip install 'tandem-trainer[{extra}]' (or pip install {module})."
         )
+
+
+class MissingFieldError(ConfigError, AttributeError):
+    """A feature needs a field the task lacks (the tuner's learning rate); an AttributeError too, as
+    Lightning raises one there."""

@@ -80,6 +80,7 @@ class Trainer(TrainerReadback):
         self.optimizers: list[torch.optim.Optimizer] = []
         self.lr_scheduler_configs: list[SchedulerConfig] = []
         self.loaders: dict[str, list[Any]] = {}  # phase ("train", "val", "test", "predict") -> loaders
+        self._loader_shapes: dict[str, Any] = {}  # phase -> the collection of evaluation loaders as given
         self.loader_sizes: dict[str, list[int | float]] = {}  # phase -> batches per loader (after limits)
         self.profiler = make_profiler(cfg.profiler)
         self.compiler = compile_option(cfg.compile)  # trainer/compiler.py; None: eager
@@ -317,19 +318,35 @@ class Trainer(TrainerReadback):
         return loader.iterables if isinstance(loader, CombinedLoader) else loader
 
     @property
-    def val_dataloaders(self) -> list[Any]:
-        """The validation loaders of the current stage."""
-        return self.loaders.get("val", [])
+    def val_dataloaders(self) -> Any:
+        """The validation loader(s) of the current stage as given (one loader, or the list or dict of them,
+        each ready: sharded, limited), or None, as Lightning's."""
+        return self._as_given("val")
 
     @property
-    def test_dataloaders(self) -> list[Any]:
-        """The test loaders of the current stage."""
-        return self.loaders.get("test", [])
+    def test_dataloaders(self) -> Any:
+        """The test loader(s) of the current stage as given, or None."""
+        return self._as_given("test")
 
     @property
-    def predict_dataloaders(self) -> list[Any]:
-        """The predict loaders of the current stage."""
-        return self.loaders.get("predict", [])
+    def predict_dataloaders(self) -> Any:
+        """The predict loader(s) of the current stage as given, or None."""
+        return self._as_given("predict")
+
+    def _as_given(self, phase: str) -> Any:
+        loaders = self.loaders.get(phase)
+        if not loaders:
+            return None
+        if isinstance(loaders[0], CombinedLoader):  # one of combined batches
+            return loaders[0].iterables
+        shape = self._loader_shapes.get(phase)
+        if shape is None:  # one loader (or a list of plain iterables)
+            return loaders[0] if len(loaders) == 1 else list(loaders)
+        combined = CombinedLoader(
+            shape.iterables if isinstance(shape, CombinedLoader) else shape, "sequential"
+        )
+        combined.flattened = list(loaders)
+        return combined.iterables
 
     @property
     def num_training_batches(self) -> int | float:

@@ -3,6 +3,7 @@ average of the weights at the start of the SWA epochs, and update_bn for the bat
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,9 @@ if TYPE_CHECKING:
 
 
 _CPU = torch.device("cpu")
+
+
+log = logging.getLogger(__name__)
 
 
 class StochasticWeightAveraging(Callback):
@@ -150,6 +154,10 @@ class StochasticWeightAveraging(Callback):
             old = trainer.lr_scheduler_configs[0]
             if old.scheduler is not self._swa_scheduler and (old.interval != "epoch" or old.frequency != 1):
                 warnings.warn(f"SWA steps its scheduler every epoch; found {old}.", UserWarning, stacklevel=2)
+            if (
+                old.scheduler is not self._swa_scheduler and trainer.is_global_zero
+            ):  # (logged as Lightning does)
+                log.info(f"Swapping scheduler `{type(old.scheduler).__name__}` for `SWALR`")
             trainer.lr_scheduler_configs[0] = config
         else:
             trainer.lr_scheduler_configs.append(config)

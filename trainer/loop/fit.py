@@ -219,15 +219,10 @@ def train_epoch(t: Trainer) -> None:
             if _max_steps_reached(t):
                 break
     state.epoch_finished = cut or out_of_data
-    # the epoch's end validates when the interval ends there (Lightning: an interval that does not divide the
-    # epoch, such as 0.3 of it, validates at 30%, 60% and 90% only), or the epoch has no length
-    aligned = not val_every or not known or state.batch_in_epoch % val_every == 0
-    if (
-        state.epoch_finished
-        and not cut
-        and should_validate(t)
-        and (aligned if timed is None else time_due(t, timed))
-    ):
+    # the end validates if the interval ends there (Lightning: 0.3 validates at 30, 60, 90%) or has no length
+    due = not val_every or not known or state.batch_in_epoch % val_every == 0
+    ends = state.epoch_finished and not cut and should_validate(t)
+    if ends and (due if timed is None else time_due(t, timed)):
         _validate(t, state.batch_in_epoch, k, final=True)
     if plateau_due:
         step_schedulers(t, "step", plateau=True)

@@ -212,10 +212,14 @@ class Session:
             self._add(phase, [])
             return
         evals = self.evals if self.evals is not None else self._source(f"{phase}_dataloader")
+        self.t._loader_shapes.pop(phase, None)
         if evals is None:
             loaders = []
         elif is_collection(evals):  # loaders in a dict, list or nested: flattened, each a dataloader_idx
             loaders = flatten_eval(evals, phase)
+            self.t._loader_shapes[phase] = (
+                evals  # (trainer.val_dataloaders etc. give them back in this shape)
+            )
         else:  # one loader, or a list of iterables that are not loaders (lists of batches)
             loaders = list(evals) if isinstance(evals, (list, tuple)) else [evals]
         if len(loaders) == 1 and isinstance(loaders[0], CombinedLoader):  # combined batches, as one loader

@@ -49,17 +49,20 @@ def _dataset_length(t: Trainer) -> int | None:
 
 
 def _adjust(
-    t: Trainer, name: str, factor: float = 1.0, value: int | None = None, max_val: int = 8192
+    t: Trainer, name: str, factor: float = 1.0, value: int | None = None, max_val: int = 8192, desc: str = ""
 ) -> tuple[int, bool]:
     """Set the task's batch size (to `value`, or times `factor`, at most max_val); False when unchanged or
-    when it already covers the whole data set."""
+    when it already covers the whole data set. `desc` ("succeeded"/"failed": how the last trial went) logs
+    the step, as Lightning logs it."""
     task = t.task
     size = attrs.get(task, name)
     length = _dataset_length(t)
     if length is not None and size >= length:
-        log.info(f"The batch size {size} is at least the length of the data set ({length}).")
+        log.info(f"The batch size {size} is greater or equal than the length of the data set ({length}).")
         return size, False
     new = min(value if value is not None else int(size * factor), max_val)
+    if desc:
+        log.info(f"Batch size {size} {desc}; trying batch size {new}")
     attrs.set_everywhere(task, name, new)
     return new, new != size
 
@@ -124,7 +127,7 @@ def _power(t: Trainer, trial: object, size: int, name: str, max_trials: int, max
             trial()  # type: ignore[operator]
             if i + 1 >= max_trials:
                 break
-            size, changed = _adjust(t, name, factor=2.0, max_val=max_val)
+            size, changed = _adjust(t, name, factor=2.0, max_val=max_val, desc="succeeded")
             if not changed:
                 break
             any_success = True
@@ -132,7 +135,7 @@ def _power(t: Trainer, trial: object, size: int, name: str, max_trials: int, max
             if not is_oom_error(e):
                 raise
             _free_memory()
-            size, _ = _adjust(t, name, factor=0.5, max_val=max_val)
+            size, _ = _adjust(t, name, factor=0.5, max_val=max_val, desc="failed")
             if any_success:
                 break
     return size
@@ -160,9 +163,9 @@ def _binsearch(
             if high:
                 if high - low <= 1:
                     break
-                size, changed = _adjust(t, name, value=(high + low) // 2, max_val=max_val)
+                size, changed = _adjust(t, name, value=(high + low) // 2, max_val=max_val, desc="succeeded")
             else:
-                size, changed = _adjust(t, name, factor=2.0, max_val=max_val)
+                size, changed = _adjust(t, name, factor=2.0, max_val=max_val, desc="succeeded")
             if not changed:
                 break
         except RuntimeError as e:
@@ -170,7 +173,7 @@ def _binsearch(
                 raise
             _free_memory()
             high = size
-            size, _ = _adjust(t, name, value=(high + low) // 2, max_val=max_val)
+            size, _ = _adjust(t, name, value=(high + low) // 2, max_val=max_val, desc="failed")
             if high - low <= 1:
                 break
     if margin > 0:

@@ -13,7 +13,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from callbacks.base import Callback
 from callbacks.finders import attrs
-from tandem_core.errors import ConfigError, require
+from tandem_core.errors import ConfigError, MissingFieldError, require
 from tandem_core.optim import SchedulerConfig
 from trainer.tuner.run import run_fit_trial
 from trainer.tuner.snapshot import Snapshot
@@ -180,14 +180,14 @@ def lr_attr_name(task: Any, attr_name: str = "") -> str:
     """The task's learning-rate field: `attr_name`, else 'lr' or 'learning_rate' (attribute or hparam)."""
     if attr_name:
         if not attrs.has(task, attr_name):
-            raise ConfigError(
+            raise MissingFieldError(
                 f"lr_find(attr_name={attr_name!r}): no such field on the task or in its hparams."
             )
         return attr_name
     for name in ("lr", "learning_rate"):
         if attrs.has(task, name):
             return name
-    raise ConfigError(
+    raise MissingFieldError(
         "lr_find(update_attr=True) sets the task's 'lr' or 'learning_rate' (an attribute or hparam); the task has "
         "neither: add one, or name yours with attr_name=..."
     )
