@@ -225,3 +225,58 @@ def test_an_attached_task_is_scriptable_as_a_lightning_module(tmp_path: Any) -> 
     scripted = torch.jit.script(task)
     x = torch.randn(2, 32)
     assert torch.equal(scripted(x), task(x))
+
+
+def _fit_error(lightning: bool, tmp_path: Any, make: Any) -> type | None:
+    try:
+        _trainer(lightning, tmp_path, fast_dev_run=1).fit(
+            make(plb.BoringModel if lightning else demos.BoringModel)
+        )
+    except Exception as e:
+        return type(e)
+    return None
+
+
+def _no_closure_call(base: type) -> Any:
+    class M(base):  # type: ignore[misc,valid-type]
+        def optimizer_step(
+            self,
+            epoch: Any = None,
+            batch_idx: Any = None,
+            optimizer: Any = None,
+            optimizer_closure: Any = None,
+            **_: Any,
+        ) -> None:
+            pass  # never calls optimizer_closure()
+
+    return M()
+
+
+def _broken_optimizer(base: type) -> Any:
+    class M(base):  # type: ignore[misc,valid-type]
+        def configure_optimizers(self) -> Any:
+            class BrokenSGD(torch.optim.SGD):
+                def step(self, closure: Any = None) -> Any:
+                    return super().step()  # drops the closure
+
+            return BrokenSGD(self.parameters(), lr=0.1)
+
+    return M()
+
+
+def _manual_int(base: type) -> Any:
+    class M(base):  # type: ignore[misc,valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self.automatic_optimization = False
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            return 5
+
+    return M()
+
+
+@pytest.mark.parametrize("make", [_no_closure_call, _broken_optimizer, _manual_int])
+def test_a_step_that_trains_nothing_is_refused_as_lightning(tmp_path: Any, make: Any) -> None:
+    assert _fit_error(True, tmp_path, make) is pl.utilities.exceptions.MisconfigurationException
+    assert issubclass(_fit_error(False, tmp_path, make) or type(None), TandemError)

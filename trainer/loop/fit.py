@@ -20,7 +20,7 @@ from tandem_core.errors import TaskError
 from trainer import checkpoint
 from trainer.checkpoint.run import check_window_saves
 from trainer.loggers.reporting import finalize_loggers, log_metrics, log_stage_start
-from trainer.loop.closure import Closure, manual_outputs
+from trainer.loop.closure import NOT_RUN, Closure, manual_outputs, not_run
 from trainer.loop.combined import epoch_iterator as combined_epoch
 from trainer.loop.data import SkipBatchSampler, set_epoch
 from trainer.loop.evaluation import run_eval
@@ -177,6 +177,10 @@ def train_epoch(t: Trainer) -> None:
         else:
             with strategy.autocast(), t.profile("training_step"):
                 out = strategy.step(task, "training_step", batch, batch_idx)
+            if (
+                out is not None and batch_end is None
+            ):  # (else manual_outputs checks it for on_train_batch_end)
+                manual_outputs(out)  # anything but a tensor, a dict or None is refused, as Lightning
         done = state.batch_in_epoch = batch_idx + 1
         if last and automatic:  # Lightning steps the epoch's other schedulers after its last batch
             step_schedulers(t, "epoch", plateau=False)
@@ -249,7 +253,10 @@ def _stepper(t: Trainer, closure: Closure) -> Callable[[int], None]:
     if "optimizer_step" in t.hooks.custom:
 
         def step(batch_idx: int) -> None:
+            closure.out = NOT_RUN
             task.optimizer_step(state.epoch, batch_idx, task._optimizers[0], closure)
+            if closure.out is NOT_RUN:
+                raise not_run(task, own_step=True)
             if t.lr_scheduler_configs:
                 step_schedulers(t, "step")
 
@@ -260,10 +267,13 @@ def _stepper(t: Trainer, closure: Closure) -> Callable[[int], None]:
         step_closure = closure  # type: ignore[assignment]
 
     def step(batch_idx: int) -> None:
+        closure.out = NOT_RUN
         if plain:  # what the strategy's optimizer_step would do
             optimizer.step(step_closure)
         else:
             strategy.optimizer_step(optimizer, step_closure)
+        if closure.out is NOT_RUN:  # the optimizer's step() never called its closure: no training step ran
+            raise not_run(task, own_step=False)
         state.global_step += 1
         if t.lr_scheduler_configs:
             step_schedulers(t, "step")
