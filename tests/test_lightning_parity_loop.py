@@ -280,3 +280,35 @@ def _manual_int(base: type) -> Any:
 def test_a_step_that_trains_nothing_is_refused_as_lightning(tmp_path: Any, make: Any) -> None:
     assert _fit_error(True, tmp_path, make) is pl.utilities.exceptions.MisconfigurationException
     assert issubclass(_fit_error(False, tmp_path, make) or type(None), TandemError)
+
+
+def _none_batches(lightning: bool, tmp_path: Any) -> tuple[list[Any], int, int]:
+    from torch.utils.data import default_collate
+
+    base = plb.BoringModel if lightning else demos.BoringModel
+    ends: list[Any] = []
+
+    class M(base):  # type: ignore[misc,valid-type]
+        counter = 0
+
+        def collate(self, rows: Any) -> Any:
+            out = None if self.counter % 2 == 0 else default_collate(rows)
+            self.counter += 1
+            return out
+
+        def train_dataloader(self) -> DataLoader:
+            return DataLoader(plb.RandomDataset(32, 4), collate_fn=self.collate)
+
+        def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+            ends.append(None if outputs is None else sorted(outputs))
+
+    trainer = _trainer(lightning, tmp_path, max_epochs=2, limit_val_batches=0)
+    with pytest.warns(UserWarning, match="yielded None"):
+        trainer.fit(M())
+    return ends, trainer.global_step, trainer.current_epoch
+
+
+def test_a_none_batch_skips_the_step_as_lightning(tmp_path: Any) -> None:
+    ours, theirs = _none_batches(False, tmp_path), _none_batches(True, tmp_path)
+    assert ours == theirs
+    assert ours[0] == [None, ["loss"], None, ["loss"]] * 2 and ours[1] == 4

@@ -60,7 +60,12 @@ TANDEM: dict[str, dict[str, str]] = {
 # lightning.fabric under the Tandem run: only the user-facing names Lightning's tests import through it
 TANDEM_FABRIC: dict[str, dict[str, str]] = {
     "": {"seed_everything": "trainer.seed"},
-    "utilities": {"seed_everything": "trainer.seed", "rank_zero_only": "tandem_core.rank_zero", **_ERRORS},
+    "utilities": {
+        "seed_everything": "trainer.seed",
+        "rank_zero_only": "tandem_core.rank_zero",
+        **_ERRORS,
+        "PossibleUserWarning": "trainer.utilities",
+    },
 }
 
 
