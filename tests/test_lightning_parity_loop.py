@@ -312,3 +312,27 @@ def test_a_none_batch_skips_the_step_as_lightning(tmp_path: Any) -> None:
     ours, theirs = _none_batches(False, tmp_path), _none_batches(True, tmp_path)
     assert ours == theirs
     assert ours[0] == [None, ["loss"], None, ["loss"]] * 2 and ours[1] == 4
+
+
+@pytest.mark.parametrize("frozen", [True, False])
+def test_training_that_starts_with_modules_in_eval_mode_is_said_as_lightning(
+    tmp_path: Any, frozen: bool
+) -> None:
+    import warnings
+
+    from trainer.utilities import PossibleUserWarning
+
+    said = []
+    for lightning, category in (
+        (True, pl.utilities.warnings.PossibleUserWarning),
+        (False, PossibleUserWarning),
+    ):
+        task = (plb.BoringModel if lightning else demos.BoringModel)()
+        if frozen:
+            task.extra = torch.nn.Linear(32, 16)
+            task.extra.eval()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            _trainer(lightning, tmp_path, max_steps=1, limit_val_batches=0).fit(task)
+        said.append(sum(issubclass(w.category, category) and "eval mode" in str(w.message) for w in seen))
+    assert said == ([1, 1] if frozen else [0, 0])

@@ -17,6 +17,7 @@ from strategies.base import batch_mover
 from strategies.checkpoint.io import checkpoint_io
 from strategies.data.reinit import rebuild, rebuildable
 from tandem_core.errors import TaskError
+from tandem_core.rank_zero import rank_zero_warn
 from trainer import checkpoint
 from trainer.checkpoint.run import check_window_saves
 from trainer.loggers.reporting import finalize_loggers, log_metrics, log_stage_start
@@ -27,10 +28,11 @@ from trainer.loop.evaluation import run_eval
 from trainer.loop.hooks import run_as
 from trainer.loop.optim import step_schedulers
 from trainer.loop.signals import check_stop
-from trainer.loop.stepper import none_batch, stepper
+from trainer.loop.stepper import eval_modules_message, none_batch, stepper
 from trainer.loop.transfer import to_device
 from trainer.seed import get_rng_state, set_rng_state
 from trainer.utilities.combined_loader import CombinedLoader
+from trainer.utilities.enums import PossibleUserWarning
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -76,6 +78,8 @@ def fit(t: Trainer) -> None:
         set_rng_state(state.resume_rng)
         state.resume_rng = None
     t.metric_store.open_run("train")  # what on_train_start logs joins the first epoch's aggregates
+    if any(not m.training for m in task.modules()):  # (before on_train_start, as Lightning says it)
+        rank_zero_warn(eval_modules_message(task), category=PossibleUserWarning)
     hooks.call("on_train_start")
     _warn_if_no_steps(t)
     while not _done(t):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from strategies.base import is_plain
 from trainer.loop.closure import NOT_RUN, Closure, not_run
@@ -62,3 +62,13 @@ def none_batch(t: Trainer) -> None:
             UserWarning,
             stacklevel=2,
         )
+
+
+def eval_modules_message(task: Any) -> str:
+    """What fit says when training starts with submodules in eval mode (a PossibleUserWarning, as Lightning)."""
+    names = [name or type(task).__name__ for name, m in task.named_modules() if not m.training]
+    shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+    return (
+        f"{len(names)} module(s) are in eval mode as training starts ({shown}): dropout and batch norm behave "
+        "as in evaluation there. Ignore this if it is intended (a frozen part), else call .train() on them."
+    )
