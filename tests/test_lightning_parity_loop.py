@@ -336,3 +336,31 @@ def test_training_that_starts_with_modules_in_eval_mode_is_said_as_lightning(
             _trainer(lightning, tmp_path, max_steps=1, limit_val_batches=0).fit(task)
         said.append(sum(issubclass(w.category, category) and "eval mode" in str(w.message) for w in seen))
     assert said == ([1, 1] if frozen else [0, 0])
+
+
+@pytest.mark.parametrize("batch_sampler", [False, True])
+def test_set_epoch_calls_on_training_and_evaluation_samplers_equal_lightnings(
+    tmp_path: Any, batch_sampler: bool
+) -> None:
+    from unittest import mock
+
+    from torch.utils.data import BatchSampler, RandomSampler
+
+    def loader() -> tuple[DataLoader, Any]:
+        data = plb.RandomDataset(32, 16)
+        sampler = RandomSampler(data)
+        sampler.set_epoch = mock.Mock()  # type: ignore[attr-defined]
+        if batch_sampler:
+            return DataLoader(data, batch_sampler=BatchSampler(sampler, 2, True)), sampler
+        return DataLoader(data, sampler=sampler), sampler
+
+    calls = []
+    for lightning in (True, False):
+        (train, ts), (val, vs), (again, gs) = loader(), loader(), loader()
+        task = (plb.BoringModel if lightning else demos.BoringModel)()
+        trainer = _trainer(lightning, tmp_path, max_epochs=2, limit_train_batches=1, limit_val_batches=1)
+        trainer.fit(task, train, val)
+        trainer.validate(task, again)
+        calls.append((ts.set_epoch.mock_calls, vs.set_epoch.mock_calls, gs.set_epoch.mock_calls))
+    assert calls[0] == calls[1]
+    assert calls[1][0] == [mock.call(0), mock.call(1)] and calls[1][2] == [mock.call(2)]
