@@ -364,3 +364,24 @@ def test_set_epoch_calls_on_training_and_evaluation_samplers_equal_lightnings(
         calls.append((ts.set_epoch.mock_calls, vs.set_epoch.mock_calls, gs.set_epoch.mock_calls))
     assert calls[0] == calls[1]
     assert calls[1][0] == [mock.call(0), mock.call(1)] and calls[1][2] == [mock.call(2)]
+
+
+@pytest.mark.parametrize("mode", ["max_size_cycle", "min_size", "max_size"])
+def test_validate_a_combined_loader_equals_lightning(tmp_path: Any, mode: str) -> None:
+    from pytorch_lightning.utilities import CombinedLoader as PlCombined
+
+    from trainer.utilities import CombinedLoader
+
+    results = []
+    for lightning, combined in ((True, PlCombined), (False, CombinedLoader)):
+        seen: list[Any] = []
+
+        class M(plb.BoringModel if lightning else demos.BoringModel):  # type: ignore[misc]
+            def validation_step(self, batch: Any, batch_idx: int, seen: list[Any] = seen) -> None:
+                seen.append(batch)
+
+        trainer = _trainer(lightning, tmp_path)
+        trainer.validate(M(), combined({"a": [0, 1, 2], "b": [3, 4]}, mode))
+        results.append((seen, trainer.num_sanity_val_batches, trainer.num_val_batches))
+    assert results[0] == results[1]
+    assert results[1][1] == []
