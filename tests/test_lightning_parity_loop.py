@@ -385,3 +385,13 @@ def test_validate_a_combined_loader_equals_lightning(tmp_path: Any, mode: str) -
         results.append((seen, trainer.num_sanity_val_batches, trainer.num_val_batches))
     assert results[0] == results[1]
     assert results[1][1] == []
+
+
+def test_skipping_a_step_under_several_processes_is_a_runtime_error_as_lightnings() -> None:
+    from trainer.loop.closure import loss_of
+
+    with pytest.raises(RuntimeError):  # Lightning's class (its test mocks world_size=2)
+        loss_of(None, 2)
+    with pytest.raises(TandemError):
+        loss_of(None, 2)
+    assert loss_of(None, 1) is None

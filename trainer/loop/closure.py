@@ -20,6 +20,10 @@ _grad_enabled, _set_grad_enabled = torch.is_grad_enabled, torch._C._set_grad_ena
 _Tensor = torch.Tensor
 
 
+class SkippedStepError(TaskError, RuntimeError):
+    """training_step returned None (skip the batch) under several processes (Lightning raises RuntimeError)."""
+
+
 NOT_RUN = object()  # Closure.out before the closure runs in an optimizer step
 
 
@@ -189,7 +193,7 @@ def loss_of(out: Any, world_size: int) -> torch.Tensor | None:
     """The loss in training_step's output; None (Lightning's "skip this batch") only on one process."""
     if out is None:
         if world_size > 1:
-            raise TaskError(
+            raise SkippedStepError(
                 "training_step returned None (skip this batch) under several processes: the other ranks would "
                 "wait for this one's gradients. Skip batches on one process only, or return a zero loss instead."
             )
