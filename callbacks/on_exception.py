@@ -80,7 +80,7 @@ class OnExceptionCheckpoint(Checkpoint):
         self.saved_path = path
         trainer.save_checkpoint(path)
 
-    def teardown(self, trainer: Trainer, *_: Any) -> None:
+    def teardown(self, trainer: Trainer, task: Any, stage: str) -> None:
         resumed = self._resumed_own(trainer)
         if resumed is not None and not self._failed and trainer.is_global_zero and os.path.isfile(resumed):
             os.remove(resumed)

@@ -293,3 +293,24 @@ def test_deliberate_differences(tmp_path: Any) -> None:
     assert seen["datamodule"] == {"my": "state"} and Stateful.__qualname__ not in seen
     opt = task.optimizers()
     assert str(opt) == "Task" + str(opt.optimizer)
+
+
+def test_every_callbacks_setup_and_teardown_take_stage_by_keyword() -> None:
+    """Lightning calls setup/teardown with ``stage=`` by keyword; so does Tandem, so every built-in callback's own
+    setup/teardown must take a parameter named stage."""
+    import inspect
+
+    import callbacks
+
+    checked = 0
+    for name in dir(callbacks):
+        cls = getattr(callbacks, name)
+        if not (isinstance(cls, type) and issubclass(cls, Callback)):
+            continue
+        for hook in ("setup", "teardown"):
+            fn = getattr(cls, hook)
+            if getattr(fn, "_tandem_default", False):
+                continue
+            inspect.signature(fn).bind(None, "trainer", "task", stage="fit")
+            checked += 1
+    assert checked >= 5

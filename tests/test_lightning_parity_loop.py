@@ -225,3 +225,173 @@ def test_an_attached_task_is_scriptable_as_a_lightning_module(tmp_path: Any) -> 
     scripted = torch.jit.script(task)
     x = torch.randn(2, 32)
     assert torch.equal(scripted(x), task(x))
+
+
+def _fit_error(lightning: bool, tmp_path: Any, make: Any) -> type | None:
+    try:
+        _trainer(lightning, tmp_path, fast_dev_run=1).fit(
+            make(plb.BoringModel if lightning else demos.BoringModel)
+        )
+    except Exception as e:
+        return type(e)
+    return None
+
+
+def _no_closure_call(base: type) -> Any:
+    class M(base):  # type: ignore[misc,valid-type]
+        def optimizer_step(
+            self,
+            epoch: Any = None,
+            batch_idx: Any = None,
+            optimizer: Any = None,
+            optimizer_closure: Any = None,
+            **_: Any,
+        ) -> None:
+            pass  # never calls optimizer_closure()
+
+    return M()
+
+
+def _broken_optimizer(base: type) -> Any:
+    class M(base):  # type: ignore[misc,valid-type]
+        def configure_optimizers(self) -> Any:
+            class BrokenSGD(torch.optim.SGD):
+                def step(self, closure: Any = None) -> Any:
+                    return super().step()  # drops the closure
+
+            return BrokenSGD(self.parameters(), lr=0.1)
+
+    return M()
+
+
+def _manual_int(base: type) -> Any:
+    class M(base):  # type: ignore[misc,valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self.automatic_optimization = False
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            return 5
+
+    return M()
+
+
+@pytest.mark.parametrize("make", [_no_closure_call, _broken_optimizer, _manual_int])
+def test_a_step_that_trains_nothing_is_refused_as_lightning(tmp_path: Any, make: Any) -> None:
+    assert _fit_error(True, tmp_path, make) is pl.utilities.exceptions.MisconfigurationException
+    assert issubclass(_fit_error(False, tmp_path, make) or type(None), TandemError)
+
+
+def _none_batches(lightning: bool, tmp_path: Any) -> tuple[list[Any], int, int]:
+    from torch.utils.data import default_collate
+
+    base = plb.BoringModel if lightning else demos.BoringModel
+    ends: list[Any] = []
+
+    class M(base):  # type: ignore[misc,valid-type]
+        counter = 0
+
+        def collate(self, rows: Any) -> Any:
+            out = None if self.counter % 2 == 0 else default_collate(rows)
+            self.counter += 1
+            return out
+
+        def train_dataloader(self) -> DataLoader:
+            return DataLoader(plb.RandomDataset(32, 4), collate_fn=self.collate)
+
+        def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+            ends.append(None if outputs is None else sorted(outputs))
+
+    trainer = _trainer(lightning, tmp_path, max_epochs=2, limit_val_batches=0)
+    with pytest.warns(UserWarning, match="yielded None"):
+        trainer.fit(M())
+    return ends, trainer.global_step, trainer.current_epoch
+
+
+def test_a_none_batch_skips_the_step_as_lightning(tmp_path: Any) -> None:
+    ours, theirs = _none_batches(False, tmp_path), _none_batches(True, tmp_path)
+    assert ours == theirs
+    assert ours[0] == [None, ["loss"], None, ["loss"]] * 2 and ours[1] == 4
+
+
+@pytest.mark.parametrize("frozen", [True, False])
+def test_training_that_starts_with_modules_in_eval_mode_is_said_as_lightning(
+    tmp_path: Any, frozen: bool
+) -> None:
+    import warnings
+
+    from trainer.utilities import PossibleUserWarning
+
+    said = []
+    for lightning, category in (
+        (True, pl.utilities.warnings.PossibleUserWarning),
+        (False, PossibleUserWarning),
+    ):
+        task = (plb.BoringModel if lightning else demos.BoringModel)()
+        if frozen:
+            task.extra = torch.nn.Linear(32, 16)
+            task.extra.eval()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            _trainer(lightning, tmp_path, max_steps=1, limit_val_batches=0).fit(task)
+        said.append(sum(issubclass(w.category, category) and "eval mode" in str(w.message) for w in seen))
+    assert said == ([1, 1] if frozen else [0, 0])
+
+
+@pytest.mark.parametrize("batch_sampler", [False, True])
+def test_set_epoch_calls_on_training_and_evaluation_samplers_equal_lightnings(
+    tmp_path: Any, batch_sampler: bool
+) -> None:
+    from unittest import mock
+
+    from torch.utils.data import BatchSampler, RandomSampler
+
+    def loader() -> tuple[DataLoader, Any]:
+        data = plb.RandomDataset(32, 16)
+        sampler = RandomSampler(data)
+        sampler.set_epoch = mock.Mock()  # type: ignore[attr-defined]
+        if batch_sampler:
+            return DataLoader(data, batch_sampler=BatchSampler(sampler, 2, True)), sampler
+        return DataLoader(data, sampler=sampler), sampler
+
+    calls = []
+    for lightning in (True, False):
+        (train, ts), (val, vs), (again, gs) = loader(), loader(), loader()
+        task = (plb.BoringModel if lightning else demos.BoringModel)()
+        trainer = _trainer(lightning, tmp_path, max_epochs=2, limit_train_batches=1, limit_val_batches=1)
+        trainer.fit(task, train, val)
+        trainer.validate(task, again)
+        calls.append((ts.set_epoch.mock_calls, vs.set_epoch.mock_calls, gs.set_epoch.mock_calls))
+    assert calls[0] == calls[1]
+    assert calls[1][0] == [mock.call(0), mock.call(1)] and calls[1][2] == [mock.call(2)]
+
+
+@pytest.mark.parametrize("mode", ["max_size_cycle", "min_size", "max_size"])
+def test_validate_a_combined_loader_equals_lightning(tmp_path: Any, mode: str) -> None:
+    from pytorch_lightning.utilities import CombinedLoader as PlCombined
+
+    from trainer.utilities import CombinedLoader
+
+    results = []
+    for lightning, combined in ((True, PlCombined), (False, CombinedLoader)):
+        seen: list[Any] = []
+
+        class M(plb.BoringModel if lightning else demos.BoringModel):  # type: ignore[misc]
+            def validation_step(self, batch: Any, batch_idx: int, seen: list[Any] = seen) -> None:
+                seen.append(batch)
+
+        trainer = _trainer(lightning, tmp_path)
+        trainer.validate(M(), combined({"a": [0, 1, 2], "b": [3, 4]}, mode))
+        results.append((seen, trainer.num_sanity_val_batches, trainer.num_val_batches))
+    assert results[0] == results[1]
+    assert results[1][1] == []
+
+
+def test_skipping_a_step_under_several_processes_is_a_runtime_error_as_lightnings() -> None:
+    from trainer.loop.closure import loss_of
+
+    with pytest.raises(RuntimeError):  # Lightning's class (its test mocks world_size=2)
+        loss_of(None, 2)
+    with pytest.raises(TandemError):
+        loss_of(None, 2)
+    assert loss_of(None, 1) is None

@@ -140,5 +140,8 @@ class TrainerReadback:
 
     @property
     def num_sanity_val_batches(self) -> list[int | float]:
-        """The sanity check's batches per validation loader (num_sanity_val_steps, capped by each loader)."""
+        """The sanity check's batches per validation loader (num_sanity_val_steps, capped by each loader); fit
+        alone runs a sanity check, so under validate/test/predict it is [] (Lightning's)."""
+        if self.state.entry not in (None, "fit"):  # type: ignore[attr-defined]
+            return []
         return [min(self.num_sanity_val_steps, n) for n in self.num_val_batches]  # type: ignore[attr-defined]

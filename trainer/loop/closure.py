@@ -5,6 +5,7 @@ unchanged. Inside an accumulation window the loop calls the closure itself and t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -17,6 +18,25 @@ if TYPE_CHECKING:
 
 _grad_enabled, _set_grad_enabled = torch.is_grad_enabled, torch._C._set_grad_enabled  # cheaper than a context
 _Tensor = torch.Tensor
+
+
+class SkippedStepError(TaskError, RuntimeError):
+    """training_step returned None (skip the batch) under several processes (Lightning raises RuntimeError)."""
+
+
+NOT_RUN = object()  # Closure.out before the closure runs in an optimizer step
+
+
+def not_run(task: Any, own_step: bool) -> TaskError:
+    """The error for an optimizer step whose closure never ran (Lightning raises one too): nothing trained."""
+    where = (
+        f"{type(task).__name__}.optimizer_step did not call `optimizer_closure()` (pass it on: "
+        "optimizer.step(closure=optimizer_closure))"
+        if own_step
+        else "the optimizer's step() did not call the closure it was given (it must call `closure()`, as "
+        "torch's optimizers do)"
+    )
+    return TaskError(f"The training step never ran: {where}.")
 
 
 class Closure:
@@ -141,9 +161,11 @@ def manual_outputs(out: Any) -> dict[str, Any]:
         return {}
     if isinstance(out, torch.Tensor):
         return {"loss": out.detach()}
-    if isinstance(out, dict):
+    if isinstance(out, Mapping):
         return {k: v.detach() if k == "loss" and isinstance(v, torch.Tensor) else v for k, v in out.items()}
-    return out
+    raise TaskError(  # as Lightning: anything else is refused
+        f"training_step returned {type(out).__name__} under manual optimization; return a tensor, a dict or None."
+    )
 
 
 def _scale_grads(optimizer: torch.optim.Optimizer, factor: float) -> None:
@@ -171,7 +193,7 @@ def loss_of(out: Any, world_size: int) -> torch.Tensor | None:
     """The loss in training_step's output; None (Lightning's "skip this batch") only on one process."""
     if out is None:
         if world_size > 1:
-            raise TaskError(
+            raise SkippedStepError(
                 "training_step returned None (skip this batch) under several processes: the other ranks would "
                 "wait for this one's gradients. Skip batches on one process only, or return a zero loss instead."
             )

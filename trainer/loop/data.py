@@ -64,12 +64,11 @@ def set_epoch(loader: Any, epoch: int) -> None:
         for inner in loader.flattened:
             set_epoch(inner, epoch)
         return
-    for sampler in (getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None)):
-        if sampler is not None and hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(epoch)
-        inner = getattr(sampler, "sampler", None)
-        if inner is not None and hasattr(inner, "set_epoch"):
-            inner.set_epoch(epoch)
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    found = (getattr(loader, "sampler", None), batch_sampler, getattr(batch_sampler, "sampler", None))
+    # once each: the loader's sampler is usually also its batch sampler's (Lightning calls it once too)
+    for sampler in {id(s): s for s in found if s is not None and hasattr(s, "set_epoch")}.values():
+        sampler.set_epoch(epoch)
 
 
 class SkipBatchSampler(Sampler[list[int]]):

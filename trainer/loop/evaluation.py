@@ -10,6 +10,7 @@ import torch
 
 from trainer.loggers.reporting import finalize_loggers, log_metrics, log_stage_start
 from trainer.loop.combined import batches
+from trainer.loop.data import set_epoch
 from trainer.loop.hooks import run_as
 from trainer.loop.signals import check_stop
 from trainer.loop.signatures import check_dataloader_idx
@@ -74,6 +75,7 @@ def _run_eval(t: Trainer, phase: str, limit: int | None) -> Any:
     start_rng = get_rng_state() if agree else None  # a stop inside this validation checkpoints this moment
     store.fx = step_name  # self.log's rules inside an evaluation batch (trainer/loggers/log_rules.py)
     for dl_idx, (loader, n) in enumerate(zip(loaders, sizes)):
+        set_epoch(loader, t.state.epoch)  # as Lightning: the fit epoch (a sampler may shuffle by it)
         store.dataloader_suffix = f"/dataloader_idx_{dl_idx}" if multi else ""
         extra = (dl_idx,) if multi else ()
         outputs: list[Any] = []

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from strategies.base import batch_mover, is_plain
+from strategies.base import batch_mover
 from strategies.checkpoint.io import checkpoint_io
 from strategies.data.reinit import rebuild, rebuildable
+from tandem_core.rank_zero import rank_zero_warn
 from trainer import checkpoint
 from trainer.checkpoint.run import check_window_saves
 from trainer.loggers.reporting import finalize_loggers, log_metrics, log_stage_start
@@ -23,12 +24,14 @@ from trainer.loop.combined import epoch_iterator as combined_epoch
 from trainer.loop.data import SkipBatchSampler, set_epoch
 from trainer.loop.evaluation import run_eval
 from trainer.loop.hooks import run_as
-from trainer.loop.optim import StepClosure, step_schedulers
+from trainer.loop.optim import step_schedulers
 from trainer.loop.signals import check_stop
+from trainer.loop.stepper import eval_modules_message, none_batch, stepper
 from trainer.loop.transfer import to_device
 from trainer.loop.val_schedule import should_validate, time_due, val_check_batches, val_check_seconds
 from trainer.seed import get_rng_state, set_rng_state
 from trainer.utilities.combined_loader import CombinedLoader
+from trainer.utilities.enums import PossibleUserWarning
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -74,6 +77,8 @@ def fit(t: Trainer) -> None:
         set_rng_state(state.resume_rng)
         state.resume_rng = None
     t.metric_store.open_run("train")  # what on_train_start logs joins the first epoch's aggregates
+    if any(not m.training for m in task.modules()):  # (before on_train_start, as Lightning says it)
+        rank_zero_warn(eval_modules_message(task), category=PossibleUserWarning)
     hooks.call("on_train_start")
     _warn_if_no_steps(t)
     while not _done(t):
@@ -112,7 +117,7 @@ def train_epoch(t: Trainer) -> None:
     n = strategy.comm.agree_num_batches(t.num_training_batches)  # uneven ranks: all run the shortest epoch
     known = n != float("inf")
     closure = Closure(t) if automatic else None
-    step = _stepper(t, closure) if closure is not None else None
+    step = stepper(t, closure) if closure is not None else None
     move = _mover(t)
     batch_start = hooks.caller("on_train_batch_start", result=True)  # its -1 ends the epoch
     batch_end = hooks.caller("on_train_batch_end")
@@ -153,6 +158,14 @@ def train_epoch(t: Trainer) -> None:
             last = not strategy.comm.join(nxt is not _END)
         batch = move(batch)
         store.set_batch(batch)
+        if batch is None:  # as Lightning: no batch_start, no step; on_train_batch_end gets None
+            none_batch(t)
+            done = state.batch_in_epoch = batch_idx + 1
+            if batch_end is not None:
+                batch_end(None, batch, batch_idx)
+            if last and automatic:
+                step_schedulers(t, "epoch", plateau=False)
+            continue
         if batch_start is not None and batch_start(batch, batch_idx) == -1:  # the task ends the epoch here
             if automatic:  # drop a cut-short window's gradients, or they leak into the next step
                 t.optimizers[0].zero_grad(set_to_none=True)
@@ -180,6 +193,10 @@ def train_epoch(t: Trainer) -> None:
         else:
             with strategy.autocast(), t.profile("training_step"):
                 out = strategy.step(task, "training_step", batch, batch_idx)
+            if (
+                out is not None and batch_end is None
+            ):  # (else manual_outputs checks it for on_train_batch_end)
+                manual_outputs(out)  # anything but a tensor, a dict or None is refused, as Lightning
         done = state.batch_in_epoch = batch_idx + 1
         if last and automatic:  # Lightning steps the epoch's other schedulers after its last batch
             step_schedulers(t, "epoch", plateau=False)
@@ -251,36 +268,6 @@ def _validate(t: Trainer, done: int, k: int, final: bool = False) -> None:
     run_eval(t, "val")
     t.metric_store.fx = "training_step"  # back inside the training batch
     t.session.last_val_time = time.monotonic()  # type: ignore[union-attr]
-
-
-def _stepper(t: Trainer, closure: Closure) -> Callable[[int], None]:
-    """`step(batch_idx)`: one optimizer step of automatic optimization, the closure running inside it
-    (through the task's optimizer_step if it has one), then the step-interval schedulers."""
-    task, state = t.task, t.state
-    assert task is not None
-    if "optimizer_step" in t.hooks.custom:
-
-        def step(batch_idx: int) -> None:
-            task.optimizer_step(state.epoch, batch_idx, task._optimizers[0], closure)
-            if t.lr_scheduler_configs:  # (the plateau ones after the batch's validation)
-                step_schedulers(t, "step", plateau=False)
-
-        return step
-    optimizer, strategy = closure.optimizer, t.strategy
-    step_closure, plain = StepClosure(t, optimizer, closure), is_plain(strategy)
-    if step_closure.only_calls_closure:  # (so the strategy is plain) the optimizer runs the closure itself
-        step_closure = closure  # type: ignore[assignment]
-
-    def step(batch_idx: int) -> None:
-        if plain:  # what the strategy's optimizer_step would do
-            optimizer.step(step_closure)
-        else:
-            strategy.optimizer_step(optimizer, step_closure)
-        state.global_step += 1
-        if t.lr_scheduler_configs:
-            step_schedulers(t, "step", plateau=False)
-
-    return step
 
 
 def _mover(t: Trainer) -> Callable[[Any], Any]:
