@@ -323,3 +323,26 @@ def test_a_loader_without_length_in_a_training_dict(limit):
         Trainer(max_epochs=1, limit_train_batches=0.5, **FAST).fit(
             Ours(), {"s": DataLoader(Stream()), "b": loader(4, 1)}
         )
+
+
+@pytest.mark.parametrize("loaders", [{"a": [0, 1], "b": [2, 3]}, [[0, 1], [2, 3]]], ids=["dict", "list"])
+def test_lists_of_numbers_in_a_collection_are_loaders_as_in_lightning(loaders):
+    """A dict or list holding lists of numbers is several loaders (a list of numbers is one), never the dict's
+    keys as batches."""
+
+    def step(self, batch, batch_idx, dataloader_idx=0):
+        return (batch, batch_idx, dataloader_idx)
+
+    class Ours(Task):
+        predict_step = step
+
+    class Theirs(pl.LightningModule):
+        predict_step = step
+
+    quiet = {k: v for k, v in PL.items() if k != "num_sanity_val_steps"}
+    ours = Trainer(**quiet).predict(Ours(), loaders)
+    assert (
+        ours
+        == pl.Trainer(**quiet).predict(Theirs(), loaders)
+        == [[(0, 0, 0), (1, 1, 0)], [(2, 0, 1), (3, 1, 1)]]
+    )

@@ -20,14 +20,15 @@ if TYPE_CHECKING:
 
 
 def is_collection(loaders: Any) -> bool:
-    """A CombinedLoader, or a dict/list/tuple of loaders (not one loader, nor a list of batches or numbers)."""
+    """A CombinedLoader, or a dict/list/tuple of loaders (not one loader, nor a list of batches or numbers). As
+    Lightning, a list of numbers inside the collection is one loader (``{"a": [0, 1], "b": [2, 3]}``: two)."""
     if isinstance(loaders, CombinedLoader):
         return True
     if not isinstance(loaders, (dict, list, tuple)):
         return False
     leaves = CombinedLoader(loaders).flattened
     return leaves != [loaders] and all(
-        hasattr(x, "__iter__") and not isinstance(x, (torch.Tensor, str, dict, list, tuple)) for x in leaves
+        hasattr(x, "__iter__") and not isinstance(x, (torch.Tensor, str)) for x in leaves
     )
 
 
