@@ -22,8 +22,10 @@ _FLAG = re.compile(r"^_\w*(_AVAILABLE|_GREATER_EQUAL\w*|_LESS_EQUAL\w*|_IS_WINDO
 _REAL = {"pytorch": "pytorch_lightning", "fabric": "lightning_fabric"}
 
 
-class AbsentName(Exception):
-    """A Lightning name with no Tandem counterpart was used. `public`: a name Lightning exports (a behaviour gap)."""
+class AbsentName(BaseException):
+    """A Lightning name with no Tandem counterpart was used. `public`: a name Lightning exports (a behaviour gap).
+    A BaseException, so that neither a test's ``pytest.raises(Exception)`` nor an ``except Exception`` in the code
+    under test swallows it."""
 
     def __init__(self, name: str, public: bool) -> None:
         self.name, self.public = name, public

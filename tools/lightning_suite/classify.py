@@ -196,6 +196,11 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return seen
 
 
+def failure_of(exc: BaseException) -> tuple[str, str] | None:
+    """The class and reason of a missing attribute `exc` (an AttributeError), or None when it names none."""
+    return _attribute_failure(f"{type(exc).__name__}: {exc}")
+
+
 def _test_source(item: Any) -> str:
     try:
         return inspect.getsource(item.obj)
