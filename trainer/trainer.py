@@ -20,6 +20,7 @@ from trainer import checkpoint
 from trainer import option_notes as notes
 from trainer.compiler import from_option as compile_option
 from trainer.devices import count as count_devices
+from trainer.loader_view import TrainerLoaders
 from trainer.loggers import Logger, TensorBoardLogger, align_versions
 from trainer.loggers.dummy import DummyLogger
 from trainer.loggers.metrics import MetricStore
@@ -34,12 +35,11 @@ from trainer.profiler import make_profiler
 from trainer.readback import TrainerReadback
 from trainer.task.base import Task
 from trainer.task.datamodule import DataModule
-from trainer.utilities.combined_loader import CombinedLoader
 
 _NO_PROFILE = contextlib.nullcontext()
 
 
-class Trainer(TrainerReadback):
+class Trainer(TrainerReadback, TrainerLoaders):
     """Runs a Task: ``Trainer(max_epochs=3, strategy="ddp", devices=2).fit(task)``.
 
     Keyword names and meanings follow PyTorch Lightning 2.x; trainer/options.py defines them all.
@@ -310,80 +310,6 @@ class Trainer(TrainerReadback):
         """The first ModelCheckpoint, or None."""
         cbs = self.checkpoint_callbacks
         return cbs[0] if cbs else None
-
-    @property
-    def train_dataloader(self) -> Any:
-        """The training loader of the current fit (of several loaders: their collection, as Lightning)."""
-        loader = (self.loaders.get("train") or [None])[0]
-        return loader.iterables if isinstance(loader, CombinedLoader) else loader
-
-    @property
-    def val_dataloaders(self) -> Any:
-        """The validation loader(s) of the current stage as given (one loader, or the list or dict of them,
-        each ready: sharded, limited), or None, as Lightning's."""
-        return self._as_given("val")
-
-    @property
-    def test_dataloaders(self) -> Any:
-        """The test loader(s) of the current stage as given, or None."""
-        return self._as_given("test")
-
-    @property
-    def predict_dataloaders(self) -> Any:
-        """The predict loader(s) of the current stage as given, or None."""
-        return self._as_given("predict")
-
-    def _as_given(self, phase: str) -> Any:
-        loaders = self.loaders.get(phase)
-        if not loaders:
-            return None
-        if isinstance(loaders[0], CombinedLoader):  # one of combined batches
-            return loaders[0].iterables
-        shape = self._loader_shapes.get(phase)
-        if shape is None:  # one loader (or a list of plain iterables)
-            return loaders[0] if len(loaders) == 1 else list(loaders)
-        combined = CombinedLoader(
-            shape.iterables if isinstance(shape, CombinedLoader) else shape, "sequential"
-        )
-        combined.flattened = list(loaders)
-        return combined.iterables
-
-    @property
-    def num_training_batches(self) -> int | float:
-        """The number of training batches an epoch runs (after limit_train_batches)."""
-        return (self.loader_sizes.get("train") or [0])[0]
-
-    @property
-    def num_val_batches(self) -> list[int | float]:
-        """The number of batches of each validation loader (after limit_val_batches)."""
-        return self._eval_batches("val")
-
-    @property
-    def num_test_batches(self) -> list[int | float]:
-        """The number of batches of each test loader (after limit_test_batches)."""
-        return self._eval_batches("test")
-
-    def _eval_batches(self, phase: str) -> list[int | float]:
-        """Batches per loader; a CombinedLoader of combined batches counts each of its loaders (Lightning's)."""
-        loaders, sizes = self.loaders.get(phase, []), self.loader_sizes.get(phase, [])
-        if len(loaders) == 1 and isinstance(loaders[0], CombinedLoader):
-            return list(loaders[0].limits or sizes)
-        return sizes
-
-    @property
-    def num_predict_batches(self) -> list[int | float]:
-        """The number of batches of each predict loader (after limit_predict_batches)."""
-        return self.loader_sizes.get("predict", [])
-
-    @property
-    def estimated_stepping_batches(self) -> int | float:
-        """Optimizer steps the whole fit will take (for schedulers such as OneCycleLR). As Lightning, asks for
-        the training loader when configure_optimizers reads this before the loop did."""
-        if self.session is not None and self.session.stage == "fit" and "train" not in self.loaders:
-            self.session.load("train")
-        per_epoch = -(-self.num_training_batches // self.accumulate_grad_batches)
-        by_epochs = per_epoch * self.config.max_epochs if self.config.max_epochs != -1 else float("inf")
-        return min(by_epochs, self.max_steps) if self.max_steps != -1 else by_epochs
 
 
 def _fit_stage(t: Trainer, task: Task | None, *args: Any) -> None:
