@@ -21,7 +21,7 @@ MODES = ("min", "max")
 # ----- when ---------------------------------------------------------------------------------------
 def no_validation(trainer: Trainer) -> bool:
     """True when this fit runs no validation batches at all."""
-    return not trainer.val_dataloaders or sum(trainer.num_val_batches) == 0
+    return trainer.val_dataloaders is None or sum(trainer.num_val_batches) == 0
 
 
 def fitting(trainer: Trainer) -> bool:

@@ -57,13 +57,13 @@ class BasePredictionWriter(Callback):
         raise NotImplementedError
 
     def on_predict_epoch_start(self, trainer: Trainer, task: Task) -> None:
-        n = len(trainer.predict_dataloaders)
+        n = len(trainer.loaders.get("predict", []))
         self._predictions, self._indices = [[] for _ in range(n)], [[] for _ in range(n)]
 
     def on_predict_batch_end(
         self, trainer: Trainer, task: Task, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        indices = batch_indices(trainer.predict_dataloaders[dataloader_idx], batch_idx)
+        indices = batch_indices(trainer.loaders["predict"][dataloader_idx], batch_idx)
         if self._on_epoch:
             self._predictions[dataloader_idx].append(outputs)
             self._indices[dataloader_idx].append(indices)

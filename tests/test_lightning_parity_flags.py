@@ -119,7 +119,9 @@ def test_fraction_with_check_val_every_n_epoch_none_is_refused():
     "name", ["limit_train_batches", "limit_test_batches", "overfit_batches", "val_check_interval"]
 )
 @pytest.mark.parametrize("value", [1, 1.0, 2, "default"])
-def test_explicit_one_is_explained_as_lightning_does(caplog, name, value):
+def test_explicit_one_is_explained_as_lightning_does(caplog, monkeypatch, name, value):
+    # Lightning stops its logger propagating when it is imported before logging has a handler
+    monkeypatch.setattr(logging.getLogger("pytorch_lightning"), "propagate", True)
     kw = {} if value == "default" else {name: value}
     said = []
     for make in (lambda: pl.Trainer(accelerator="cpu", **kw), lambda: Trainer(**kw)):

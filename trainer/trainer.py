@@ -72,7 +72,7 @@ class Trainer(TrainerReadback):
             self.loggers = [DummyLogger()]
         self.callbacks: list[Callback] = self._make_callbacks(cfg.callbacks)
         self.metric_store = MetricStore(self.strategy.comm.reduce)
-        self.logged_metrics: dict[str, float] = {}
+        self.logged_metrics: dict[str, Any] = {}  # what went to the loggers, as tensors (Lightning's)
         self.state = LoopState()
         self.hooks = Hooks(None, [], self)  # the stage's overridden hooks, collected when a stage starts
         self.task: Task | None = None
@@ -81,6 +81,7 @@ class Trainer(TrainerReadback):
         self.lr_scheduler_configs: list[SchedulerConfig] = []
         self.loaders: dict[str, list[Any]] = {}  # phase ("train", "val", "test", "predict") -> loaders
         self.loader_sizes: dict[str, list[int | float]] = {}  # phase -> batches per loader (after limits)
+        self.loader_iterables: dict[str, Any] = {}  # phase -> its loaders in the form given (val_dataloaders)
         self.profiler = make_profiler(cfg.profiler)
         self.compiler = compile_option(cfg.compile)  # trainer/compiler.py; None: eager
         self.session: Session | None = None  # the running stage's set-up (trainer/loop/session.py)
@@ -317,19 +318,20 @@ class Trainer(TrainerReadback):
         return loader.iterables if isinstance(loader, CombinedLoader) else loader
 
     @property
-    def val_dataloaders(self) -> list[Any]:
-        """The validation loaders of the current stage."""
-        return self.loaders.get("val", [])
+    def val_dataloaders(self) -> Any:
+        """The validation loaders of the current stage in the form given (one loader, a list, a dict), as
+        Lightning; None before they are loaded."""
+        return self.loader_iterables.get("val")
 
     @property
-    def test_dataloaders(self) -> list[Any]:
-        """The test loaders of the current stage."""
-        return self.loaders.get("test", [])
+    def test_dataloaders(self) -> Any:
+        """The test loaders of the current stage in the form given; None before they are loaded."""
+        return self.loader_iterables.get("test")
 
     @property
-    def predict_dataloaders(self) -> list[Any]:
-        """The predict loaders of the current stage."""
-        return self.loaders.get("predict", [])
+    def predict_dataloaders(self) -> Any:
+        """The predict loaders of the current stage in the form given; None before they are loaded."""
+        return self.loader_iterables.get("predict")
 
     @property
     def num_training_batches(self) -> int | float:

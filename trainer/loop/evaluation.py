@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import re
+from collections.abc import Callable
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
@@ -103,7 +103,7 @@ def _run_eval(t: Trainer, phase: str, limit: int | None) -> Any:
     results: list[dict[str, float]] = []
     if not t.state.sanity_checking:
         log_metrics(t, logged)
-        results = _per_loader({k: float(v) for k, v in logged.items()}, len(loaders))
+        results = _per_loader({k: float(v) for k, v in logged.items()}, len(loaders), store.loader_of)
     hooks.call(f"on_{prefix}_end")
     if f"on_{prefix}_model_train" in custom:
         run_as(t, f"on_{prefix}_model_train", getattr(task, f"on_{prefix}_model_train"))
@@ -130,12 +130,12 @@ def _common_batches(t: Trainer, sizes: list[int | float], limit: int | None) -> 
     )
 
 
-def _per_loader(values: dict[str, float], n_loaders: int) -> list[dict[str, float]]:
-    """One dict per loader (Lightning's result shape): its own '/dataloader_idx_i' metrics plus the shared ones."""
+def _per_loader(
+    values: dict[str, float], n_loaders: int, loader_of: Callable[[str], int | None]
+) -> list[dict[str, float]]:
+    """One dict per loader (Lightning's result shape): what was logged in its batches (with or without the
+    '/dataloader_idx_i' suffix) plus what was logged outside them (shared by all)."""
     if n_loaders <= 1:
         return [values]
-    owner = {k: re.search(r"/dataloader_idx_(\d+)", k) for k in values}
-    return [
-        {k: v for k, v in values.items() if owner[k] is None or int(owner[k].group(1)) == i}  # type: ignore[union-attr]
-        for i in range(n_loaders)
-    ]
+    owner = {k: loader_of(k) for k in values}
+    return [{k: v for k, v in values.items() if owner[k] is None or owner[k] == i} for i in range(n_loaders)]
