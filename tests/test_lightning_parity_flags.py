@@ -290,3 +290,16 @@ def test_strategy_connect_attaches_the_task():
     trainer = Trainer(max_steps=1, **QUIET)
     trainer.fit(task, _data())
     assert trainer.strategy.lightning_module is task
+
+
+def test_pass_through_profiler_profiles_nothing():
+    from trainer.profiler import PassThroughProfiler
+
+    trainer = Trainer(max_steps=1, profiler=PassThroughProfiler(), **QUIET)
+    assert trainer.profiler is None  # the loop times no section
+    trainer.fit(_body(Task), _data())
+    assert trainer.global_step == 1
+    with pytest.raises(ConfigError, match="barebones"):
+        Trainer(barebones=True, profiler=PassThroughProfiler())
+    with pytest.raises(ValueError):
+        pl.Trainer(barebones=True, profiler=pl.profilers.PassThroughProfiler())
