@@ -120,8 +120,10 @@ def test_fraction_with_check_val_every_n_epoch_none_is_refused():
 )
 @pytest.mark.parametrize("value", [1, 1.0, 2, "default"])
 def test_explicit_one_is_explained_as_lightning_does(caplog, monkeypatch, name, value):
-    # Lightning stops its logger propagating when it is imported before logging has a handler
+    # Lightning stops its logger propagating when it is imported before logging has a handler, and other
+    # test files quieten it: both undone for this test
     monkeypatch.setattr(logging.getLogger("pytorch_lightning"), "propagate", True)
+    caplog.set_level(logging.INFO, logger="pytorch_lightning")
     kw = {} if value == "default" else {name: value}
     said = []
     for make in (lambda: pl.Trainer(accelerator="cpu", **kw), lambda: Trainer(**kw)):
