@@ -137,10 +137,21 @@ def overrides(obj: Any, name: str) -> bool:
     the instance was given one; an instance attribute set to None (``task.validation_step = None``) turns the
     method off, as in Lightning."""
     own = getattr(obj, "__dict__", {})
-    if name in own:
-        return own[name] is not None
+    if name in own:  # a compiled or wrapped copy of a default method is still the default
+        return own[name] is not None and not getattr(_unwrapped(own[name]), "_tandem_default", False)
     fn = getattr(type(obj), name, None)
     return fn is not None and not getattr(fn, "_tandem_default", False)
+
+
+def _unwrapped(fn: Any) -> Any:
+    """What torch.compile, torch.compiler.disable or functools.wraps wrapped (a bound method reads as its
+    function's attributes)."""
+    for _ in range(8):
+        inner = getattr(fn, "_torchdynamo_orig_callable", None) or getattr(fn, "__wrapped__", None)
+        if inner is None:
+            return fn
+        fn = inner
+    return fn
 
 
 #: Lightning 1.x names that Lightning 2 removed or renamed: defining one is a TaskError when a stage starts

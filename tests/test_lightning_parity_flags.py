@@ -305,3 +305,15 @@ def test_pass_through_profiler_profiles_nothing():
         Trainer(barebones=True, profiler=PassThroughProfiler())
     with pytest.raises(ValueError):
         pl.Trainer(barebones=True, profiler=pl.profilers.PassThroughProfiler())
+
+
+def test_a_compiled_default_step_stays_off():
+    """Trainer(compile=True) sets compiled copies of the step methods on the task; the default (no-op)
+    validation_step among them does not turn validation on."""
+    from tandem_core.hooks import overrides
+
+    task = _body(Task)
+    del type(task).validation_step  # this task defines no validation_step: Task's default is left
+    task.validation_step = torch.compiler.disable(task.validation_step)
+    task.test_step = torch.compile(task.test_step)
+    assert not overrides(task, "validation_step") and overrides(task, "test_step")
