@@ -42,8 +42,9 @@ def run_eval(t: Trainer, phase: str, limit: int | None = None) -> Any:
     """One pass over the loaders of `phase` ('val', 'test' or 'predict') without gradients; returns the
     logged epoch metrics per loader, or for predict the outputs. As Lightning, the whole pass (its hooks from
     on_*_model_eval to on_*_model_train too) runs under torch.inference_mode (Trainer(inference_mode=False):
-    torch.no_grad); inside fit under no_grad, since validation's tensors may meet training's later."""
-    standalone = t.config.inference_mode and t.state.stage != "fit"
+    torch.no_grad); inside fit, and under a gloo process group as in Lightning, under no_grad (validation's
+    tensors may meet training's later)."""
+    standalone = t.config.inference_mode and t.state.stage != "fit" and not _gloo()
     with torch.inference_mode() if standalone else torch.no_grad():
         return _run_eval(t, phase, limit)
 
@@ -115,6 +116,12 @@ def _run_eval(t: Trainer, phase: str, limit: int | None) -> Any:
     if phase == "predict":
         return predictions[0] if len(predictions) == 1 else predictions
     return results
+
+
+def _gloo() -> bool:
+    """Whether the process group is gloo's, under which Lightning evaluates with no_grad, not inference_mode."""
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo"
 
 
 def _common_batches(t: Trainer, sizes: list[int | float], limit: int | None) -> int:
