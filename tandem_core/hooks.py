@@ -137,12 +137,14 @@ def add_hook_stubs(cls: type, owner: str) -> type:
 def overrides(obj: Any, name: str) -> bool:
     """True if `obj`'s class defines hook or method `name` itself (not the no-op stub or Tandem's default), or
     the instance was given its own (`task.training_step = fn`); an instance's `None` (`task.validation_step =
-    None`) switches it off, as Lightning's `is_overridden` reads it."""
+    None`) switches it off, as Lightning's `is_overridden` reads it. A compiled copy of a default method set on
+    the instance (Trainer(compile=True)) is still the default."""
     own = getattr(obj, "__dict__", {}).get(name, _UNSET)
     if own is None:
         return False
     if callable(own):  # Lightning calls what the instance holds, whatever it wraps
-        return True
+        compiled = getattr(own, "_torchdynamo_orig_callable", None)
+        return compiled is None or not getattr(_unwrapped(compiled), "_tandem_default", False)
     fn = getattr(type(obj), name, None)
     if fn is None and isinstance(
         obj, mock.NonCallableMock
@@ -166,6 +168,17 @@ def replaces_default(obj: Any, name: str) -> bool:
         fn = fn.func
     fn = getattr(fn, "__func__", fn)
     return fn is not None and not getattr(fn, "_tandem_default", False)
+
+
+def _unwrapped(fn: Any) -> Any:
+    """What torch.compile, torch.compiler.disable or functools.wraps wrapped (a bound method reads as its
+    function's attributes)."""
+    for _ in range(8):
+        inner = getattr(fn, "_torchdynamo_orig_callable", None) or getattr(fn, "__wrapped__", None)
+        if inner is None:
+            return fn
+        fn = inner
+    return fn
 
 
 #: Lightning 1.x names that Lightning 2 removed or renamed: defining one is a TaskError when a stage starts

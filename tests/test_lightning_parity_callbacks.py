@@ -211,6 +211,7 @@ def test_evaluation_loaders_read_back_as_given(tmp_path):
     assert trainer.val_dataloaders is None
     trainer.fit(_Calls(), val_dataloaders=one)
     assert isinstance(trainer.val_dataloaders, DataLoader) and len(trainer.val_dataloaders) == 2
+
     class TwoLoaders(_Calls):  # several loaders: the step takes dataloader_idx (else an error, as Lightning)
         def validation_step(self, batch, batch_idx, dataloader_idx=0):
             return super().validation_step(batch, batch_idx)

@@ -119,7 +119,11 @@ def test_fraction_with_check_val_every_n_epoch_none_is_refused():
     "name", ["limit_train_batches", "limit_test_batches", "overfit_batches", "val_check_interval"]
 )
 @pytest.mark.parametrize("value", [1, 1.0, 2, "default"])
-def test_explicit_one_is_explained_as_lightning_does(caplog, name, value):
+def test_explicit_one_is_explained_as_lightning_does(caplog, monkeypatch, name, value):
+    # Lightning stops its logger propagating when it is imported before logging has a handler, and other
+    # test files quieten it: both undone for this test
+    monkeypatch.setattr(logging.getLogger("pytorch_lightning"), "propagate", True)
+    caplog.set_level(logging.INFO, logger="pytorch_lightning")
     kw = {} if value == "default" else {name: value}
     said = []
     for make in (lambda: pl.Trainer(accelerator="cpu", **kw), lambda: Trainer(**kw)):
@@ -288,3 +292,28 @@ def test_strategy_connect_attaches_the_task():
     trainer = Trainer(max_steps=1, **QUIET)
     trainer.fit(task, _data())
     assert trainer.strategy.lightning_module is task
+
+
+def test_pass_through_profiler_profiles_nothing():
+    from trainer.profiler import PassThroughProfiler
+
+    trainer = Trainer(max_steps=1, profiler=PassThroughProfiler(), **QUIET)
+    assert trainer.profiler is None  # the loop times no section
+    trainer.fit(_body(Task), _data())
+    assert trainer.global_step == 1
+    with pytest.raises(ConfigError, match="barebones"):
+        Trainer(barebones=True, profiler=PassThroughProfiler())
+    with pytest.raises(ValueError):
+        pl.Trainer(barebones=True, profiler=pl.profilers.PassThroughProfiler())
+
+
+def test_a_compiled_default_step_stays_off():
+    """Trainer(compile=True) sets compiled copies of the step methods on the task; the default (no-op)
+    validation_step among them does not turn validation on."""
+    from tandem_core.hooks import overrides
+
+    task = _body(Task)
+    del type(task).validation_step  # this task defines no validation_step: Task's default is left
+    task.validation_step = torch.compiler.disable(task.validation_step)
+    task.test_step = torch.compile(task.test_step)
+    assert not overrides(task, "validation_step") and overrides(task, "test_step")

@@ -13,7 +13,7 @@ class TrainerLoaders:
 
     loaders: dict[str, list[Any]]
     loader_sizes: dict[str, list[int | float]]
-    _loader_shapes: dict[str, Any]
+    loader_iterables: dict[str, Any]  # phase -> its loaders in the form given (set when a stage loads them)
     session: Any
     config: Any
     accumulate_grad_batches: int
@@ -29,32 +29,17 @@ class TrainerLoaders:
     def val_dataloaders(self) -> Any:
         """The validation loader(s) of the current stage as given (one loader, or the list or dict of them,
         each ready: sharded, limited), or None, as Lightning's."""
-        return self._as_given("val")
+        return self.loader_iterables.get("val")
 
     @property
     def test_dataloaders(self) -> Any:
         """The test loader(s) of the current stage as given, or None."""
-        return self._as_given("test")
+        return self.loader_iterables.get("test")
 
     @property
     def predict_dataloaders(self) -> Any:
         """The predict loader(s) of the current stage as given, or None."""
-        return self._as_given("predict")
-
-    def _as_given(self, phase: str) -> Any:
-        loaders = self.loaders.get(phase)
-        if not loaders:
-            return None
-        if isinstance(loaders[0], CombinedLoader):  # one of combined batches
-            return loaders[0].iterables
-        shape = self._loader_shapes.get(phase)
-        if shape is None:  # one loader (or a list of plain iterables)
-            return loaders[0] if len(loaders) == 1 else list(loaders)
-        combined = CombinedLoader(
-            shape.iterables if isinstance(shape, CombinedLoader) else shape, "sequential"
-        )
-        combined.flattened = list(loaders)
-        return combined.iterables
+        return self.loader_iterables.get("predict")
 
     @property
     def num_training_batches(self) -> int | float:

@@ -105,9 +105,9 @@ def check_val_interval(name: str, value: Any) -> None:
 
 
 def check_profiler(name: str, value: Any) -> None:
-    from trainer.profiler import PROFILERS, REFUSED, SimpleProfiler
+    from trainer.profiler import PROFILERS, REFUSED, PassThroughProfiler, SimpleProfiler
 
-    if value is None or isinstance(value, SimpleProfiler):
+    if value is None or isinstance(value, (SimpleProfiler, PassThroughProfiler)):
         return
     if isinstance(value, str) and value in REFUSED:
         raise OptionError(name, REFUSED[value])

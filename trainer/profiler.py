@@ -109,11 +109,23 @@ class PyTorchProfiler(AdvancedProfiler):
         return {"on_trace_ready": write}
 
 
+class PassThroughProfiler:
+    """Lightning's profiler that records nothing: ``Trainer(profiler=PassThroughProfiler())`` is ``profiler=None``
+    (the loop then times no section at all)."""
+
+    def summary(self) -> str:
+        """Nothing was recorded."""
+        return ""
+
+
 PROFILERS = {"simple": SimpleProfiler, "advanced": AdvancedProfiler, "pytorch": PyTorchProfiler}
 REFUSED = {"xla": "profiler='xla' profiles TPUs, which Tandem does not support; use 'pytorch' or 'simple'"}
 
 
-def make_profiler(kind: str | SimpleProfiler | None) -> SimpleProfiler | None:
+def make_profiler(kind: str | SimpleProfiler | PassThroughProfiler | None) -> SimpleProfiler | None:
+    """The profiler a Trainer option names (None: no profiling, also for a PassThroughProfiler)."""
+    if isinstance(kind, PassThroughProfiler):
+        return None
     if kind is None or isinstance(kind, SimpleProfiler):
         return kind
     return PROFILERS[kind]()

@@ -72,7 +72,7 @@ class Trainer(TrainerReadback, TrainerLoaders):
             self.loggers = [DummyLogger()]
         self.callbacks: list[Callback] = self._make_callbacks(cfg.callbacks)
         self.metric_store = MetricStore(self.strategy.comm.reduce)
-        self.logged_metrics: dict[str, float] = {}
+        self.logged_metrics: dict[str, Any] = {}  # what went to the loggers, as tensors (Lightning's)
         self.state = LoopState()
         self.hooks = Hooks(None, [], self)  # the stage's overridden hooks, collected when a stage starts
         self.task: Task | None = None
@@ -80,8 +80,8 @@ class Trainer(TrainerReadback, TrainerLoaders):
         self.optimizers: list[torch.optim.Optimizer] = []
         self.lr_scheduler_configs: list[SchedulerConfig] = []
         self.loaders: dict[str, list[Any]] = {}  # phase ("train", "val", "test", "predict") -> loaders
-        self._loader_shapes: dict[str, Any] = {}  # phase -> the collection of evaluation loaders as given
         self.loader_sizes: dict[str, list[int | float]] = {}  # phase -> batches per loader (after limits)
+        self.loader_iterables: dict[str, Any] = {}  # phase -> its loaders in the form given (val_dataloaders)
         self.profiler = make_profiler(cfg.profiler)
         self.compiler = compile_option(cfg.compile)  # trainer/compiler.py; None: eager
         self.session: Session | None = None  # the running stage's set-up (trainer/loop/session.py)

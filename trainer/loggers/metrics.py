@@ -15,6 +15,10 @@ from trainer.loggers.log_rules import RULES, Rule, epoch_only, refusal
 REDUCE_FX = ("mean", "sum", "max", "min")
 
 
+class LogValueError(TaskError, ValueError):
+    """self.log got a value that is not a number, a one-element tensor or a Metric (a ValueError, as Lightning's)."""
+
+
 @dataclass
 class _Entry:
     name: str  # the key: the logged name and, with several evaluation loaders, the loader's suffix
@@ -31,6 +35,7 @@ class _Entry:
     step_value: torch.Tensor | None = None
     step_batch: int = field(default=-1)  # the batch (MetricStore._batch_no) in which step_value was logged
     suffix: str = ""  # "/dataloader_idx_N" with several evaluation loaders (at the end of the key)
+    loader: str = ""  # the suffix of the loader it was logged in, even with add_dataloader_idx=False
     fx: str | None = None  # the step or hook that first logged it
 
     def forked(self, fork: str) -> str:
@@ -93,6 +98,11 @@ class MetricStore:
         else:
             self.reset(stage)
 
+    def forget(self, stage: str) -> None:
+        """Drop what `stage` logged (after the sanity check, as Lightning resets its metrics then)."""
+        if stage != self.stage:
+            self._stages.pop(stage, None)
+
     def switch(self, stage: str) -> None:
         """Continue logging into `stage` (back to training after a mid-epoch validation)."""
         self.stage = stage
@@ -130,6 +140,8 @@ class MetricStore:
         if reduce_fx != "mean":  # the default needs no check (this runs at every step)
             if not isinstance(reduce_fx, str):
                 reduce_fx = getattr(reduce_fx, "__name__", str(reduce_fx))
+            reduce_fx = reduce_fx.lower()  # as Lightning: "SUM" and "avg" (for "mean") too
+            reduce_fx = "mean" if reduce_fx == "avg" else reduce_fx
             check_choice("reduce_fx", reduce_fx, REDUCE_FX)
         rule = self._rule
         if rule is None:
@@ -138,6 +150,10 @@ class MetricStore:
             on_step = rule.on_step
         if on_epoch is None:
             on_epoch = rule.on_epoch
+        if not on_step and not on_epoch:  # as Lightning: it would record nothing
+            raise TaskError(
+                f"self.log({name!r}, on_step=False, on_epoch=False) records nothing; set one of them."
+            )
         if not rule.batch and (on_step or not on_epoch):
             raise TaskError(epoch_only(name, self._fx or "", on_step, on_epoch))
         suffix = self.dataloader_suffix
@@ -164,8 +180,15 @@ class MetricStore:
             sync = sync_dist and not rank_zero_only
             entry = entries[slot] = _Entry(
                 key, on_step, on_epoch, prog_bar, logger is not False, sync, reduce_fx, sync_dist_group,
-                suffix=suffix if add_dataloader_idx else "", fx=self._fx,
+                suffix=suffix if add_dataloader_idx else "", loader=suffix, fx=self._fx,
             )  # fmt: skip
+        elif entry.fx == self._fx and (entry.on_step, entry.on_epoch, entry.prog_bar, entry.logger, entry.reduce_fx) != (
+            on_step, on_epoch, prog_bar, logger is not False, reduce_fx
+        ):  # fmt: skip
+            raise TaskError(
+                f"self.log({name!r}, ...) was called twice in {self._fx} with different arguments (on_step, "
+                "on_epoch, prog_bar, logger or reduce_fx); log it once per step, or under another name."
+            )
         if isinstance(value, torch.Tensor) and value.ndim == 0:  # the common case: a loss
             value = value.detach()
         elif is_metric(value):
@@ -196,14 +219,14 @@ class MetricStore:
     def _as_tensor(name: str, value: Any) -> torch.Tensor:
         if isinstance(value, torch.Tensor):
             if value.numel() != 1:
-                raise TaskError(
+                raise LogValueError(
                     f"self.log({name!r}) got a tensor of shape {tuple(value.shape)}; log a scalar."
                 )
             value = value.detach()
             return value if value.ndim == 0 else value.reshape(())  # reshape costs ~4 us even when a no-op
         if isinstance(value, (int, float, bool)):
             return torch.tensor(float(value))
-        raise TaskError(
+        raise LogValueError(
             f"self.log({name!r}) got {type(value).__name__}; log a number, a scalar tensor or a Metric."
         )
 
@@ -261,15 +284,23 @@ class MetricStore:
                 to_log[key] = value
         return to_log
 
+    def loader_of(self, key: str) -> int | None:
+        """The evaluation loader whose batches logged `key` (an epoch value's key), None when logged outside them."""
+        for e in self.entries.values():
+            if key in (e.name, e.forked("_epoch")) and e.loader:
+                return int(e.loader.rsplit("_", 1)[-1])
+        return None
+
     def progress_bar_tensors(self) -> dict[str, torch.Tensor]:
-        """Values marked prog_bar=True: training's and the current stage's step values, every stage's epoch values."""
+        """Values marked prog_bar=True: the latest step values and epoch values of every stage (as Lightning's
+        trainer.progress_bar_metrics, which keeps an evaluation's values once it has ended, and earlier epochs')."""
         kept = self.callback_metrics
         out: dict[str, torch.Tensor] = {k: kept[k] for k in self._bar_kept if k in kept}
-        for stage, entries in self._stages.items():
+        for entries in self._stages.values():
             for e in entries.values():
                 if not e.prog_bar:
                     continue
-                if e.on_step and stage in ("train", self.stage) and e.step_value is not None:
+                if e.on_step and e.step_value is not None:
                     out[e.forked("_step") if e.on_epoch else e.name] = e.step_value
                 if e.on_epoch:
                     key = e.forked("_epoch") if e.on_step else e.name

@@ -21,10 +21,11 @@ def log_metrics(t: Trainer, metrics: dict[str, torch.Tensor], step: int | None =
     `step` "epoch" is added as an int unless the task logged its own."""
     if not metrics or not t.loggers:  # as Lightning: logged_metrics holds what went to a logger (and
         return  # without one nothing is converted: no host copy)
+    # as Lightning: trainer.logged_metrics keeps the tensors (detached), the loggers get floats
+    t.logged_metrics.update({k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in metrics.items()})
     values: dict[str, float | int] = {k: float(v) for k, v in to_floats(metrics).items()}
     if step is None and "step" in values:  # a metric logged as "step" is the step to write at (Lightning's)
         step = int(values.pop("step"))
-    t.logged_metrics.update(values)
     if t.is_global_zero and not t.state.sanity_checking:
         if step is None:
             values.setdefault("epoch", t.state.epoch)

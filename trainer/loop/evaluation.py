@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import re
+from collections.abc import Callable
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
@@ -44,8 +44,9 @@ def run_eval(t: Trainer, phase: str, limit: int | None = None) -> Any:
     """One pass over the loaders of `phase` ('val', 'test' or 'predict') without gradients; returns the
     logged epoch metrics per loader, or for predict the outputs. As Lightning, the whole pass (its hooks from
     on_*_model_eval to on_*_model_train too) runs under torch.inference_mode (Trainer(inference_mode=False):
-    torch.no_grad); inside fit under no_grad, since validation's tensors may meet training's later."""
-    standalone = t.config.inference_mode and t.state.entry != "fit"
+    torch.no_grad); inside fit, and under a gloo process group as in Lightning, under no_grad (validation's
+    tensors may meet training's later)."""
+    standalone = t.config.inference_mode and t.state.entry != "fit" and not _gloo()
     with torch.inference_mode() if standalone else torch.no_grad():
         return _run_eval(t, phase, limit)
 
@@ -107,7 +108,7 @@ def _run_eval(t: Trainer, phase: str, limit: int | None) -> Any:
     results: list[dict[str, float]] = []
     if not t.state.sanity_checking:
         log_metrics(t, logged)
-        results = _per_loader({k: float(v) for k, v in logged.items()}, len(loaders))
+        results = _per_loader({k: float(v) for k, v in logged.items()}, len(loaders), store.loader_of)
     hooks.call(f"on_{prefix}_end")
     if f"on_{prefix}_model_train" in custom:
         run_as(t, f"on_{prefix}_model_train", getattr(task, f"on_{prefix}_model_train"))
@@ -119,6 +120,12 @@ def _run_eval(t: Trainer, phase: str, limit: int | None) -> Any:
     if phase == "predict":
         return predictions[0] if len(predictions) == 1 else predictions
     return results
+
+
+def _gloo() -> bool:
+    """Whether the process group is gloo's, under which Lightning evaluates with no_grad, not inference_mode."""
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo"
 
 
 def _common_batches(t: Trainer, sizes: list[int | float], limit: int | None) -> int:
@@ -134,12 +141,12 @@ def _common_batches(t: Trainer, sizes: list[int | float], limit: int | None) -> 
     )
 
 
-def _per_loader(values: dict[str, float], n_loaders: int) -> list[dict[str, float]]:
-    """One dict per loader (Lightning's result shape): its own '/dataloader_idx_i' metrics plus the shared ones."""
+def _per_loader(
+    values: dict[str, float], n_loaders: int, loader_of: Callable[[str], int | None]
+) -> list[dict[str, float]]:
+    """One dict per loader (Lightning's result shape): what was logged in its batches (with or without the
+    '/dataloader_idx_i' suffix) plus what was logged outside them (shared by all)."""
     if n_loaders <= 1:
         return [values]
-    owner = {k: re.search(r"/dataloader_idx_(\d+)", k) for k in values}
-    return [
-        {k: v for k, v in values.items() if owner[k] is None or int(owner[k].group(1)) == i}  # type: ignore[union-attr]
-        for i in range(n_loaders)
-    ]
+    owner = {k: loader_of(k) for k in values}
+    return [{k: v for k, v in values.items() if owner[k] is None or owner[k] == i} for i in range(n_loaders)]

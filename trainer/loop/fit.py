@@ -68,6 +68,7 @@ def fit(t: Trainer) -> None:
         state.sanity_checking = False
         state.epoch += ended
         t.metric_store.callback_metrics.clear()
+        t.metric_store.forget("val")  # the progress bar does not show the sanity check's values either
         set_rng_state(rng)
     session.load("train")
     session.last_val_time = time.monotonic()  # a time-based val_check_interval counts from here (Lightning's)
@@ -109,6 +110,7 @@ def train_epoch(t: Trainer) -> None:
         hooks.call("on_train_epoch_start")
     cfg = t.config  # again after the hook: GradientAccumulationScheduler may have changed it
     k, log_every, max_steps = cfg.accumulate_grad_batches, cfg.log_every_n_steps, cfg.max_steps
+    log_every = 1 if cfg.fast_dev_run else log_every  # as Lightning: fast_dev_run logs every step
     check_window_saves(t, val_every)
     batches, start = _epoch_iterator(t)
     if state.val_pending:  # resumed from a checkpoint written just before a mid-epoch validation: run it now

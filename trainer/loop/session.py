@@ -82,6 +82,8 @@ class Session:
         if overrides(task, "configure_callbacks"):  # every stage, first of all (as Lightning)
             t.callbacks = merge_callbacks(t.callbacks, task.configure_callbacks())
         t.hooks = Hooks(task, t.callbacks, t, t.profiler)  # only the overridden hooks, once per stage
+        for cb in t.callbacks:  # as Lightning: a callback's self.log(...) is the task's
+            cb.log, cb.log_dict = task.log, task.log_dict
         t.hooks.transfer = transfer_owners(task, self.dm)
         if self.signals is not None:
             self.signals.install()
@@ -108,7 +110,7 @@ class Session:
             run_as(t, "configure_model", task.configure_model)
         t.strategy.connect(task)
         t.strategy.setup(task)
-        t.loaders, t.loader_sizes = {}, {}
+        t.loaders, t.loader_sizes, t.loader_iterables = {}, {}, {}
         self._check_data()
         path = self.ckpt_path
         if t._ckpt_user_managed:  # `trainer.ckpt_path = ...` (Lightning's stateful form): the argument wins
@@ -170,7 +172,7 @@ class Session:
     def reload(self) -> None:
         """Ask the task's or datamodule's *_dataloader() again (reload_dataloaders_every_n_epochs)."""
         loaded = list(self.t.loaders)
-        self.t.loaders, self.t.loader_sizes = {}, {}
+        self.t.loaders, self.t.loader_sizes, self.t.loader_iterables = {}, {}, {}
         for phase in loaded:
             self.load(phase)
 
@@ -212,22 +214,20 @@ class Session:
             self._add(phase, [])
             return
         evals = self.evals if self.evals is not None else self._source(f"{phase}_dataloader")
-        self.t._loader_shapes.pop(phase, None)
         if evals is None:
             loaders = []
         elif is_collection(evals):  # loaders in a dict, list or nested: flattened, each a dataloader_idx
             loaders = flatten_eval(evals, phase)
-            self.t._loader_shapes[phase] = (
-                evals  # (trainer.val_dataloaders etc. give them back in this shape)
-            )
         else:  # one loader, or a list of iterables that are not loaders (lists of batches)
             loaders = list(evals) if isinstance(evals, (list, tuple)) else [evals]
         if len(loaders) == 1 and isinstance(loaders[0], CombinedLoader):  # combined batches, as one loader
             limit = getattr(self.t.config, LIMIT[phase])
             n = prepare_eval(loaders[0], functools.partial(self._prepare, phase), limit)
             self.t.loaders[phase], self.t.loader_sizes[phase] = loaders, [n]
+            self.t.loader_iterables[phase] = loaders[0].iterables
             return
         self._add(phase, loaders)
+        self.t.loader_iterables[phase] = _as_given(evals, self.t.loaders[phase])
 
     def _prepare(self, phase: str, loader: Any) -> Any:
         """One loader made ready for `phase`: unshuffled for overfit_batches, sharded, its workers seeded."""
@@ -323,6 +323,18 @@ def set_torch_flags(det: bool | str | None, bench: bool | None) -> None:
         bench = False
     if bench is not None:
         torch.backends.cudnn.benchmark = bench
+
+
+def _as_given(evals: Any, prepared: list[Any]) -> Any:
+    """The prepared loaders in the form they were given (one loader, or its list, dict, nested collection), as
+    Lightning's trainer.val_dataloaders returns them; None without loaders."""
+    if not prepared:
+        return None
+    if is_collection(evals) and not isinstance(evals, CombinedLoader):
+        combined = CombinedLoader(evals, "sequential")
+        combined.flattened = prepared
+        return combined.iterables
+    return prepared if isinstance(evals, (list, tuple)) else prepared[0]
 
 
 def _unshuffled(loader: Any, phase: str) -> Any:

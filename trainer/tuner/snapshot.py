@@ -56,6 +56,7 @@ class Snapshot:
         self.kept = {name: getattr(t, name) for name in ("callbacks", "hooks", "loggers", "metric_store")}
         self.logged_metrics = dict(t.logged_metrics)
         self.loaders, self.loader_sizes = dict(t.loaders), {k: list(v) for k, v in t.loader_sizes.items()}
+        self.loader_iterables = dict(t.loader_iterables)
 
     def isolate(self, callbacks: list[Any]) -> None:
         """Run the trial with only `callbacks` (and the task's hooks), no loggers, its own metrics."""
@@ -101,3 +102,4 @@ class Snapshot:
 
     def restore_loaders(self) -> None:
         self.t.loaders, self.t.loader_sizes = self.loaders, self.loader_sizes
+        self.t.loader_iterables = self.loader_iterables
