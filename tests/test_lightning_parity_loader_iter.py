@@ -243,3 +243,101 @@ def test_unknown_length_under_several_processes_is_refused() -> None:
     with pytest.raises(ConfigError, match="unknown length"):
         check_world_size(T(), float("inf"), "training_step")
     check_world_size(T(), 4, "training_step")
+
+
+@pytest.mark.parametrize("with_size", [False, True])
+def test_log_in_training_needs_batch_size(tmp_path: Any, with_size: bool) -> None:
+    """self.log in a dataloader_iter training_step: without batch_size an error (the loop cannot size the batches
+    the step read: Lightning's MisconfigurationException, Tandem's TaskError); with it, the same epoch value."""
+    from pytorch_lightning.utilities.exceptions import MisconfigurationException
+
+    from tandem_core.errors import TaskError
+
+    base = {True: pl.LightningModule, False: Task}
+    logged = {}
+    for lightning in (True, False):
+
+        class M(base[lightning]):  # type: ignore[misc,valid-type]
+            def __init__(self) -> None:
+                super().__init__()
+                torch.manual_seed(0)
+                self.layer = torch.nn.Linear(4, 1)
+
+            def training_step(self, dataloader_iter: Any) -> Any:
+                batch, _, _ = next(dataloader_iter)
+                loss = self.layer(batch).pow(2).mean()
+                self.log("loss", loss, on_epoch=True, **({"batch_size": len(batch)} if with_size else {}))
+                return loss
+
+            def configure_optimizers(self) -> Any:
+                return torch.optim.SGD(self.layer.parameters(), lr=0.1)
+
+        task, trainer = M(), _trainer(lightning, tmp_path, max_epochs=1)
+        if with_size:
+            trainer.fit(task, _data(4))
+            logged[lightning] = float(trainer.callback_metrics["loss_epoch"])
+        else:
+            with pytest.raises(MisconfigurationException if lightning else TaskError, match="batch_size"):
+                trainer.fit(task, _data(4))
+    if with_size:
+        assert logged[False] == pytest.approx(logged[True])
+
+
+def _plain_lightning(sched: bool) -> Any:
+    """The reference: the same model trained by Lightning with an ordinary (batch, batch_idx) step."""
+
+    class P(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            return self.layer(batch).pow(2).mean()
+
+        def configure_optimizers(self) -> Any:
+            opt = torch.optim.SGD(self.layer.parameters(), lr=0.1)
+            return ([opt], [torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)]) if sched else opt
+
+    return P()
+
+
+def _with_step_lr(task: Any) -> Any:
+    def configure_optimizers() -> Any:
+        opt = torch.optim.SGD(task.layer.parameters(), lr=0.1)
+        return [opt], [torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)]
+
+    task.configure_optimizers = configure_optimizers
+    return task
+
+
+def test_accumulation_windows_count_steps(tmp_path: Any) -> None:
+    """Deliberate difference (docs/porting.md): with accumulate_grad_batches=2 and one read per step, Tandem
+    zeroes the gradients at each window's first step, so the weights equal Lightning's ordinary-step run.
+    Lightning decides by the batch index fetched before the step (0 for the first two steps) and zeroes the
+    first step's gradients again: its dataloader_iter run trains differently from its own batch run."""
+    reference = _plain_lightning(sched=False)
+    _trainer(True, tmp_path, max_epochs=1, accumulate_grad_batches=2).fit(reference, _data(8))
+    ours = _task(False, fetches=1)
+    _trainer(False, tmp_path, max_epochs=1, accumulate_grad_batches=2).fit(ours, _data(8))
+    theirs = _task(True, fetches=1)
+    _trainer(True, tmp_path, max_epochs=1, accumulate_grad_batches=2).fit(theirs, _data(8))
+    for a, b in zip(ours.layer.parameters(), reference.layer.parameters()):
+        torch.testing.assert_close(a, b)
+    assert not torch.allclose(theirs.layer.weight, reference.layer.weight)
+
+
+def test_epoch_scheduler_steps_when_a_step_reads_several_batches(tmp_path: Any) -> None:
+    """Deliberate difference (docs/porting.md): an epoch-interval scheduler steps at each epoch's end even when
+    the steps read two batches each (as Lightning's ordinary-step run); Lightning's dataloader_iter run never
+    steps it then (its epoch ends on the exhausted iterator, which its scheduler check does not look at)."""
+    lrs = {}
+    for name, lightning, task in (
+        ("reference", True, _plain_lightning(sched=True)),
+        ("ours", False, _with_step_lr(_task(False, fetches=2))),
+        ("theirs", True, _with_step_lr(_task(True, fetches=2))),
+    ):
+        _trainer(lightning, tmp_path, max_epochs=2).fit(task, _data(8))
+        lrs[name] = task.trainer.optimizers[0].param_groups[0]["lr"]
+    assert lrs["ours"] == lrs["reference"] == pytest.approx(0.025)
+    assert lrs["theirs"] == pytest.approx(0.1)

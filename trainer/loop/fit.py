@@ -135,6 +135,7 @@ def train_epoch(t: Trainer) -> None:
     # at the same step. A map-style loader of known length is read at its step instead: the end is known
     # without reading, and random draws in the data set then keep their order for bit-identical resume.
     feed = training_feed(batches, n, start) if takes_loader_iter(task.training_step) else None
+    store.iter_training = feed is not None
     if feed is not None:  # the step reads the batches itself (loop/loader_iter.py)
         check_world_size(t, n, "training_step")
     ahead = feed is None and (not known or not _map_style(loader))
