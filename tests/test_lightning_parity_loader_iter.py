@@ -384,3 +384,24 @@ def test_ddp_two_ranks_each_read_their_shard(tmp_path: Any) -> None:
         assert len(res["reads"]) == 8
         for a, b in zip(res["weights"], layer.parameters()):
             torch.testing.assert_close(a, b.detach())
+
+
+def test_the_step_gets_the_iterator_alone(tmp_path: Any) -> None:
+    """As Lightning: a step that declares `batch_idx` after `dataloader_iter` still gets only the iterator (its
+    default stays); what it sees equals Lightning's."""
+    base = {True: pl.LightningModule, False: Task}
+    seen = {}
+    for lightning in (True, False):
+
+        class M(base[lightning]):  # type: ignore[misc,valid-type]
+            def __init__(self) -> None:
+                super().__init__()
+                self.layer, self.got = torch.nn.Linear(4, 1), []
+
+            def validation_step(self, dataloader_iter: Any, batch_idx: int = -7) -> None:
+                self.got.append((next(dataloader_iter)[1], batch_idx))
+
+        task = M()
+        _trainer(lightning, tmp_path).validate(task, _data(3))
+        seen[lightning] = task.got
+    assert seen[False] == seen[True] == [(0, -7), (1, -7), (2, -7)]
