@@ -362,3 +362,21 @@ def test_the_step_gets_the_iterator_alone(tmp_path: Any) -> None:
         _trainer(lightning, tmp_path).validate(task, _data(3))
         seen[lightning] = task.got
     assert seen[False] == seen[True] == [(0, -7), (1, -7), (2, -7)]
+
+
+def test_prediction_writer_refuses_the_flavor(tmp_path: Any) -> None:
+    """A prediction writer cannot tell which samples a dataloader_iter predict_step read: as Lightning, a
+    NotImplementedError at setup (Tandem's WriterStepError, also a ConfigError)."""
+    from pytorch_lightning.callbacks import BasePredictionWriter as LightningWriter
+
+    from callbacks.prediction_writer import BasePredictionWriter, WriterStepError
+
+    for lightning, base in ((True, LightningWriter), (False, BasePredictionWriter)):
+
+        class W(base):  # type: ignore[misc,valid-type]
+            def write_on_batch_end(self, *args: Any) -> None: ...
+
+        trainer = _trainer(lightning, tmp_path, callbacks=[W()])
+        with pytest.raises(NotImplementedError) as info:
+            trainer.predict(_task(lightning), _data(2))
+        assert lightning or isinstance(info.value, WriterStepError)
