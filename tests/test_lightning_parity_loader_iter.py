@@ -380,3 +380,19 @@ def test_prediction_writer_refuses_the_flavor(tmp_path: Any) -> None:
         with pytest.raises(NotImplementedError) as info:
             trainer.predict(_task(lightning), _data(2))
         assert lightning or isinstance(info.value, WriterStepError)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(fetches=2, max_steps=3, max_epochs=3),
+        dict(fetches=2, val_check_interval=2),
+        dict(fetches=1, val_check_interval=0.5),
+        dict(fetches=1, manual=True, max_steps=5, max_epochs=2),
+        dict(fetches=2, check_val_every_n_epoch=2, max_epochs=2),
+    ],
+)
+def test_schedules_count_steps(tmp_path: Any, options: dict[str, Any]) -> None:
+    """max_steps, val_check_interval (batches or a fraction) and check_val_every_n_epoch with steps that read
+    their own batches: the same reads, hooks, validations and weights as Lightning."""
+    _same(tmp_path, _data(8), _data(4), **options)
