@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +15,11 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 INTERVALS = ("batch", "epoch", "batch_and_epoch")
+
+
+class WriterStepError(ConfigError, NotImplementedError):
+    """A prediction writer with a `predict_step(self, dataloader_iter)`: the writer cannot tell which samples a
+    step read (Lightning raises NotImplementedError, at setup)."""
 
 
 class BasePredictionWriter(Callback):
@@ -55,6 +61,20 @@ class BasePredictionWriter(Callback):
     ) -> None:
         """Write every prediction (one list per loader when there are several) with their indices (override)."""
         raise NotImplementedError
+
+    def setup(self, trainer: Trainer, task: Task, stage: str) -> None:
+        """As Lightning, at setup of any stage: a predict_step that reads its own batches is refused."""
+        try:
+            params = inspect.signature(task.predict_step).parameters
+        except (TypeError, ValueError, AttributeError):
+            return
+        p = params.get("dataloader_iter")
+        if p is not None and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            raise WriterStepError(
+                f"{type(self).__name__} cannot write the predictions of `predict_step(self, dataloader_iter)`: "
+                "the step reads its own batches, so the writer cannot tell their sample indices. Take a batch "
+                "(`predict_step(self, batch, batch_idx)`) or write the outputs from the step yourself."
+            )
 
     def on_predict_epoch_start(self, trainer: Trainer, task: Task) -> None:
         n = len(trainer.loaders.get("predict", []))

@@ -234,6 +234,10 @@ def _count_positional(fn: Callable[..., Any]) -> int:
         return 3
     if params and params[0].name == "self":
         params = params[1:]
+    if any(
+        p.name == "dataloader_iter" and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params
+    ):
+        return 1  # the dataloader_iter flavor (Lightning's): the step gets the iterator alone
     if any(p.kind is p.VAR_POSITIONAL for p in params):
         return 3
     return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)

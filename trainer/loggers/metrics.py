@@ -61,6 +61,7 @@ class MetricStore:
         self._rule: Rule | None = None
         self._opened: str | None = None  # the stage whose run open_run started and no epoch has yet
         self.dataloader_suffix = ""
+        self.iter_training = False  # training_step reads its own batches (dataloader_iter): no batch to size
         self._batch: Any = None
         self._batch_size: int | None = None
         self._batch_no = (

@@ -12,6 +12,7 @@ from trainer.loggers.reporting import finalize_loggers, log_metrics, log_stage_s
 from trainer.loop.combined import batches
 from trainer.loop.data import set_epoch
 from trainer.loop.hooks import run_as
+from trainer.loop.loader_iter import eval_feed, takes_loader_iter
 from trainer.loop.signals import check_stop
 from trainer.loop.signatures import check_dataloader_idx
 from trainer.loop.transfer import to_device
@@ -75,6 +76,9 @@ def _run_eval(t: Trainer, phase: str, limit: int | None) -> Any:
     agree = _common_batches(t, sizes, limit) if t.state.entry == "fit" and not t.state.sanity_checking else 0
     start_rng = get_rng_state() if agree else None  # a stop inside this validation checkpoints this moment
     store.fx = step_name  # self.log's rules inside an evaluation batch (trainer/loggers/log_rules.py)
+    if takes_loader_iter(getattr(task, step_name, None)):  # the step reads the batches (loop/loader_iter.py)
+        predictions = _iter_pass(t, phase, loaders, sizes, limit, agree, start_rng)
+        loaders = []  # (done)
     for dl_idx, (loader, n) in enumerate(zip(loaders, sizes)):
         set_epoch(loader, t.state.epoch)  # as Lightning: the fit epoch (a sampler may shuffle by it)
         store.dataloader_suffix = f"/dataloader_idx_{dl_idx}" if multi else ""
@@ -103,6 +107,7 @@ def _run_eval(t: Trainer, phase: str, limit: int | None) -> Any:
         predictions.append(outputs)
     store.dataloader_suffix = ""
     store.fx = None
+    loaders = t.loaders.get(phase, [])
     hooks.call(f"on_{prefix}_epoch_end")
     logged = store.epoch_end()
     results: list[dict[str, float]] = []
@@ -126,6 +131,43 @@ def _gloo() -> bool:
     """Whether the process group is gloo's, under which Lightning evaluates with no_grad, not inference_mode."""
     dist = torch.distributed
     return dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo"
+
+
+def _iter_pass(
+    t: Trainer, phase: str, loaders: list[Any], sizes: list[Any], limit: int | None, agree: int, rng: Any
+) -> list[list[Any]]:
+    """The pass of a `dataloader_iter` step: one iterator over every loader in turn; a step per turn until the
+    iterator is exhausted (or a step lets StopIteration out). The batch hooks get the batch fetched last; the
+    outputs of predict go to the loader of the batch the step fetched last."""
+    task, strategy, hooks, store, prefix = t.task, t.strategy, t.hooks, t.metric_store, HOOK_PREFIX[phase]
+    step_name, multi = f"{prefix}_step", len(loaders) > 1
+    for loader in loaders:
+        set_epoch(loader, t.state.epoch)
+    feed = eval_feed(loaders, [n if limit is None else min(n, limit) for n in sizes], batches)
+    outputs: list[list[Any]] = [[] for _ in loaders]
+    while not feed.done:
+        dl_idx = feed.dataloader_idx
+        store.dataloader_suffix = f"/dataloader_idx_{dl_idx}" if multi else ""
+        store.set_batch(feed.batch)
+        hooks.call(f"on_{prefix}_batch_start", feed.batch, feed.batch_idx, *((dl_idx,) if multi else ()))
+        try:
+            with strategy.autocast(), t.profile(step_name):
+                out = strategy.step(task, step_name, feed, feed.batch_idx)  # type: ignore[arg-type]
+        except StopIteration:
+            break
+        dl_idx = feed.dataloader_idx
+        if phase == "predict":
+            outputs[dl_idx].append(out)
+        hooks.call(f"on_{prefix}_batch_end", out, feed.batch, feed.batch_idx, *((dl_idx,) if multi else ()))
+        if phase != "predict" and not t.state.sanity_checking:
+            seen = t.session.eval_batches  # type: ignore[union-attr]
+            done = seen.get((phase, dl_idx), 0)
+            log_metrics(t, store.step_metrics(), step=done)
+            seen[(phase, dl_idx)] = done + 1
+        if agree > 0:
+            agree -= 1
+            check_stop(t, rng)
+    return outputs
 
 
 def _common_batches(t: Trainer, sizes: list[int | float], limit: int | None) -> int:

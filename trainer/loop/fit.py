@@ -24,6 +24,7 @@ from trainer.loop.combined import epoch_iterator as combined_epoch
 from trainer.loop.data import SkipBatchSampler, set_epoch
 from trainer.loop.evaluation import run_eval
 from trainer.loop.hooks import run_as
+from trainer.loop.loader_iter import check_world_size, takes_loader_iter, training_feed
 from trainer.loop.optim import step_schedulers
 from trainer.loop.signals import check_stop
 from trainer.loop.stepper import eval_modules_message, none_batch, stepper
@@ -135,12 +136,22 @@ def train_epoch(t: Trainer) -> None:
     # Lightning's fetcher reads one batch ahead, so an iterable that changes state when it runs out is seen
     # at the same step. A map-style loader of known length is read at its step instead: the end is known
     # without reading, and random draws in the data set then keep their order for bit-identical resume.
-    ahead = not known or not _map_style(loader)
+    feed = training_feed(batches, n, start) if takes_loader_iter(task.training_step) else None
+    store.iter_training = feed is not None
+    if feed is not None:  # the step reads the batches itself (loop/loader_iter.py)
+        check_world_size(t, n, "training_step")
+    ahead = feed is None and (not known or not _map_style(loader))
     nxt = next(batches, _END) if ahead and (not known or start < n) else None
+    hook_idx, in_step = 0, False  # the batch hooks' index; True once a step let StopIteration out
     store.fx = "training_step"  # self.log's rules inside a training batch (trainer/loggers/log_rules.py)
     while True:
         batch_idx += 1
-        if known:
+        if feed is not None:  # a step per loop turn; its hooks see the batch fetched last (None at first)
+            if feed.done or batch_idx >= n:
+                out_of_data = True
+                break
+            batch, hook_idx, last = feed.batch, feed.batch_idx, batch_idx + 1 == n
+        elif known:
             if batch_idx >= n:
                 out_of_data = True
                 break
@@ -158,9 +169,12 @@ def train_epoch(t: Trainer) -> None:
                 break
             nxt = next(batches, _END)
             last = not strategy.comm.join(nxt is not _END)
-        batch = move(batch)
+        if feed is None:
+            hook_idx, batch = batch_idx, move(batch)
         store.set_batch(batch)
-        if batch is None:  # as Lightning: no batch_start, no step; on_train_batch_end gets None
+        if (
+            batch is None and feed is None
+        ):  # as Lightning: no batch_start, no step; on_train_batch_end gets None
             none_batch(t)
             done = state.batch_in_epoch = batch_idx + 1
             if batch_end is not None:
@@ -168,37 +182,45 @@ def train_epoch(t: Trainer) -> None:
             if last and automatic:
                 step_schedulers(t, "epoch", plateau=False)
             continue
-        if batch_start is not None and batch_start(batch, batch_idx) == -1:  # the task ends the epoch here
+        if batch_start is not None and batch_start(batch, hook_idx) == -1:  # the task ends the epoch here
             if automatic:  # drop a cut-short window's gradients, or they leak into the next step
                 t.optimizers[0].zero_grad(set_to_none=True)
                 step_schedulers(t, "epoch", plateau=False)  # as after an epoch's last batch
             cut = True
             break
-        if closure is not None:  # automatic optimization (else the task steps its own optimizers)
-            if k == 1:  # every batch is a window of its own (the closure's defaults)
-                closure.batch, closure.batch_idx, boundary = batch, batch_idx, True
+        try:
+            if closure is not None:  # automatic optimization (else the task steps its own optimizers)
+                if k == 1:  # every batch is a window of its own (the closure's defaults)
+                    closure.batch, closure.batch_idx, boundary = feed or batch, hook_idx, True
+                else:
+                    boundary = last or (batch_idx + 1) % k == 0
+                    in_window = batch_idx % k + 1
+                    # the epoch's last window may hold fewer than k micro-batches: average over those it has, so
+                    # that k micro-batches of b always equal one batch of k*b (unknown length: rescaled at its end)
+                    window = min(k, n - (batch_idx - batch_idx % k)) if known else k
+                    rescale = k / in_window if not known and last and in_window < k else 1.0
+                    closure.prepare(feed or batch, hook_idx, window, in_window == 1, boundary, rescale)
+                if not boundary:
+                    closure()
+                elif profiled:
+                    with t.profile("optimizer_step"):
+                        step(hook_idx)  # type: ignore[misc]
+                else:
+                    step(hook_idx)  # type: ignore[misc]
             else:
-                boundary = last or (batch_idx + 1) % k == 0
-                in_window = batch_idx % k + 1
-                # the epoch's last window may hold fewer than k micro-batches: average over those it has, so
-                # that k micro-batches of b always equal one batch of k*b (unknown length: rescaled at its end)
-                window = min(k, n - (batch_idx - batch_idx % k)) if known else k
-                rescale = k / in_window if not known and last and in_window < k else 1.0
-                closure.prepare(batch, batch_idx, window, in_window == 1, boundary, rescale)
-            if not boundary:
-                closure()
-            elif profiled:
-                with t.profile("optimizer_step"):
-                    step(batch_idx)  # type: ignore[misc]
-            else:
-                step(batch_idx)  # type: ignore[misc]
-        else:
-            with strategy.autocast(), t.profile("training_step"):
-                out = strategy.step(task, "training_step", batch, batch_idx)
-            if (
-                out is not None and batch_end is None
-            ):  # (else manual_outputs checks it for on_train_batch_end)
-                manual_outputs(out)  # anything but a tensor, a dict or None is refused, as Lightning
+                with strategy.autocast(), t.profile("training_step"):
+                    out = strategy.step(task, "training_step", feed or batch, hook_idx)
+                if (
+                    out is not None and batch_end is None
+                ):  # (else manual_outputs checks it for on_train_batch_end)
+                    manual_outputs(out)  # anything but a tensor, a dict or None is refused, as Lightning
+        except StopIteration:
+            if feed is None:
+                raise
+            in_step = out_of_data = True  # the step found the data exhausted: the epoch ends here
+            break
+        if feed is not None:  # what the step fetched is what on_train_batch_end sees
+            batch, hook_idx, last = feed.batch, feed.batch_idx, last or feed.done
         done = state.batch_in_epoch = batch_idx + 1
         if last and automatic:  # Lightning steps the epoch's other schedulers after its last batch
             step_schedulers(t, "epoch", plateau=False)
@@ -212,7 +234,7 @@ def train_epoch(t: Trainer) -> None:
         # a checkpoint written in on_train_batch_end records the due validation
         state.val_pending = validate_now
         if batch_end is not None:
-            batch_end(closure.outputs() if closure is not None else manual_outputs(out), batch, batch_idx)
+            batch_end(closure.outputs() if closure is not None else manual_outputs(out), batch, hook_idx)
         global_step = state.global_step
         # log_every_n_steps=0: no step logging (Lightning)
         if log_every and global_step % log_every == 0 and global_step != state.last_logged_step:
@@ -239,8 +261,8 @@ def train_epoch(t: Trainer) -> None:
                 break
     state.epoch_finished = cut or out_of_data
     # the end validates if the interval ends there (Lightning: 0.3 validates at 30, 60, 90%) or has no length
-    due = not val_every or not known or state.batch_in_epoch % val_every == 0
-    ends = state.epoch_finished and not cut and should_validate(t)
+    due = not val_every or not known or feed is not None or state.batch_in_epoch % val_every == 0
+    ends = state.epoch_finished and not cut and not in_step and should_validate(t)
     if ends and (due if timed is None else time_due(t, timed)):
         _validate(t, state.batch_in_epoch, k, final=True)
     if plateau_due:

@@ -143,6 +143,11 @@ class Task(LightningAttributes, TaskDefaults, ExportMixin, torch.nn.Module, Hype
             raise TaskError(
                 f"self.log({name!r}, ...) with Trainer(barebones=True): barebones logs nothing; remove it."
             )
+        if batch_size is None and t.metric_store.iter_training and t.state.phase == "train":
+            raise TaskError(  # as Lightning: the loop cannot tell the size of the batches the step read
+                f"self.log({name!r}, ...) in training with `training_step(self, dataloader_iter)` needs "
+                "batch_size=: the loop does not see the batches the step reads. Pass batch_size=<its size>."
+            )
         t.metric_store.log(
             name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, enable_graph, sync_dist,
             sync_dist_group, add_dataloader_idx, batch_size, rank_zero_only,
