@@ -45,7 +45,9 @@ class _Relaxed:
         suppressed = self.cm.__exit__(*exc)
         if suppressed and not re.search(self.match, str(self.info.value)):
             if isinstance(exc[1], AttributeError) and (classify.failure_of(exc[1]) or ("",))[0] == "internal":
-                return False  # the code reached a Lightning internal (trainer.fit_loop): not the awaited error
+                return (
+                    False  # the code reached a Lightning internal (trainer.fit_loop): not the awaited error
+                )
             _relaxed.add(_current[0])
         return suppressed
 

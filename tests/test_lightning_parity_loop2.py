@@ -1,0 +1,84 @@
+"""Loop behaviour compared with Lightning itself (pytorch_lightning, the reference extra), found by Lightning's
+own tests: a fit that trains nothing (limit_train_batches=0, an empty loader, a run already over), ..."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from torch.utils.data import DataLoader
+
+pl = pytest.importorskip("pytorch_lightning")
+from pytorch_lightning.demos import boring_classes as plb  # noqa: E402
+
+from callbacks import Callback  # noqa: E402
+from trainer import Trainer, demos  # noqa: E402
+
+QUIET = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+HOOKS = (
+    "on_fit_start", "on_fit_end", "on_sanity_check_start", "on_sanity_check_end", "on_train_start",
+    "on_train_end", "on_train_epoch_start", "on_train_epoch_end", "on_validation_start", "on_validation_end",
+)  # fmt: skip
+
+
+def _trainer(lightning: bool, tmp_path: Any, **kwargs: Any) -> Any:
+    cls = pl.Trainer if lightning else Trainer
+    return cls(default_root_dir=tmp_path / str(lightning), **{**QUIET, **kwargs})
+
+
+def _recorder(lightning: bool, calls: list[str]) -> Any:
+    cb = (pl.Callback if lightning else Callback)()
+    for name in HOOKS:
+        setattr(cb, name, lambda *a, _n=name, **k: calls.append(_n))
+    return cb
+
+
+def _recorded_fit(
+    lightning: bool, tmp_path: Any, empty: bool = False, again: bool = False, **kwargs: Any
+) -> Any:
+    calls: list[str] = []
+    base = plb.BoringModel if lightning else demos.BoringModel
+
+    class Task(base):  # type: ignore[misc,valid-type]
+        def train_dataloader(self) -> Any:
+            calls.append("train_dataloader")
+            return DataLoader(plb.RandomDataset(32, 0 if empty else 64), batch_size=2)
+
+        def val_dataloader(self) -> Any:
+            calls.append("val_dataloader")
+            return DataLoader(plb.RandomDataset(32, 64), batch_size=2)
+
+    trainer = _trainer(lightning, tmp_path, callbacks=[_recorder(lightning, calls)], **kwargs)
+    task = Task()
+    trainer.fit(task)
+    if again:  # fit again once the run is over: Lightning trains nothing more
+        calls.append("again")
+        trainer.fit(task)
+    return calls, trainer.current_epoch, trainer.global_step
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(limit_train_batches=0, max_epochs=2, limit_val_batches=2),
+        dict(limit_train_batches=0, limit_val_batches=0, max_epochs=1, num_sanity_val_steps=0),
+        dict(max_epochs=0, limit_val_batches=1),
+        dict(max_steps=0, limit_val_batches=1),
+        dict(empty=True, max_epochs=1, limit_val_batches=1),
+        dict(again=True, max_epochs=1, limit_train_batches=2, limit_val_batches=1),
+        dict(again=True, max_steps=3, limit_train_batches=2, limit_val_batches=1),
+    ],
+    ids=[
+        "limit-train-0",
+        "limit-train-0-no-val",
+        "max-epochs-0",
+        "max-steps-0",
+        "empty",
+        "again",
+        "again-steps",
+    ],
+)
+def test_a_fit_that_trains_nothing_runs_only_its_sanity_check_as_lightning(tmp_path, kwargs):
+    """As Lightning: no training hooks, no epoch and (limit_train_batches=0) no training loader asked for."""
+    assert _recorded_fit(False, tmp_path, **kwargs) == _recorded_fit(True, tmp_path, **kwargs)
