@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 from torch.utils.data import DataLoader
 
 pl = pytest.importorskip("pytorch_lightning")
@@ -82,3 +83,48 @@ def _recorded_fit(
 def test_a_fit_that_trains_nothing_runs_only_its_sanity_check_as_lightning(tmp_path, kwargs):
     """As Lightning: no training hooks, no epoch and (limit_train_batches=0) no training loader asked for."""
     assert _recorded_fit(False, tmp_path, **kwargs) == _recorded_fit(True, tmp_path, **kwargs)
+
+
+class _NoLength(torch.utils.data.IterableDataset):
+    def __iter__(self) -> Any:
+        return iter(torch.randn(6, 32))
+
+
+def _val_check_batch(lightning: bool, tmp_path: Any, no_length: bool = False, **kwargs: Any) -> Any:
+    trainer = _trainer(lightning, tmp_path, max_epochs=1, **kwargs)
+    before = trainer.val_check_batch
+    trainer.fit(
+        (plb.BoringModel if lightning else demos.BoringModel)(),
+        DataLoader(_NoLength(), batch_size=2) if no_length else None,
+    )
+    return before, trainer.val_check_batch
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(val_check_interval=4, limit_train_batches=7),
+        dict(val_check_interval=0.5, limit_train_batches=7),
+        dict(),
+        dict(val_check_interval=0.01),
+        dict(val_check_interval=10, check_val_every_n_epoch=None, limit_train_batches=3),
+        dict(no_length=True),
+        dict(val_check_interval="00:00:00:01", limit_train_batches=2),
+        dict(limit_val_batches=0, val_check_interval=0.5),
+        dict(limit_train_batches=0),
+    ],
+    ids=[
+        "int",
+        "fraction",
+        "default",
+        "small-fraction",
+        "across-epochs",
+        "no-length",
+        "duration",
+        "no-val",
+        "no-train",
+    ],
+)
+def test_val_check_batch_reads_back_as_lightning(tmp_path, kwargs):
+    assert _val_check_batch(False, tmp_path, **kwargs) == _val_check_batch(True, tmp_path, **kwargs)

@@ -126,6 +126,13 @@ class TrainerReadback:
         return self.session is not None and self.session.val_enabled
 
     @property
+    def val_check_batch(self) -> int | float | None:
+        """The training batches between validations in fit (Lightning's; trainer/loop/val_schedule.py)."""
+        from trainer.loop.val_schedule import val_check_batch
+
+        return val_check_batch(self)  # type: ignore[arg-type]
+
+    @property
     def early_stopping_callbacks(self) -> list[Any]:
         """Every EarlyStopping callback."""
         from callbacks.early_stopping import EarlyStopping
