@@ -128,3 +128,50 @@ def _val_check_batch(lightning: bool, tmp_path: Any, no_length: bool = False, **
 )
 def test_val_check_batch_reads_back_as_lightning(tmp_path, kwargs):
     assert _val_check_batch(False, tmp_path, **kwargs) == _val_check_batch(True, tmp_path, **kwargs)
+
+
+def _logged(lightning: bool, tmp_path: Any, **kwargs: Any) -> Any:
+    base = plb.BoringModel if lightning else demos.BoringModel
+    seen: list[Any] = []
+
+    class Task(base):  # type: ignore[misc,valid-type]
+        def training_step(self, *args: Any, **kw: Any) -> Any:
+            out = super().training_step(*args, **kw)
+            self.log("tl", out["loss"], prog_bar=True)
+            self.log("te", out["loss"], on_epoch=True)
+            return out
+
+        def validation_step(self, *args: Any, **kw: Any) -> Any:
+            out = super().validation_step(*args, **kw)
+            self.log("vl", out["x"])
+            return out
+
+    class Reader(pl.Callback if lightning else Callback):  # type: ignore[misc]
+        def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+            seen.append(("train", sorted(trainer.logged_metrics)))
+
+        def on_validation_batch_end(self, trainer: Any, *args: Any) -> None:
+            seen.append(("val", sorted(trainer.logged_metrics)))
+
+    options = {**QUIET, "logger": kwargs.pop("logger", False), **kwargs}
+    cls = pl.Trainer if lightning else Trainer
+    trainer = cls(default_root_dir=tmp_path / str(lightning), callbacks=[Reader()], **options)
+    trainer.fit(Task())
+    return sorted(trainer.logged_metrics), seen
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(fast_dev_run=True),
+        dict(fast_dev_run=2, logger=True),
+        dict(max_steps=3, limit_val_batches=2, val_check_interval=2, num_sanity_val_steps=0),
+        dict(max_epochs=1, limit_train_batches=2, limit_val_batches=1, num_sanity_val_steps=1, logger=True),
+    ],
+    ids=["fast-dev-run", "fast-dev-run-logger", "max-steps-before-log-every", "logger-sanity"],
+)
+def test_logged_metrics_hold_every_logged_value_as_lightning(tmp_path, kwargs):
+    """As Lightning: each batch's logged values are in trainer.logged_metrics at its end, even when
+    log_every_n_steps did not send them to a logger or none is configured (Lightning's rich metrics_format)."""
+    assert _logged(False, tmp_path, **dict(kwargs)) == _logged(True, tmp_path, **dict(kwargs))

@@ -33,6 +33,8 @@ class TrainerReadback:
     _ckpt_user_managed: bool = False
     _device_spec: Any = None
     _max_epochs_unset: bool = False
+    _logged_metrics: dict[str, float]
+    _logged_pending: dict[str, Any]
     task: Any
 
     for _name in _OPTIONS:
@@ -124,6 +126,13 @@ class TrainerReadback:
     def enable_validation(self) -> bool:
         """Whether fit validates (validation_step, validation data, and limit_val_batches > 0)."""
         return self.session is not None and self.session.val_enabled
+
+    @property
+    def logged_metrics(self) -> dict[str, float]:
+        """The latest value of everything logged for loggers, logger or not (Lightning's; loggers/logged.py)."""
+        from trainer.loggers.logged import flush
+
+        return flush(self)  # type: ignore[arg-type]
 
     @property
     def val_check_batch(self) -> int | float | None:

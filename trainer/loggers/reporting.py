@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer.loggers.logged import remember, settle
 from trainer.loggers.metrics import to_floats
 from trainer.secrets import redact
 
@@ -19,12 +20,17 @@ def log_metrics(t: Trainer, metrics: dict[str, torch.Tensor], step: int | None =
     is Lightning's: inside fit the optimizer steps taken before the current one (global_step - 1 after a
     step), else global_step, or the value the task logged as "step" (which is then no metric); without a
     `step` "epoch" is added as an int unless the task logged its own."""
-    if not metrics or not t.loggers:  # as Lightning: logged_metrics holds what went to a logger (and
-        return  # without one nothing is converted: no host copy)
+    if not metrics:
+        return
+    if (
+        not t.loggers
+    ):  # still Lightning's trainer.logged_metrics, converted only when read (loggers/logged.py)
+        remember(t, metrics)
+        return
     values: dict[str, float | int] = {k: float(v) for k, v in to_floats(metrics).items()}
     if step is None and "step" in values:  # a metric logged as "step" is the step to write at (Lightning's)
         step = int(values.pop("step"))
-    t.logged_metrics.update(values)
+    settle(t, values)  # type: ignore[arg-type]
     if t.is_global_zero and not t.state.sanity_checking:
         if step is None:
             values.setdefault("epoch", t.state.epoch)

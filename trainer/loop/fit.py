@@ -17,6 +17,7 @@ from strategies.data.reinit import rebuild, rebuildable
 from tandem_core.rank_zero import rank_zero_warn
 from trainer import checkpoint
 from trainer.checkpoint.run import check_window_saves
+from trainer.loggers.logged import forget, remember
 from trainer.loggers.reporting import finalize_loggers, log_metrics, log_stage_start
 from trainer.loop.closure import Closure, manual_outputs
 from trainer.loop.combined import epoch_iterator as combined_epoch
@@ -68,6 +69,7 @@ def fit(t: Trainer) -> None:
         state.sanity_checking = False
         state.epoch += ended
         t.metric_store.callback_metrics.clear()
+        forget(t)  # (what the sanity check's reads of trainer.logged_metrics gathered)
         set_rng_state(rng)
     if loads_train(t):  # (limit_train_batches=0: never asked for, as Lightning)
         session.load("train")
@@ -222,6 +224,8 @@ def train_epoch(t: Trainer) -> None:
         if log_every and global_step % log_every == 0 and global_step != state.last_logged_step:
             state.last_logged_step = global_step
             log_metrics(t, store.step_metrics())
+        else:  # not sent to the loggers, still trainer.logged_metrics (as Lightning)
+            remember(t, store.step_metrics())
         if validate_now:
             state.val_pending = False
             _validate(t, done, k)
