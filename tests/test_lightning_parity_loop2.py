@@ -175,3 +175,62 @@ def test_logged_metrics_hold_every_logged_value_as_lightning(tmp_path, kwargs):
     """As Lightning: each batch's logged values are in trainer.logged_metrics at its end, even when
     log_every_n_steps did not send them to a logger or none is configured (Lightning's rich metrics_format)."""
     assert _logged(False, tmp_path, **dict(kwargs)) == _logged(True, tmp_path, **dict(kwargs))
+
+
+def _omegaconf_task(lightning: bool) -> type:
+    base = plb.BoringModel if lightning else demos.BoringModel
+
+    class Configured(base):  # type: ignore[misc,valid-type]
+        def __init__(self, hparams: Any) -> None:
+            super().__init__()
+            self.save_hyperparameters(hparams)
+
+    return Configured
+
+
+def _omegaconf_round_trip(lightning: bool, tmp_path: Any, weights_only: bool) -> list[Any]:
+    omegaconf = pytest.importorskip("omegaconf")
+    cls = _omegaconf_task(lightning)
+    conf = omegaconf.OmegaConf.create(
+        {"test_arg": 14, "mylist": [15.4, {"a": 1, "b": 2}], "ref": "${test_arg}"}
+    )
+    task = cls(conf)
+    kept = [type(task.hparams), type(task.hparams_initial), task.hparams == conf]
+    trainer = _trainer(lightning, tmp_path, max_epochs=1, limit_train_batches=1, limit_val_batches=1)
+    trainer.fit(task)
+    path = str(tmp_path / f"{lightning}.ckpt")
+    trainer.save_checkpoint(path)
+    try:
+        loaded = cls.load_from_checkpoint(path, weights_only=weights_only)
+    except Exception as e:  # Lightning's safe load refuses the pickled DictConfig
+        return [*kept, type(e).__name__]
+    return [
+        *kept,
+        type(loaded.hparams),
+        omegaconf.OmegaConf.to_container(loaded.hparams),
+        loaded.hparams.mylist[1].b,
+    ]
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_a_dictconfig_stays_one_and_comes_back_from_a_checkpoint_as_lightning(tmp_path):
+    """save_hyperparameters(DictConfig) keeps the DictConfig (hparams and hparams_initial) and, given to the
+    __init__ argument that took it, comes back from load_from_checkpoint(weights_only=False) as Lightning's."""
+    assert _omegaconf_round_trip(False, tmp_path, False) == _omegaconf_round_trip(True, tmp_path, False)
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_a_dictconfig_checkpoint_loads_under_the_safe_default_as_plain_data(tmp_path):
+    """Deliberate difference (docs/porting.md): Lightning pickles the DictConfig, so its safe load refuses the
+    file; Tandem stores it as plain data and rebuilds it with OmegaConf.create, so the default load works."""
+    omegaconf = pytest.importorskip("omegaconf")
+    ours, theirs = _omegaconf_round_trip(False, tmp_path, True), _omegaconf_round_trip(True, tmp_path, True)
+    assert theirs[-1] == "UnpicklingError"
+    assert ours[3:] == [
+        omegaconf.DictConfig,
+        {"test_arg": 14, "mylist": [15.4, {"a": 1, "b": 2}], "ref": 14},
+        2,
+    ]
+    with open(tmp_path / "False.ckpt", "rb") as f:  # plain data: torch's safe loader reads it as it is
+        ckpt = torch.load(f, weights_only=True)
+    assert ckpt["hparams_type"] == "DictConfig" and ckpt["hparams_name"] == "hparams"

@@ -147,3 +147,24 @@ def resolve_loaded(path: str) -> Any:
     for part in name.split("."):
         obj = getattr(obj, part)  # AttributeError: the caller keeps the value as plain data
     return obj
+
+
+def rebuilt_form(cls: type, ckpt: dict[str, Any], kwargs: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """The keyword arguments `cls(...)` is rebuilt with, as Lightning: the hyperparameters a DictConfig again
+    where they were one (rebuilt from plain data by OmegaConf.create, which runs no code), and all given to
+    the one __init__ argument that took them as one object (`hparams_name`), else spread as keywords."""
+    import inspect
+
+    values: Any = kwargs
+    if ckpt.get(f"{prefix}hparams_type") == "DictConfig":
+        try:
+            from omegaconf import OmegaConf
+        except ImportError:
+            raise CheckpointError(
+                "this checkpoint's hyperparameters were an omegaconf DictConfig: install omegaconf to load it"
+            ) from None
+        values = OmegaConf.create(kwargs)
+    name = ckpt.get(f"{prefix}hparams_name")
+    if isinstance(name, str) and name != "kwargs" and name in inspect.signature(cls.__init__).parameters:
+        return {name: values}
+    return dict(kwargs) if values is kwargs else {str(k): values[k] for k in values}
