@@ -13,7 +13,8 @@ pl = pytest.importorskip("pytorch_lightning")
 from pytorch_lightning.demos import boring_classes as plb  # noqa: E402
 
 from callbacks import Callback  # noqa: E402
-from trainer import Trainer, demos  # noqa: E402
+from trainer import Trainer, Tuner, demos  # noqa: E402
+from trainer.seed import seed_everything  # noqa: E402
 
 QUIET = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
 HOOKS = (
@@ -234,3 +235,21 @@ def test_a_dictconfig_checkpoint_loads_under_the_safe_default_as_plain_data(tmp_
     with open(tmp_path / "False.ckpt", "rb") as f:  # plain data: torch's safe loader reads it as it is
         ckpt = torch.load(f, weights_only=True)
     assert ckpt["hparams_type"] == "DictConfig" and ckpt["hparams_name"] == "hparams"
+
+
+def _lr_find_three_times(lightning: bool, tmp_path: Any) -> list[bool]:
+    """Three lr_find calls on one trainer over a task whose loader draws its data when built."""
+    (pl.seed_everything if lightning else seed_everything)(1)
+    task = (plb.BoringModel if lightning else demos.BoringModel)()
+    task.lr = 0.1
+    trainer = _trainer(lightning, tmp_path, max_epochs=2, limit_train_batches=10, limit_val_batches=2)
+    tuner = (pl.tuner.Tuner if lightning else Tuner)(trainer)
+    results = [tuner.lr_find(task).results for _ in range(3)]
+    return [r == results[0] and len(r["loss"]) > 10 for r in results[1:]]
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_repeated_lr_find_calls_give_the_same_results_as_lightning(tmp_path):
+    """As Lightning, which searches inside isolate_rng: the random state comes back to where it was before
+    the search asked for its loaders, so a data set drawn at random when built is the same for each search."""
+    assert _lr_find_three_times(False, tmp_path) == _lr_find_three_times(True, tmp_path) == [True, True]
