@@ -253,3 +253,29 @@ def test_repeated_lr_find_calls_give_the_same_results_as_lightning(tmp_path):
     """As Lightning, which searches inside isolate_rng: the random state comes back to where it was before
     the search asked for its loaders, so a data set drawn at random when built is the same for each search."""
     assert _lr_find_three_times(False, tmp_path) == _lr_find_three_times(True, tmp_path) == [True, True]
+
+
+def _nested_omegaconf(lightning: bool, tmp_path: Any) -> list[Any]:
+    omegaconf = pytest.importorskip("omegaconf")
+    create = omegaconf.OmegaConf.create
+    base = plb.BoringModel if lightning else demos.BoringModel
+
+    class Nested(base):  # type: ignore[misc,valid-type]
+        def __init__(self, batch_size: int = 64, conf: Any = None, seq: Any = None) -> None:
+            super().__init__()
+            self.save_hyperparameters()
+
+    task = Nested(conf=create({"p": "anything", "r": "${p}"}), seq=create([1, {"a": 2}]))
+    trainer = _trainer(lightning, tmp_path, max_epochs=1, limit_train_batches=1, limit_val_batches=1)
+    trainer.fit(task)
+    path = str(tmp_path / f"nested{lightning}.ckpt")
+    trainer.save_checkpoint(path)
+    back = Nested.load_from_checkpoint(path, weights_only=False).hparams
+    to = omegaconf.OmegaConf.to_container
+    return [type(back.conf), to(back.conf), back.conf.r, type(back.seq), to(back.seq), back.batch_size]
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_dictconfig_and_listconfig_hyperparameters_come_back_as_lightning(tmp_path):
+    """A DictConfig or ListConfig among the __init__ arguments comes back as one (its interpolations too)."""
+    assert _nested_omegaconf(False, tmp_path) == _nested_omegaconf(True, tmp_path)
