@@ -33,6 +33,7 @@ class TrainerReadback:
     _ckpt_user_managed: bool = False
     _device_spec: Any = None
     _max_epochs_unset: bool = False
+    _logged_metrics: dict[str, Any]
     task: Any
 
     for _name in _OPTIONS:
@@ -124,6 +125,21 @@ class TrainerReadback:
     def enable_validation(self) -> bool:
         """Whether fit validates (validation_step, validation data, and limit_val_batches > 0)."""
         return self.session is not None and self.session.val_enabled
+
+    @property
+    def logged_metrics(self) -> dict[str, Any]:
+        """The latest value (a tensor) of everything logged for loggers, logger or not (Lightning's;
+        trainer/loggers/logged.py)."""
+        from trainer.loggers.logged import current
+
+        return current(self)  # type: ignore[arg-type]
+
+    @property
+    def val_check_batch(self) -> int | float | None:
+        """The training batches between validations in fit (Lightning's; trainer/loop/val_schedule.py)."""
+        from trainer.loop.val_schedule import val_check_batch
+
+        return val_check_batch(self)  # type: ignore[arg-type]
 
     @property
     def early_stopping_callbacks(self) -> list[Any]:

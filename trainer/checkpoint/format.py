@@ -4,7 +4,9 @@ stored as import paths in the config layer's `_target_` form and rebuilt, never 
 into what the task's signature declares for them (the config's rule); anything else stays plain data.
 Example: ``optimizer: Callable[..., Optimizer]`` gets ``partial(Adam, lr=0.01)`` back; ``optimizer: Any`` is a
 CheckpointError at load time naming it and both fixes (annotate the parameter, or load a trusted file with
-``weights_only=False``, which rebuilds every hyperparameter as it was saved); never a dict into ``__init__``."""
+``weights_only=False``, which rebuilds every hyperparameter as it was saved); never a dict into ``__init__``.
+An omegaconf DictConfig/ListConfig value is stored as its container (interpolations as their text) and comes
+back as one (OmegaConf.create, which runs no code), as Lightning's pickled one does."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import torch
 from tandem_core.errors import CheckpointError
 
 TARGET, PARTIAL, ARGS, NOT_SAVED, BARE = "_target_", "_partial_", "_args_", "_not_saved_", "_bare_"
+OMEGACONF = "_omegaconf_"  # an omegaconf DictConfig/ListConfig value: its container (interpolations as text)
 _PLAIN = (type(None), bool, int, float, str, torch.Tensor, torch.dtype, torch.device, torch.Size)
 
 
@@ -29,6 +32,10 @@ def encode(value: Any, where: str = "hparams") -> Any:
         return type(value)(encode(v, f"{where}[{i}]") for i, v in enumerate(value))
     if isinstance(value, dict):
         return {k: encode(v, f"{where}.{k}") for k, v in value.items()}
+    if type(value).__module__.split(".")[0] == "omegaconf" and hasattr(value, "_get_node"):
+        from omegaconf import OmegaConf  # (imported already: the value is one of its containers)
+
+        return {OMEGACONF: encode(OmegaConf.to_container(value, resolve=False), where)}
     if isinstance(value, functools.partial):
         out = {TARGET: _path(value.func, where), PARTIAL: True}
         if value.args:
@@ -82,6 +89,10 @@ def decode(
         return value
     if value.get(PARTIAL) is True and isinstance(value.get(TARGET), str):
         return _rebuild(value, expected, where, path, trust)
+    if value.keys() == {OMEGACONF}:  # plain data again in omegaconf's container (no code runs)
+        from omegaconf import OmegaConf
+
+        return OmegaConf.create(value[OMEGACONF])
     return {k: decode(v, narrow(expected, str(k)), f"{where}.{k}", path, trust) for k, v in value.items()}
 
 
@@ -147,3 +158,24 @@ def resolve_loaded(path: str) -> Any:
     for part in name.split("."):
         obj = getattr(obj, part)  # AttributeError: the caller keeps the value as plain data
     return obj
+
+
+def rebuilt_form(cls: type, ckpt: dict[str, Any], kwargs: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """The keyword arguments `cls(...)` is rebuilt with, as Lightning: the hyperparameters a DictConfig again
+    where they were one (rebuilt from plain data by OmegaConf.create, which runs no code), and all given to
+    the one __init__ argument that took them as one object (`hparams_name`), else spread as keywords."""
+    import inspect
+
+    values: Any = kwargs
+    if ckpt.get(f"{prefix}hparams_type") == "DictConfig":
+        try:
+            from omegaconf import OmegaConf
+        except ImportError:
+            raise CheckpointError(
+                "this checkpoint's hyperparameters were an omegaconf DictConfig: install omegaconf to load it"
+            ) from None
+        values = OmegaConf.create(kwargs)
+    name = ckpt.get(f"{prefix}hparams_name")
+    if isinstance(name, str) and name != "kwargs" and name in inspect.signature(cls.__init__).parameters:
+        return {name: values}
+    return dict(kwargs) if values is kwargs else {str(k): values[k] for k in values}

@@ -16,9 +16,10 @@ from strategies.checkpoint.io import checkpoint_io, load
 from tandem_core.errors import CheckpointError, ConfigError
 from tandem_core.hooks import overrides
 from trainer.checkpoint.find import resolve_path, run_id
-from trainer.checkpoint.format import decode_for, encode, missing
+from trainer.checkpoint.format import decode_for, encode, missing, rebuilt_form
 from trainer.loop.optim import step_schedulers
 from trainer.secrets import redact, unresolved
+from trainer.task.hparams import plain_hparams
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -30,6 +31,7 @@ def save(t: Trainer, path: str, weights_only: bool = False) -> None:
     task, comm, io = t.task, t.strategy.comm, checkpoint_io(t.strategy)
     if task is None:
         raise CheckpointError("save_checkpoint needs a task: call it during or after fit().")
+    hparams, form = plain_hparams(task.hparams)  # a DictConfig as plain data, rebuilt on load
     ckpt: dict[str, Any] = {
         "tandem_version": FORMAT_VERSION,
         "task_class": _class_name(task),
@@ -38,9 +40,10 @@ def save(t: Trainer, path: str, weights_only: bool = False) -> None:
         ),  # resume="auto" and ckpt_path="last" resume only a file of this experiment and task
         **io.collect(task, None if weights_only else t.optimizers),
         # secrets of the config as their ${oc.env:NAME} text (trainer/secrets.py)
-        "hyper_parameters": redact(encode(dict(task.hparams), "hyper_parameters"), t.config_secrets),
+        "hyper_parameters": redact(encode(hparams, "hyper_parameters"), t.config_secrets),
         "config": redact(t.resolved_config, t.config_secrets),  # the run config that built this trainer
     }
+    ckpt.update(_forms(task, form, ""))
     if weights_only:
         ckpt.update(t.state.state_dict())
     else:
@@ -56,10 +59,25 @@ def save(t: Trainer, path: str, weights_only: bool = False) -> None:
         )
         if t.datamodule is not None:
             ckpt["datamodule"] = t.datamodule.state_dict()
-            hparams = encode(dict(t.datamodule.hparams), "datamodule hparams")
-            ckpt["datamodule_hyper_parameters"] = redact(hparams, t.config_secrets)
+            hparams, form = plain_hparams(t.datamodule.hparams)
+            ckpt["datamodule_hyper_parameters"] = redact(
+                encode(hparams, "datamodule hparams"), t.config_secrets
+            )
+            ckpt.update(_forms(t.datamodule, form, "datamodule_"))
         t.hooks.call("on_save_checkpoint", ckpt)
     io.write(ckpt, path, comm)
+
+
+def _forms(owner: Any, form: str | None, prefix: str) -> dict[str, Any]:
+    """Lightning's hparams_name (the __init__ argument that took the hyperparameters as one object) and
+    hparams_type ("DictConfig"), as plain strings, where they apply."""
+    out: dict[str, Any] = {}
+    name = owner.__dict__.get("_hparams_name")
+    if name is not None and owner.hparams:
+        out[f"{prefix}hparams_name"] = name
+    if form is not None:
+        out[f"{prefix}hparams_type"] = form
+    return out
 
 
 def _class_name(task: torch.nn.Module) -> str:
@@ -137,7 +155,7 @@ def _warn_hparams(t: Trainer, ckpt: dict[str, Any], path: str) -> None:
     """Warn (rank 0) listing the hyperparameters that differ between the checkpoint and the task."""
     assert t.task is not None
     saved = ckpt.get("hyper_parameters") or {}
-    own = redact(encode(dict(t.task.hparams), "hyper_parameters"), t.config_secrets)
+    own = redact(encode(plain_hparams(t.task.hparams)[0], "hyper_parameters"), t.config_secrets)
     differ = sorted(str(k) for k in {*saved, *own} if not _same(saved.get(k, _ABSENT), own.get(k, _ABSENT)))
     if differ and t.is_global_zero:
         shown = ", ".join(f"{k}: {saved.get(k, '<absent>')!r} -> {own.get(k, '<absent>')!r}" for k in differ)
@@ -217,14 +235,8 @@ def rebuild_task(
             f"checkpoint {path!r} could not store hyperparameters {absent}; pass them: "
             f"{cls.__name__}.load_from_checkpoint(path, {', '.join(f'{k}=...' for k in absent)})"
         )
-    task = cls(
-        **{
-            **decode_for(
-                cls, {k: v for k, v in hparams.items() if k not in overrides}, path, not weights_only
-            ),
-            **overrides,
-        }
-    )
+    kept = decode_for(cls, {k: v for k, v in hparams.items() if k not in overrides}, path, not weights_only)
+    task = cls(**{**rebuilt_form(cls, ckpt, kept, ""), **overrides})
     task.configure_model()  # a task that builds layers lazily needs them before the weights load
     task.on_load_checkpoint(ckpt)  # before the weights, as Lightning: it may rename or drop their keys
     own = task._strict_loading  # set by the task itself (None: not set)

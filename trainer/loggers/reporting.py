@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer.loggers.logged import remember
 from trainer.loggers.metrics import to_floats
 from trainer.secrets import redact
 
@@ -19,10 +20,11 @@ def log_metrics(t: Trainer, metrics: dict[str, torch.Tensor], step: int | None =
     is Lightning's: inside fit the optimizer steps taken before the current one (global_step - 1 after a
     step), else global_step, or the value the task logged as "step" (which is then no metric); without a
     `step` "epoch" is added as an int unless the task logged its own."""
-    if not metrics or not t.loggers:  # as Lightning: logged_metrics holds what went to a logger (and
-        return  # without one nothing is converted: no host copy)
-    # as Lightning: trainer.logged_metrics keeps the tensors (detached), the loggers get floats
-    t.logged_metrics.update({k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in metrics.items()})
+    if not metrics:
+        return
+    remember(t, metrics)  # trainer.logged_metrics: tensors, logger or not (Lightning's; loggers/logged.py)
+    if not t.loggers:
+        return
     values: dict[str, float | int] = {k: float(v) for k, v in to_floats(metrics).items()}
     if step is None and "step" in values:  # a metric logged as "step" is the step to write at (Lightning's)
         step = int(values.pop("step"))

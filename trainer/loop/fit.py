@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import time
-import warnings
 from collections.abc import Callable
 from itertools import islice
 from typing import TYPE_CHECKING, Any
@@ -18,11 +17,13 @@ from strategies.data.reinit import rebuild, rebuildable
 from tandem_core.rank_zero import rank_zero_warn
 from trainer import checkpoint
 from trainer.checkpoint.run import check_window_saves
+from trainer.loggers.logged import forget, remember
 from trainer.loggers.reporting import finalize_loggers, log_metrics, log_stage_start
 from trainer.loop.closure import Closure, manual_outputs
 from trainer.loop.combined import epoch_iterator as combined_epoch
 from trainer.loop.data import SkipBatchSampler, set_epoch
 from trainer.loop.evaluation import run_eval
+from trainer.loop.fit_gate import loads_train, skips_training, warn_if_no_steps
 from trainer.loop.hooks import run_as
 from trainer.loop.loader_iter import check_world_size, takes_loader_iter, training_feed
 from trainer.loop.optim import step_schedulers
@@ -70,8 +71,16 @@ def fit(t: Trainer) -> None:
         state.epoch += ended
         t.metric_store.callback_metrics.clear()
         t.metric_store.forget("val")  # the progress bar does not show the sanity check's values either
+        forget(t)  # (what the sanity check's reads of trainer.logged_metrics gathered)
         set_rng_state(rng)
-    session.load("train")
+    if loads_train(t):  # (limit_train_batches=0: never asked for, as Lightning)
+        session.load("train")
+    if skips_training(t, _done(t)):  # as Lightning: over before its first batch, no training hooks run
+        warn_if_no_steps(t)
+        state.count_cut_epoch()
+        hooks.call("on_fit_end")
+        finalize_loggers(t, "success")
+        return
     session.last_val_time = time.monotonic()  # a time-based val_check_interval counts from here (Lightning's)
     if session.val_enabled:  # Lightning asks for both before training starts
         session.load("val")
@@ -82,7 +91,6 @@ def fit(t: Trainer) -> None:
     if any(not m.training for m in task.modules()):  # (before on_train_start, as Lightning says it)
         rank_zero_warn(eval_modules_message(task), category=PossibleUserWarning)
     hooks.call("on_train_start")
-    _warn_if_no_steps(t)
     while not _done(t):
         if cfg.reload_dataloaders_every_n_epochs and state.epoch and not state.batch_in_epoch:
             if state.epoch % cfg.reload_dataloaders_every_n_epochs == 0:
@@ -240,6 +248,8 @@ def train_epoch(t: Trainer) -> None:
         if log_every and global_step % log_every == 0 and global_step != state.last_logged_step:
             state.last_logged_step = global_step
             log_metrics(t, store.step_metrics())
+        else:  # not sent to the loggers, still trainer.logged_metrics (as Lightning)
+            remember(t, store.step_metrics())
         if validate_now:
             state.val_pending = False
             _validate(t, done, k)
@@ -299,20 +309,6 @@ def _mover(t: Trainer) -> Callable[[Any], Any]:
     if not t.hooks.transfer:
         return batch_mover(t.strategy)
     return functools.partial(to_device, t)
-
-
-def _warn_if_no_steps(t: Trainer) -> None:
-    """A fit that will take no optimizer step says why (it still ends normally: that may be what was asked)."""
-    cfg, n = t.config, t.num_training_batches
-    reason = (
-        "max_steps=0" if cfg.max_steps == 0
-        else "max_epochs=0" if cfg.max_epochs == 0
-        else "limit_train_batches=0" if cfg.limit_train_batches in (0, 0.0)
-        else "the training loader is empty" if n == 0
-        else None
-    )  # fmt: skip
-    if reason is not None and t.is_global_zero:
-        warnings.warn(f"fit() will take no optimizer step: {reason}.", UserWarning, stacklevel=2)
 
 
 def _done(t: Trainer) -> bool:

@@ -59,3 +59,17 @@ def should_validate(t: Trainer) -> bool:
     """Whether this epoch validates at all (validation enabled and check_val_every_n_epoch)."""
     every = t.config.check_val_every_n_epoch
     return t.session.val_enabled and (every is None or (t.state.epoch + 1) % every == 0)  # type: ignore[union-attr]
+
+
+def val_check_batch(t: Trainer) -> int | float | None:
+    """Lightning's `trainer.val_check_batch`: once fit has its training loader, the training batches between
+    validations as val_check_interval gives them (an int as given; a fraction of the epoch's batches, at least
+    1; `inf` for 1.0 over a loader without length); None before, for a duration, or with no training batch."""
+    v, n = t.config.val_check_interval, t.num_training_batches
+    if "train" not in t.loaders or not n or not isinstance(v, (int, float)) or isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if n == float("inf"):
+        return float("inf") if v == 1.0 else None
+    return max(1, int(n * v))

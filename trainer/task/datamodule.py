@@ -147,7 +147,7 @@ class DataModule(HyperparametersMixin):
         """A new DataModule of this class from a Trainer checkpoint: built from the saved DataModule
         hyperparameters (updated by `kwargs`), with its saved state loaded. Plain data only, as every load."""
         from strategies.checkpoint.io import load
-        from trainer.checkpoint.format import decode_for, missing
+        from trainer.checkpoint.format import decode_for, missing, rebuilt_form
 
         if hparams_file is not None:
             raise TaskError(
@@ -161,12 +161,8 @@ class DataModule(HyperparametersMixin):
                 f"checkpoint {checkpoint_path!r} could not store DataModule hyperparameters {absent}; pass them: "
                 f"{cls.__name__}.load_from_checkpoint(path, {', '.join(f'{k}=...' for k in absent)})"
             )
-        dm = cls(
-            **{
-                **decode_for(cls, {k: v for k, v in hparams.items() if k not in kwargs}, checkpoint_path),
-                **kwargs,
-            }
-        )
+        kept = decode_for(cls, {k: v for k, v in hparams.items() if k not in kwargs}, checkpoint_path)
+        dm = cls(**{**rebuilt_form(cls, ckpt, kept, "datamodule_"), **kwargs})
         if ckpt.get("datamodule"):  # Lightning loads the state only when one was saved
             dm.load_state_dict(ckpt["datamodule"])
         return dm

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from types import FrameType
 from typing import Any
 
@@ -31,6 +31,22 @@ class AttributeDict(dict):
             return ""
         width = max(len(str(k)) for k in self) + 3
         return "\n".join(f"{f'{chr(34)}{k}{chr(34)}:':{width}s} {self[k]}" for k in sorted(self))
+
+
+def is_omegaconf(value: Any) -> bool:
+    """An omegaconf DictConfig (told by its module: the Trainer layer never imports omegaconf itself)."""
+    return type(value).__module__.split(".")[0] == "omegaconf" and isinstance(value, MutableMapping)
+
+
+def plain_hparams(hparams: Any) -> tuple[dict[str, Any], str | None]:
+    """What a checkpoint stores of `hparams`: plain data (a DictConfig as its container, interpolations
+    resolved as Lightning saves them) and "DictConfig" when it was one, so that loading rebuilds it
+    (trainer/checkpoint/format.py: rebuilt_form)."""
+    if is_omegaconf(hparams):
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(hparams, resolve=True), "DictConfig"  # type: ignore[return-value]
+    return dict(hparams), None
 
 
 def _frozen_copy(values: AttributeDict) -> AttributeDict:
@@ -117,14 +133,23 @@ class HyperparametersMixin:
         if frame is None:
             current = inspect.currentframe()
             frame = current.f_back if current is not None else None
+        init = init_arguments(frame, HyperparametersMixin) if frame is not None else {}
+        object.__setattr__(self, "_log_hyperparams", logger)
         if len(args) == 1 and not isinstance(args[0], str):
-            given = args[0]
+            given = args[
+                0
+            ]  # one object: its name among the __init__ arguments rebuilds it on load (Lightning's)
+            object.__setattr__(self, "_hparams_name", next((k for k, v in init.items() if v is given), None))
+            if is_omegaconf(given):  # kept as the DictConfig itself, as Lightning keeps it
+                object.__setattr__(self, "_hparams", given)
+                object.__setattr__(self, "_hparams_initial", _frozen_copy(given))
+                return
             values = dict(given) if isinstance(given, Mapping) else dict(vars(given))
         else:
-            values = init_arguments(frame, HyperparametersMixin) if frame is not None else {}
-            if args:
-                values = {k: v for k, v in values.items() if k in args}
+            values = {k: v for k, v in init.items() if k in args} if args else init
+            object.__setattr__(self, "_hparams_name", "kwargs" if values else None)
+        if not isinstance(self.hparams, dict):  # a DictConfig saved before: replaced, as Lightning
+            object.__setattr__(self, "_hparams", AttributeDict())
         ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
         self.hparams.update({k: v for k, v in values.items() if k not in ignored})
         object.__setattr__(self, "_hparams_initial", _frozen_copy(self.hparams))
-        object.__setattr__(self, "_log_hyperparams", logger)

@@ -26,6 +26,9 @@ class Snapshot:
         task, session = t.task, t.session
         assert task is not None
         self.t = t
+        # before the loaders are asked for (as Lightning's isolate_rng around the whole search): a data set
+        # drawn at random when built is drawn again the same for the next search, so searches repeat
+        self.rng = get_rng_state()
         if (
             session is not None
         ):  # the trials need the loaders, which a stage asks for only when it first needs them
@@ -51,7 +54,6 @@ class Snapshot:
         self.schedulers = [copy.deepcopy(c.scheduler.state_dict()) for c in t.lr_scheduler_configs]
         self.strategy = copy.deepcopy(t.strategy.state_dict())
         self.loop = copy.deepcopy(vars(t.state))
-        self.rng = get_rng_state()
         self.config = t.config
         self.kept = {name: getattr(t, name) for name in ("callbacks", "hooks", "loggers", "metric_store")}
         self.logged_metrics = dict(t.logged_metrics)
