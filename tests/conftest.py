@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 # Trainer keywords for a quiet run: no logger, progress bar, checkpoints or model summary.
@@ -87,6 +88,18 @@ def run_distributed(fn: Callable, *args: Any, world_size: int = 2, timeout: floa
             if p.is_alive():
                 p.kill()
     return [results[r] for r in range(world_size)]
+
+
+@pytest.fixture(autouse=True)
+def _no_process_group_left(request):
+    """A test that leaves the pytest process in a process group changes later tests (Lightning and Tandem both
+    evaluate under no_grad instead of inference_mode inside a gloo group): said here, and the group closed."""
+    yield
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+        pytest.fail(
+            f"{request.node.nodeid} left a torch.distributed process group initialized", pytrace=False
+        )
 
 
 @pytest.fixture(autouse=True)
