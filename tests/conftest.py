@@ -91,15 +91,13 @@ def run_distributed(fn: Callable, *args: Any, world_size: int = 2, timeout: floa
 
 
 @pytest.fixture(autouse=True)
-def _no_process_group_left(request):
-    """A test that leaves the pytest process in a process group changes later tests (Lightning and Tandem both
-    evaluate under no_grad instead of inference_mode inside a gloo group): said here, and the group closed."""
+def _no_process_group_left():
+    """Each test starts outside any process group. A one-process fit keeps its group open until exit (as a
+    script's would: strategies/group_exit.py); left to the next test, it would change what that test sees
+    (Lightning and Tandem both evaluate under no_grad, not inference_mode, inside a gloo group)."""
     yield
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-        pytest.fail(
-            f"{request.node.nodeid} left a torch.distributed process group initialized", pytrace=False
-        )
 
 
 @pytest.fixture(autouse=True)
