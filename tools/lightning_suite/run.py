@@ -186,7 +186,7 @@ def table(
     for f in sorted(per_file):
         c = per_file[f]
         total.update(c)
-        top = "; ".join(f"{r} ({n})" for r, n in reasons[f].most_common(3)).replace("|", "\\|")
+        top = _md("; ".join(f"{r} ({n})" for r, n in reasons[f].most_common(3)))
         lines.append(
             f"| {f} | {c['lightning']} | {c['tandem']} | {c['relaxed']} | {c['internal']} | {c['behaviour']} "
             f"| {c['skipped']} | {top[:300]} |"
@@ -196,8 +196,13 @@ def table(
         f"**{total['relaxed']}** | **{total['internal']}** | **{total['behaviour']}** | **{total['skipped']}** | |"
     )
     lines += ["", "Most frequent public-behaviour failures:", ""]
-    lines += [f"- {n} x {r}".replace("|", "\\|") for r, n in themes.most_common(15)]
+    lines += [_md(f"- {n} x {r}") for r, n in themes.most_common(15)]
     return "\n".join(lines), dict(total)
+
+
+def _md(text: str) -> str:
+    """A failure's words as Markdown table text: `|` and brackets escaped (`x["a"]["b"]` is no reference link)."""
+    return text.replace("|", "\\|").replace("[", "\\[").replace("]", "\\]")
 
 
 def write_doc(doc: str, body: str) -> None:
