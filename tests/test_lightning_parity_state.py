@@ -70,3 +70,16 @@ def test_state_fn_and_stage_in_every_hook_are_lightnings():
     ours, theirs = _run(Task, Trainer), _run(pl.LightningModule, pl.Trainer)
     assert ours == theirs
     assert ("on_validation_start", "fit", "sanity_check") in ours[0]  # the sanity check is a stage of its own
+
+
+def test_stage_can_be_set_as_in_lightning():
+    """Lightning's tests set trainer.state.stage before driving a step by hand; it then reads back the same."""
+    from trainer.states import RunningStage
+
+    trainer = Trainer(max_steps=1, **QUIET)
+    theirs = pl.Trainer(max_steps=1, accelerator="cpu", **QUIET)
+    for stage in (RunningStage.TRAINING, RunningStage.SANITY_CHECKING, RunningStage.TESTING):
+        trainer.state.stage = stage
+        theirs.state.stage = pl.trainer.states.RunningStage(stage.value)
+        assert trainer.sanity_checking == theirs.sanity_checking
+        assert (trainer.training, trainer.testing) == (theirs.training, theirs.testing)

@@ -12,6 +12,7 @@ import torch
 
 from callbacks.base import Callback
 from strategies import resolve_strategy
+from strategies.accelerators import by_name as accelerator_name
 from strategies.base import Strategy
 from tandem_core.errors import ConfigError
 from tandem_core.optim import SchedulerConfig
@@ -52,6 +53,8 @@ class Trainer(TrainerReadback, TrainerLoaders):
 
     def __init__(self, **options: Any) -> None:
         options = notes.env_defaults(type(self).__name__, TrainerConfig.names(), options)  # PL_TRAINER_*
+        if "accelerator" in options:  # an accelerator object (Lightning's CPUAccelerator()) as its name
+            options["accelerator"] = accelerator_name(options["accelerator"])
         given = TrainerConfig.from_kwargs(**options)
         notes.check_barebones(options)
         notes.check_val_schedule(options)

@@ -67,6 +67,7 @@ TANDEM: dict[str, dict[str, str]] = {
         "ExperimentWriter": "trainer.loggers.csv_logs",
     },
     "strategies": {"*": "strategies"},
+    "accelerators": {"*": "strategies.accelerators"},
     "plugins": {"*": "trainer.plugins"},
     "profilers": {"*": "trainer.profiler"},
     "tuner": {"Tuner": "trainer.tuner"},

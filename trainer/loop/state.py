@@ -65,6 +65,13 @@ class LoopState:
             return running_stage(self.phase, self.sanity_checking)
         return running_stage({"fit": "train", "validate": "val"}.get(self.entry, self.entry), False)
 
+    @stage.setter
+    def stage(self, value: RunningStage | str | None) -> None:
+        """Set what the loop is doing (Lightning's tests set it before driving a loop by hand)."""
+        name = None if value is None else RunningStage(value).value
+        self.sanity_checking = name == "sanity_check"
+        self.phase = {"sanity_check": "val", "validate": "val"}.get(name, name) if name else None
+
     running_stage = stage
 
     @property
