@@ -257,7 +257,8 @@ def _take_over(t: Trainer, task: Task | None, reports: dict[int, tuple[str, Any]
     t.state = results["state"]
     t.metric_store.callback_metrics.clear()
     t.metric_store.callback_metrics.update(results["callback_metrics"])
-    t.logged_metrics = results["logged_metrics"]
+    t.logged_metrics.clear()
+    t.logged_metrics.update(results["logged_metrics"])
     for cb in t.callbacks:
         if cb.state_key in results["callbacks"]:
             dirpath, state = results["callbacks"][cb.state_key]
