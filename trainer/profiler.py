@@ -97,7 +97,9 @@ class PyTorchProfiler(AdvancedProfiler):
 
         from torch.profiler import tensorboard_trace_handler
 
-        stage = getattr(getattr(trainer, "state", None), "entry", None) or "stage"  # fit, validate, test, predict
+        stage = (
+            getattr(getattr(trainer, "state", None), "entry", None) or "stage"
+        )  # fit, validate, test, predict
 
         def write(prof: Any) -> None:  # at the stage's end, when every rank knows the run's log_dir
             root = self.dirpath or (trainer.log_dir if trainer is not None else os.getcwd())
