@@ -15,6 +15,8 @@ import torch
 
 from tandem_core.errors import ConfigError
 
+__all__ = ["Accelerator", "CPUAccelerator", "CUDAAccelerator", "MPSAccelerator", "XLAAccelerator"]
+
 
 class Accelerator:
     """The kind of device a run uses. Subclasses answer for one kind."""
