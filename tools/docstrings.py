@@ -11,7 +11,15 @@ import inspect
 from typing import Any
 
 #: the packages whose exports form the public API (the API reference has a page for each)
-PUBLIC = ("trainer", "trainer.loggers", "trainer.tuner", "trainer.utilities", "callbacks", "strategies", "strategies.accelerators")
+PUBLIC = (
+    "trainer",
+    "trainer.loggers",
+    "trainer.tuner",
+    "trainer.utilities",
+    "callbacks",
+    "strategies",
+    "strategies.accelerators",
+)
 
 
 def _doc_in_mro(cls: type, name: str) -> bool:
