@@ -213,3 +213,26 @@ def test_auto_requeue_false_saves_and_says_so(scontrol, tmp_path, capfd):
     code, _ = _fit(tmp_path, signal.SIGUSR2, plugins=[SLURMEnvironment(False, signal.SIGUSR2)])
     assert code == 128 + signal.SIGUSR2 and (tmp_path / "checkpoints" / "last.ckpt").exists()
     assert "auto_requeue=False" in capfd.readouterr().err and not scontrol.exists()
+
+
+def test_a_requeue_that_stops_scontrol_itself_counts_as_done(env, tmp_path):
+    """Under load, `scontrol requeue` can be killed by the very requeue it asked for (it runs in the job's step):
+    SLURM took it when the job then counts one more restart."""
+    from trainer.plugins.environments import SLURMEnvironment
+
+    log, tool = tmp_path / "scontrol.log", tmp_path / "bin" / "scontrol"
+    tool.parent.mkdir()
+    tool.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" >> {log}\n'
+        f'if [ "$2" = show ]; then n=$(grep -c requeue {log}); '
+        'echo "JobId=$4 Requeue=1 Restarts=$n BatchFlag=1 JobState=RUNNING"; fi\n'
+        'if [ "$1" = requeue ]; then kill -TERM $$; fi\n'
+    )
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    env.setenv("PATH", f"{tool.parent}:{os.environ['PATH']}")
+    for k, v in BATCH.items():
+        env.setenv(k, v)
+    done, said = SLURMEnvironment().requeue()
+    assert done and said.startswith("requeued job 78"), said
+    assert log.read_text().splitlines() == ["-o show job 78", "requeue 78", "-o show job 78"]

@@ -138,9 +138,20 @@ class SLURMEnvironment:
                 "and a job submitted with --no-requeue never is"
             )
         done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+        if done.returncode < 0 and _requeued(job, info):  # the requeue stopped this job's steps, scontrol too
+            return True, f"requeued job {job} (scontrol requeue {job}, which the requeue itself then stopped)"
         if done.returncode != 0:
             return False, f"`scontrol requeue {job}` failed ({done.returncode}): {done.stderr.strip()}"
         return True, f"requeued job {job} (scontrol requeue {job})"
+
+
+def _requeued(job: str, before: dict[str, str]) -> bool:
+    """Whether SLURM took the requeue: the job counts one more restart, or waits to run again."""
+    after, problem = _show_job(job)
+    if problem:
+        return False
+    state = after.get("JobState", "")
+    return after.get("Restarts") != before.get("Restarts") or state.startswith(("REQUEUE", "PENDING"))
 
 
 def _show_job(job: str) -> tuple[dict[str, str], str | None]:
