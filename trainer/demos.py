@@ -126,7 +126,23 @@ class ManualOptimBoringModel(BoringModel):
         return loss
 
 
-class BoringDataModule(DataModule):
+class _RandomLoaders:
+    """One DataLoader per stage over the `random_<stage>` data set its DataModule's setup made."""
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.random_train)  # type: ignore[attr-defined]
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.random_val)  # type: ignore[attr-defined]
+
+    def test_dataloader(self) -> DataLoader:
+        return DataLoader(self.random_test)  # type: ignore[attr-defined]
+
+    def predict_dataloader(self) -> DataLoader:
+        return DataLoader(self.random_predict)  # type: ignore[attr-defined]
+
+
+class BoringDataModule(_RandomLoaders, DataModule):
     """256 random rows split into four disjoint blocks of 64: train, val, test, predict."""
 
     def __init__(self) -> None:
@@ -141,20 +157,8 @@ class BoringDataModule(DataModule):
             name, k = blocks[stage]
             setattr(self, name, Subset(self.random_full, range(64 * k, 64 * (k + 1))))
 
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.random_train)
 
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.random_val)
-
-    def test_dataloader(self) -> DataLoader:
-        return DataLoader(self.random_test)
-
-    def predict_dataloader(self) -> DataLoader:
-        return DataLoader(self.random_predict)
-
-
-class BoringDataModuleNoLen(DataModule):
+class BoringDataModuleNoLen(_RandomLoaders, DataModule):
     """As BoringDataModule with iterable data sets of no length: 512 train, 128 val, 256 test, 64 predict rows."""
 
     _COUNTS = {"train": 512, "val": 128, "test": 256, "predict": 64}
@@ -162,18 +166,6 @@ class BoringDataModuleNoLen(DataModule):
     def setup(self, stage: str) -> None:
         for name in _stage_sets(stage):
             setattr(self, f"random_{name}", RandomIterableDataset(32, self._COUNTS[name]))
-
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.random_train)
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.random_val)
-
-    def test_dataloader(self) -> DataLoader:
-        return DataLoader(self.random_test)
-
-    def predict_dataloader(self) -> DataLoader:
-        return DataLoader(self.random_predict)
 
 
 class IterableBoringDataModule(DataModule):

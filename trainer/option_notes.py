@@ -19,18 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 from tandem_core.rank_zero import rank_zero_info
 from trainer.option_checks import OptionError
+from trainer.options import BATCH_COUNTS
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
-
-_LIMITS = (
-    "limit_train_batches",
-    "limit_val_batches",
-    "limit_test_batches",
-    "limit_predict_batches",
-    "overfit_batches",
-    "val_check_interval",
-)
 
 
 def env_defaults(cls_name: str, names: list[str], options: dict[str, Any]) -> dict[str, Any]:
@@ -53,24 +45,35 @@ def note_batch_limits(options: dict[str, Any]) -> None:
     if options.get("fast_dev_run"):
         return
     overfit = options.get("overfit_batches") or 0
-    for name in _LIMITS:
+    for name in BATCH_COUNTS:
         if overfit and name in ("limit_train_batches", "limit_val_batches"):
             continue  # overfit_batches replaces them
         value = options.get(name)
-        if isinstance(value, bool) or value is None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != 1:
             continue
-        if isinstance(value, int) and value == 1:
-            what = {
-                "limit_train_batches": "1 batch per epoch is run",
-                "val_check_interval": "validation will run after every training batch",
-            }.get(name, "1 batch is run")
-            rank_zero_info(f"`Trainer({name}=1)` was configured so {what} (an int counts batches).")
-        elif isinstance(value, float) and value == 1.0:
-            what = {
-                "limit_train_batches": "100% of the batches per epoch are run",
-                "val_check_interval": "validation will run at the end of each training epoch",
-            }.get(name, "100% of the batches are run")
-            rank_zero_info(f"`Trainer({name}=1.0)` was configured so {what} (a float is a fraction).")
+        meanings, default, how = _ONE[int if isinstance(value, int) else float]
+        rank_zero_info(f"`Trainer({name}={value})` was configured so {meanings.get(name, default)} ({how}).")
+
+
+# what an explicit 1 (int: one batch) or 1.0 (float: the whole) means, per option: (by option, otherwise, why)
+_ONE: dict[type, tuple[dict[str, str], str, str]] = {
+    int: (
+        {
+            "limit_train_batches": "1 batch per epoch is run",
+            "val_check_interval": "validation will run after every training batch",
+        },
+        "1 batch is run",
+        "an int counts batches",
+    ),
+    float: (
+        {
+            "limit_train_batches": "100% of the batches per epoch are run",
+            "val_check_interval": "validation will run at the end of each training epoch",
+        },
+        "100% of the batches are run",
+        "a float is a fraction",
+    ),
+}
 
 
 def check_val_schedule(options: dict[str, Any]) -> None:
