@@ -82,3 +82,24 @@ def test_plain_data_load_refuses_an_unannotated_partial_naming_it_and_both_fixes
     assert "weights_only=False" in message
     again = Ours.load_from_checkpoint(path, optimizer=SGD, act=torch.nn.Tanh)
     assert again.hparams.n == 3  # passing the values by name is the third way
+
+
+def test_a_dictconfig_from_a_checkpoint_never_calls_a_resolver_unless_trusted(monkeypatch):
+    """A crafted checkpoint's DictConfig hyperparameter must not read the environment (${oc.env:...}, then logged
+    to a tracker) or run a registered resolver when it is loaded by default; a reference to another value is
+    plain data and stays."""
+    pytest.importorskip("omegaconf")
+    from tandem_core.errors import CheckpointError
+    from trainer.checkpoint.format import OMEGACONF, decode
+
+    monkeypatch.setenv("TANDEM_TEST_SECRET", "s3cr3t")
+    crafted = {OMEGACONF: {"lr": 0.1, "nested": [{"key": "${oc.env:TANDEM_TEST_SECRET}"}]}}
+    with pytest.raises(
+        CheckpointError, match=r"resolver call.*oc\.env:TANDEM_TEST_SECRET.*weights_only=False"
+    ):
+        decode(crafted, path="run.ckpt")
+    assert (
+        decode(crafted, path="run.ckpt", trust=True).nested[0].key == "s3cr3t"
+    )  # the trusted load: as saved
+    plain = decode({OMEGACONF: {"a": 14, "ref": "${a}"}}, path="run.ckpt")
+    assert plain.ref == 14

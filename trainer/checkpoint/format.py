@@ -11,6 +11,7 @@ back as one (OmegaConf.create, which runs no code), as Lightning's pickled one d
 from __future__ import annotations
 
 import functools
+import re
 import sys
 from types import UnionType as _UnionType
 from typing import Any
@@ -92,8 +93,30 @@ def decode(
     if value.keys() == {OMEGACONF}:  # plain data again in omegaconf's container (no code runs)
         from omegaconf import OmegaConf
 
+        if not trust and _resolver_call(value[OMEGACONF]):
+            raise CheckpointError(
+                f"{path}: {where} holds an omegaconf resolver call ({_resolver_call(value[OMEGACONF])!r}), which "
+                "would run when the value is read (${oc.env:...} reads the environment, other resolvers run code "
+                "they were registered with). Load a file you trust with load_from_checkpoint(..., "
+                "weights_only=False), or save the hyperparameters resolved."
+            )
         return OmegaConf.create(value[OMEGACONF])
     return {k: decode(v, narrow(expected, str(k)), f"{where}.{k}", path, trust) for k, v in value.items()}
+
+
+_RESOLVER = re.compile(r"\$\{\s*[\w.\-]+\s*:")  # ${name:...}: a resolver; ${a.b} only names another value
+
+
+def _resolver_call(value: Any) -> str | None:
+    """The first string in `value` (a config's container) that calls an omegaconf resolver, or None."""
+    if isinstance(value, str):
+        return value if _RESOLVER.search(value) else None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        found = _resolver_call(k) or _resolver_call(v)
+        if found:
+            return found
+    return None
 
 
 def _rebuild(value: dict[str, Any], expected: Any, where: str, path: str, trust: bool) -> Any:
