@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from unittest import mock
 
 import pytest
@@ -306,3 +307,56 @@ def test_a_keyboard_interrupt_reaches_the_caller_with_the_bars_closed_and_ctrl_c
         Trainer(default_root_dir=str(tmp_path), fast_dev_run=True, callbacks=bar).fit(Interrupted())
     assert bar._stopped  # the live display no longer draws
     assert signal.getsignal(signal.SIGINT) is before
+
+
+# ----- when the bars read the metrics ------------------------------------------------------------------------
+def _metric_reads(lightning: bool, tmp_path, rich: bool, clock) -> list:
+    """(stage, epoch, step, prog_bar metrics) at each get_metrics call of a 2-epoch fit (Lightning's
+    test_*_progress_bar_correct_value_epoch_end run); `clock` stands in for the Tandem bar's time.monotonic."""
+    import callbacks.progress.rich_bar as rich_module
+    from callbacks import RichProgressBar
+
+    T, Model = (pl.Trainer, PLBoring) if lightning else (Trainer, BoringModel)
+    if rich:
+        pytest.importorskip("rich")
+        Bar, module = (pl.callbacks.RichProgressBar if lightning else RichProgressBar), rich_module
+    else:
+        Bar, module = (pl.callbacks.TQDMProgressBar if lightning else TQDMProgressBar), tqdm_module
+    calls = []
+
+    class Recording(Bar):
+        def get_metrics(self, trainer, module):
+            items = {k: v for k, v in super().get_metrics(trainer, module).items() if k != "v_num"}
+            calls.append((trainer.state.stage.value, trainer.current_epoch, trainer.global_step, items))
+            return items
+
+    class Logs(Model):
+        def training_step(self, batch, batch_idx):
+            self.log("a", float(self.global_step), prog_bar=True, on_step=False, on_epoch=True, reduce_fx=max)
+            return super().training_step(batch, batch_idx)
+
+        def validation_step(self, batch, batch_idx):
+            self.log("b", float(self.global_step), prog_bar=True, on_step=False, on_epoch=True, reduce_fx=max)
+            return super().validation_step(batch, batch_idx)
+
+    t = T(default_root_dir=str(tmp_path), limit_train_batches=2, limit_val_batches=2, max_epochs=2, logger=False,
+          callbacks=Recording(), enable_checkpointing=False, enable_model_summary=False)  # fmt: skip
+    with mock.patch.object(module, "time", mock.Mock(monotonic=clock, time=time.time)):
+        t.fit(Logs())
+    return [(stage, epoch, step, {k: float(v) for k, v in m.items()}) for stage, epoch, step, m in calls]
+
+
+@pytest.mark.parametrize("rich", [False, True])
+def test_bars_read_the_metrics_at_lightnings_moments_unless_a_read_is_too_soon(tmp_path, rich):
+    """Deliberate difference (docs/porting.md): Lightning converts the prog_bar metrics (a device
+    synchronization) after every training batch; Tandem at most once per min_interval_s (tqdm) or
+    1/refresh_rate s (rich), and always at the validation and epoch ends. With time passing between batches the
+    reads are Lightning's; with a clock that stands still only the forced ones remain."""
+    ticks = iter(range(10**6))
+    theirs = _metric_reads(True, tmp_path / "l", rich, clock=None)
+    ours = _metric_reads(False, tmp_path / "t", rich, clock=lambda: float(next(ticks)))
+    assert ours == theirs
+    assert ("validate", 1, 4, {"a": 1.0, "b": 4.0}) in theirs and ("train", 1, 4, {"a": 3.0, "b": 4.0}) in theirs
+    still = _metric_reads(False, tmp_path / "s", rich, clock=lambda: 5.0)
+    assert [c for c in theirs if c in still] == still and len(still) < len(theirs)
+    assert still[-2:] == theirs[-2:]  # the last validation's and the last epoch's values

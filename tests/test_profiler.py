@@ -103,3 +103,53 @@ def test_pytorch_profiler_under_ddp_writes_one_trace_per_rank_in_rank_0s_run(tmp
         for p in glob.glob(str(tmp_path / "lightning_logs" / "version_0" / "fit" / "*.pt.trace.json"))
     )
     assert traces == ["rank0", "rank1"]
+
+
+def _profiled_fit(lightning: bool, tmp_path) -> dict:
+    """A fast_dev_run=2 fit (two validation loaders, a DataModule with its own hooks), test and predict with
+    profiler="simple": Lightning's run and Tandem's."""
+    if lightning:
+        pl = pytest.importorskip("pytorch_lightning")
+        from pytorch_lightning.demos.boring_classes import BoringDataModule, BoringModel
+
+        T = pl.Trainer
+    else:
+        from trainer.demos import BoringDataModule, BoringModel
+
+        T = Trainer
+
+    class TwoVal(BoringModel):
+        def validation_step(self, batch, batch_idx, dataloader_idx=0):
+            return super().validation_step(batch, batch_idx)
+
+        def val_dataloader(self):
+            return [super().val_dataloader(), super().val_dataloader()]
+
+        def on_fit_start(self):
+            pass
+
+    class DM(BoringDataModule):
+        def prepare_data(self):
+            pass
+
+        def state_dict(self):
+            return {"seen": 1}
+
+    t = T(default_root_dir=str(tmp_path), fast_dev_run=2, profiler="simple", logger=False, enable_progress_bar=False,
+          enable_model_summary=False)  # fmt: skip
+    t.fit(TwoVal(), datamodule=DM())
+    t.test(TwoVal(), datamodule=DM())
+    t.predict(TwoVal(), datamodule=DM())
+    return dict(t.profiler.recorded_durations)
+
+
+def test_simple_profiler_records_each_duration_under_lightnings_keys(tmp_path):
+    theirs, ours = _profiled_fit(True, tmp_path / "l"), _profiled_fit(False, tmp_path / "t")
+    fetches = [k for k in theirs if k.endswith("_next")] + [k for k in theirs if k.startswith("[LightningDataModule]")]
+    assert len(fetches) >= 5
+    for key in fetches:  # the batch fetches and the DataModule's own methods: the same keys, as often
+        assert len(ours[key]) == len(theirs[key]), key
+        assert all(d > 0 for d in ours[key])
+    hooks = {k for k in ours if k.startswith("[")}  # the task's and the callbacks' hooks Tandem calls
+    assert "[LightningModule]TwoVal.on_fit_start" in hooks and hooks <= set(theirs)
+    assert len(ours["training_step"]) == 2  # and the loop's own sections

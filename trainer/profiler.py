@@ -13,11 +13,24 @@ from typing import Any
 
 
 class SimpleProfiler:
-    """Wall time per named section (each hook, training_step, backward, optimizer_step, ...)."""
+    """Wall time per named action, under Lightning's keys: each hook as ``[Callback]<state_key>.<hook>``,
+    ``[LightningModule]<class>.<hook>`` or ``[LightningDataModule]<class>.<hook>``, each batch fetch as
+    ``[_TrainingEpochLoop].train_dataloader_next`` / ``[_EvaluationLoop].val_next`` (``test_next``) /
+    ``[_PredictionLoop].predict_next``, and the loop's ``training_step``, ``backward``, ``optimizer_step``.
+    `recorded_durations` holds every duration (seconds) per action, as Lightning's."""
 
     def __init__(self) -> None:
-        self.seconds: dict[str, float] = defaultdict(float)
-        self.calls: dict[str, int] = defaultdict(int)
+        self.recorded_durations: dict[str, list[float]] = defaultdict(list)
+
+    @property
+    def seconds(self) -> dict[str, float]:
+        """Total seconds per action."""
+        return {name: sum(d) for name, d in self.recorded_durations.items()}
+
+    @property
+    def calls(self) -> dict[str, int]:
+        """How many times each action ran."""
+        return {name: len(d) for name, d in self.recorded_durations.items()}
 
     @contextlib.contextmanager
     def section(self, name: str) -> Iterator[None]:
@@ -25,8 +38,11 @@ class SimpleProfiler:
         try:
             yield
         finally:
-            self.seconds[name] += time.perf_counter() - start
-            self.calls[name] += 1
+            self.recorded_durations[name].append(time.perf_counter() - start)
+
+    def profile(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """Lightning's name for `section`: ``with trainer.profiler.profile("my_action"): ...``."""
+        return self.section(name)
 
     def wrap(self, name: str, fn: Any) -> Any:
         """`fn` timed under `name` (the hook dispatcher wraps every hook it calls)."""
@@ -37,16 +53,30 @@ class SimpleProfiler:
 
         return timed
 
+    def fetches(self, name: str, iterable: Any) -> Iterator[Any]:
+        """`iterable`'s items, each fetch timed under `name` (the last, empty one not counted)."""
+        it = iter(iterable)
+        durations, clock = self.recorded_durations[name], time.perf_counter
+        while True:
+            start = clock()
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            durations.append(clock() - start)
+            yield item
+
     def start(self, trainer: Any = None) -> None:
         """Called when a stage starts (with the Trainer)."""
 
     def summary(self) -> str:
-        total = sum(self.seconds.values()) or 1.0
-        rows = sorted(self.seconds.items(), key=lambda kv: -kv[1])
-        width = max([len(k) for k in self.seconds] + [6])
+        seconds, calls = self.seconds, self.calls
+        total = sum(seconds.values()) or 1.0
+        rows = sorted(seconds.items(), key=lambda kv: -kv[1])
+        width = max([len(k) for k in seconds] + [6])
         lines = [f"{'action':<{width}}  {'calls':>7}  {'total s':>9}  {'mean ms':>9}  {'%':>5}"]
         for name, s in rows:
-            n = self.calls[name]
+            n = calls[name]
             lines.append(f"{name:<{width}}  {n:>7}  {s:>9.3f}  {1e3 * s / n:>9.3f}  {100 * s / total:>5.1f}")
         return "\n".join(lines)
 

@@ -212,8 +212,9 @@ class RichProgressBar(ProgressBar):
         self._advance(bar, batch_idx + 1)
 
     def on_validation_end(self, trainer: Trainer, task: Task) -> None:
-        if trainer.state.entry == "fit" and not trainer.sanity_checking:
-            self._hide(self.val_progress_bar_id)
+        if trainer.state.entry == "fit":  # the sanity check's end included, as Lightning
+            if not trainer.sanity_checking:
+                self._hide(self.val_progress_bar_id)
             self._update_metrics(trainer, force=True)
         self.reset_dataloader_idx_tracker()
 

@@ -58,7 +58,8 @@ def save(t: Trainer, path: str, weights_only: bool = False) -> None:
             callbacks={cb.state_key: cb.state_dict() for cb in t.callbacks},
         )
         if t.datamodule is not None:
-            ckpt["datamodule"] = t.datamodule.state_dict()
+            with t.profile(f"[LightningDataModule]{type(t.datamodule).__name__}.state_dict"):
+                ckpt["datamodule"] = t.datamodule.state_dict()
             hparams, form = plain_hparams(t.datamodule.hparams)
             ckpt["datamodule_hyper_parameters"] = redact(
                 encode(hparams, "datamodule hparams"), t.config_secrets
@@ -113,7 +114,8 @@ def prepare_restore(t: Trainer, path: str, stage: str, weights_only: bool = True
     ckpt = {**ckpt, "state_dict": loaded["state_dict"]}
     _warn_hparams(t, ckpt, path)
     if resumable(ckpt) and t.datamodule is not None and "datamodule" in ckpt:
-        t.datamodule.load_state_dict(ckpt["datamodule"])
+        with t.profile(f"[LightningDataModule]{type(t.datamodule).__name__}.load_state_dict"):
+            t.datamodule.load_state_dict(ckpt["datamodule"])
     for cb in t.callbacks:
         if overrides(cb, "on_load_checkpoint"):
             cb.on_load_checkpoint(t, task, ckpt)

@@ -11,8 +11,13 @@ from tandem_core.hooks import DEFAULTS, HOOKS, TASK, overrides, refuse_unknown_h
 
 
 def _owner(fn: Any) -> str:
+    """The profiler's name of a hook's owner, as Lightning's: ``[Callback]<state_key>`` or
+    ``[LightningModule]<class>``."""
     target = fn.func if isinstance(fn, functools.partial) else fn
-    return type(getattr(target, "__self__", target)).__name__
+    owner = getattr(target, "__self__", target)
+    if isinstance(fn, functools.partial):  # a callback's hook, bound to the trainer and the task
+        return f"[Callback]{getattr(owner, 'state_key', type(owner).__name__)}"
+    return f"[LightningModule]{type(owner).__name__}"
 
 
 class Hooks:

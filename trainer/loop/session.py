@@ -101,10 +101,12 @@ class Session:
         if owners:
             for owner in owners:  # once per node, or once in all with prepare_data_per_node=False
                 if (t.local_rank if getattr(owner, "prepare_data_per_node", True) else t.global_rank) == 0:
-                    owner.prepare_data()
+                    with t.profile(_profiled_name(owner, "prepare_data")):
+                        owner.prepare_data()
             t.strategy.comm.barrier("prepare_data")
         if dm is not None:
-            dm.setup(stage=stage)  # by keyword, as Lightning calls it
+            with t.profile(_profiled_name(dm, "setup")):
+                dm.setup(stage=stage)  # by keyword, as Lightning calls it
         t.hooks.call("setup", stage=stage)
         if "configure_model" in t.hooks.custom:
             run_as(t, "configure_model", task.configure_model)
@@ -249,8 +251,8 @@ class Session:
         for owner in (self.dm, self.task):
             fn = _defined(owner, name)
             if fn is not None:
-                with recording_init_args():  # so that a DataLoader subclass can be rebuilt with a sampler
-                    return fn()
+                with recording_init_args(), self.t.profile(_profiled_name(owner, name)):
+                    return fn()  # (recorded: a DataLoader subclass can be rebuilt with a sampler)
         return None
 
     def _has_source(self, name: str) -> bool:
@@ -283,12 +285,19 @@ class Session:
             try:
                 if error is None:  # as Lightning: after an exception only on_exception runs, not teardown
                     if self.dm is not None:
-                        self.dm.teardown(stage=self.stage)
+                        with t.profile(_profiled_name(self.dm, "teardown")):
+                            self.dm.teardown(stage=self.stage)
                     t.hooks.call("teardown", stage=self.stage)
             finally:
                 if not stopped:
                     t.state.status = TrainerStatus.FINISHED
                 t.strategy.teardown()
+
+
+def _profiled_name(owner: Any, hook: str) -> str:
+    """The profiler's key of a DataModule's or task's own method, as Lightning's."""
+    kind = "LightningModule" if isinstance(owner, Task) else "LightningDataModule"
+    return f"[{kind}]{type(owner).__name__}.{hook}"
 
 
 def _defined(owner: Any, name: str) -> Any:
