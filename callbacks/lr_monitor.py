@@ -135,7 +135,7 @@ class LearningRateMonitor(Callback):
         trainer.logged_metrics.update(stats)
         if trainer.is_global_zero:
             for logger in trainer.loggers:
-                logger.log_metrics(stats, trainer.global_step)
+                logger.log_metrics(metrics=stats, step=trainer.global_step)
 
     def on_train_batch_start(self, trainer: Trainer, task: Task, batch: Any, batch_idx: int) -> None:
         """Write the learning rates the coming steps use, every log_every_n_steps stepping batches."""

@@ -52,3 +52,49 @@ def test_monitor_logs_train_and_validation_rates(tmp_path):
     assert {"train/samples", "train/device/samples_per_sec", "validate/batches", "train/time"} <= keys
     last = [m for _, m in logger.logged if "train/samples" in m][-1]
     assert last["train/samples"] == 16 and last["train/batches"] == 8
+
+
+def _monitor_calls(lightning: bool, tmp_path) -> list:
+    """Lightning's test_throughput_monitor_fit_with_validation run (a validation after each of 2 steps, a clock
+    that advances by set amounts): the calls the logger gets."""
+    from unittest import mock
+
+    if lightning:
+        pl = pytest.importorskip("pytorch_lightning")
+        from pytorch_lightning.demos.boring_classes import BoringModel
+
+        T, Monitor = pl.Trainer, pl.callbacks.ThroughputMonitor
+    else:
+        from trainer.demos import BoringModel
+
+        T, Monitor = Trainer, ThroughputMonitor
+    logger = mock.Mock(save_dir=str(tmp_path))
+    t = T(logger=logger, callbacks=Monitor(batch_size_fn=lambda x: 1, window_size=2), max_steps=2,
+          val_check_interval=1, log_every_n_steps=1, limit_val_batches=1, num_sanity_val_steps=2,
+          enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False)  # fmt: skip
+    with mock.patch("time.perf_counter", side_effect=[0, 7, 11, 13, 19, 23, 29]):
+        t.fit(BoringModel())
+    return logger.log_metrics.mock_calls
+
+
+def test_monitor_logs_lightnings_metrics_at_lightnings_steps_by_keyword(tmp_path):
+    """As Lightning: "epoch" with the training rates, at the steps taken before the batch; the evaluations at
+    their batch count over the fit; the loggers called with metrics= and step= keywords."""
+    ours, theirs = _monitor_calls(False, tmp_path / "t"), _monitor_calls(True, tmp_path / "l")
+    assert len(theirs) == 4 and all(set(c.kwargs) == {"metrics", "step"} and not c.args for c in theirs)
+    assert ours == theirs
+
+
+def test_a_stop_iteration_from_a_callback_hook_is_an_error_where_lightning_skips_the_validation(tmp_path):
+    """Deliberate difference (docs/porting.md): Lightning's evaluation loop takes a StopIteration raised by a
+    callback's on_validation_start for the end of the data and silently runs no validation (the fit then
+    "succeeds"); Tandem lets it out, since it is a bug in the hook."""
+    from callbacks import Callback
+    from trainer.demos import BoringModel
+
+    class Broken(Callback):
+        def on_validation_start(self, trainer, task):
+            raise StopIteration
+
+    with pytest.raises(StopIteration):
+        Trainer(max_steps=2, callbacks=[Broken()], **{**FAST, "limit_val_batches": 1, "val_check_interval": 1}).fit(BoringModel())

@@ -25,7 +25,7 @@ from trainer.loader_view import TrainerLoaders
 from trainer.loggers import Logger, TensorBoardLogger, align_versions
 from trainer.loggers.dummy import DummyLogger
 from trainer.loggers.metrics import MetricStore
-from trainer.loggers.reporting import print_results
+from trainer.loggers.reporting import log_metrics, print_results
 from trainer.loop import evaluation
 from trainer.loop import fit as loop
 from trainer.loop.hooks import Hooks
@@ -209,6 +209,11 @@ class Trainer(TrainerReadback, TrainerLoaders):
         from trainer.tuner.batch_size import scale_batch_size
 
         return scale_batch_size(self, *args)
+
+    def _log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        """Send a callback's metrics to the loggers under the loop's rules (rank 0, Lightning's step when `step`
+        is None, with "epoch" added then; trainer.logged_metrics updated), as Lightning's logger connector."""
+        log_metrics(self, metrics, step)
 
     def profile(self, name: str) -> contextlib.AbstractContextManager[Any]:
         """Time a section of the loop under `name` when a profiler is on (else a no-op context)."""

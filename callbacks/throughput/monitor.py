@@ -46,6 +46,7 @@ class ThroughputMonitor(Callback):
         self.available_flops: int | None = None
         self._throughputs: dict[str, Throughput] = {}
         self._t0s: dict[str, float] = {}
+        self._eval_total: dict[str, int] = {}  # evaluation batches per "<entry>/<stage>", never reset
         self._lengths: dict[str, int] = {}
         self._samples: dict[str, int] = {}
         self._batches: dict[str, int] = {}
@@ -80,7 +81,8 @@ class ThroughputMonitor(Callback):
             self._module_has_flops = hasattr(task, "flops_per_batch")
             if not self._module_has_flops:
                 warnings.warn(
-                    f"ThroughputMonitor: define `flops_per_batch` on {type(task).__name__} to log FLOPs and MFU.",
+                    "When using the `ThroughputMonitor`, you need to define a `flops_per_batch` attribute or property"
+                    f" in {type(task).__name__} to compute the FLOPs (and MFU); `measure_flops` computes one.",
                     UserWarning,
                     stacklevel=2,
                 )
@@ -94,14 +96,13 @@ class ThroughputMonitor(Callback):
             flops=task.flops_per_batch if self._module_has_flops else None,  # type: ignore[attr-defined]
         )
 
-    def _compute(self, trainer: Trainer, stage: str, step: int) -> None:
+    def _compute(self, trainer: Trainer, stage: str, step: int | None) -> None:
         n = trainer.config.log_every_n_steps
         if not n or not ((trainer.global_step + 1) % n == 0 or trainer.should_stop):  # 0: never (Lightning)
             return
         tp = self._throughputs[stage]
         metrics = {f"{stage}{tp.separator}{k}": float(v) for k, v in tp.compute().items()}
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step)
+        trainer._log_metrics(metrics, step)  # the loop's rules: Lightning's step, "epoch" added without one
 
     def on_train_start(self, trainer: Trainer, task: Task) -> None:
         if trainer.is_global_zero:
@@ -115,7 +116,7 @@ class ThroughputMonitor(Callback):
         self._update(trainer, task, batch, "train")
         k = trainer.accumulate_grad_batches
         if (batch_idx + 1) % k == 0 or batch_idx + 1 == trainer.num_training_batches:  # an optimizer step
-            self._compute(trainer, "train", trainer.global_step)
+            self._compute(trainer, "train", None)
 
     def _eval_start(self, trainer: Trainer) -> None:
         if trainer.is_global_zero and not trainer.sanity_checking:
@@ -126,7 +127,10 @@ class ThroughputMonitor(Callback):
             return
         stage = self._stage(trainer)
         self._update(trainer, task, batch, stage)
-        self._compute(trainer, stage, self._batches[stage])
+        # the step: this kind of evaluation's batches so far, over every run of it (Lightning's loop total)
+        key = f"{trainer.state.entry}/{stage}"
+        self._eval_total[key] = self._eval_total.get(key, 0) + 1
+        self._compute(trainer, stage, self._eval_total[key])
 
     def on_validation_start(self, trainer: Trainer, task: Task) -> None:
         self._eval_start(trainer)

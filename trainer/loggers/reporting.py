@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 
-def log_metrics(t: Trainer, metrics: dict[str, torch.Tensor], step: int | None = None) -> None:
+def log_metrics(t: Trainer, metrics: dict[str, Any], step: int | None = None) -> None:
     """Send metrics to the loggers (rank 0, not during the sanity check); one host copy per device. The step
     is Lightning's: inside fit the optimizer steps taken before the current one (global_step - 1 after a
     step), else global_step, or the value the task logged as "step" (which is then no metric); without a
@@ -35,7 +35,7 @@ def log_metrics(t: Trainer, metrics: dict[str, torch.Tensor], step: int | None =
             if t.state.entry == "fit" and step > 0:
                 step -= 1
         for lg in t.loggers:
-            lg.log_metrics(values, step)
+            lg.log_metrics(metrics=values, step=step)  # by keyword, as Lightning calls a logger
 
 
 def stage_hparams(t: Trainer) -> dict[str, Any] | None:
