@@ -98,3 +98,42 @@ def test_a_stop_iteration_from_a_callback_hook_is_an_error_where_lightning_skips
 
     with pytest.raises(StopIteration):
         Trainer(max_steps=2, callbacks=[Broken()], **{**FAST, "limit_val_batches": 1, "val_check_interval": 1}).fit(BoringModel())
+
+
+def _logged(lightning: bool, tmp_path, fn: str, **options) -> list:
+    """(keys, batches, step) of each log_metrics call of ThroughputMonitor in a run of `fn` (run twice for
+    an evaluation), Lightning's or Tandem's."""
+    from unittest import mock
+
+    if lightning:
+        pl = pytest.importorskip("pytorch_lightning")
+        from pytorch_lightning.demos.boring_classes import BoringModel
+
+        T, Monitor = pl.Trainer, pl.callbacks.ThroughputMonitor
+    else:
+        from trainer.demos import BoringModel
+
+        T, Monitor = Trainer, ThroughputMonitor
+    logger, model = mock.Mock(save_dir=str(tmp_path)), BoringModel()
+    model.flops_per_batch = 10
+    t = T(logger=logger, callbacks=Monitor(batch_size_fn=lambda x: 3, window_size=3, separator="|"),
+          enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False, **options)  # fmt: skip
+    for _ in range(1 if fn == "fit" else 2):
+        getattr(t, fn)(model)
+    out = []
+    for c in logger.log_metrics.mock_calls:
+        m = c.kwargs["metrics"]
+        out.append((sorted(m), next(v for k, v in m.items() if k.endswith("|batches")), c.kwargs["step"]))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("fn", "options"),
+    [("fit", dict(limit_train_batches=5, limit_val_batches=0, max_epochs=2, log_every_n_steps=3,
+                  accumulate_grad_batches=2)),
+     ("validate", dict(limit_val_batches=6, log_every_n_steps=3)),
+     ("predict", dict(limit_predict_batches=4, log_every_n_steps=2))],
+)  # fmt: skip
+def test_monitor_logs_every_n_optimizer_steps_or_evaluation_batches_as_lightning(tmp_path, fn, options):
+    ours, theirs = _logged(False, tmp_path / "t", fn, **options), _logged(True, tmp_path / "l", fn, **options)
+    assert len(theirs) >= 2 and ours == theirs

@@ -47,6 +47,7 @@ class ThroughputMonitor(Callback):
         self._throughputs: dict[str, Throughput] = {}
         self._t0s: dict[str, float] = {}
         self._eval_total: dict[str, int] = {}  # evaluation batches per "<entry>/<stage>", never reset
+        self._run_batches: dict[str, int] = {}
         self._lengths: dict[str, int] = {}
         self._samples: dict[str, int] = {}
         self._batches: dict[str, int] = {}
@@ -68,6 +69,7 @@ class ThroughputMonitor(Callback):
         if trainer.state.entry == "fit" or stage not in self._samples:
             self._throughputs[stage].reset()
             self._lengths[stage] = self._samples[stage] = self._batches[stage] = 0
+        self._run_batches[stage] = 0  # this run's batches: every log_every_n_steps-th one logs (Lightning's)
         self._t0s[stage] = time.perf_counter()
 
     @torch.inference_mode()
@@ -96,9 +98,11 @@ class ThroughputMonitor(Callback):
             flops=task.flops_per_batch if self._module_has_flops else None,  # type: ignore[attr-defined]
         )
 
-    def _compute(self, trainer: Trainer, stage: str, step: int | None) -> None:
+    def _compute(self, trainer: Trainer, stage: str, step: int | None, count: int) -> None:
+        """Log the rates when `count` (the optimizer steps of fit, or this evaluation's batches) is a multiple of
+        log_every_n_steps (0: never), or the run is stopping, as Lightning's logger connector decides."""
         n = trainer.config.log_every_n_steps
-        if not n or not ((trainer.global_step + 1) % n == 0 or trainer.should_stop):  # 0: never (Lightning)
+        if not n or not (count % n == 0 or trainer.should_stop):
             return
         tp = self._throughputs[stage]
         metrics = {f"{stage}{tp.separator}{k}": float(v) for k, v in tp.compute().items()}
@@ -116,7 +120,7 @@ class ThroughputMonitor(Callback):
         self._update(trainer, task, batch, "train")
         k = trainer.accumulate_grad_batches
         if (batch_idx + 1) % k == 0 or batch_idx + 1 == trainer.num_training_batches:  # an optimizer step
-            self._compute(trainer, "train", None)
+            self._compute(trainer, "train", None, trainer.global_step)
 
     def _eval_start(self, trainer: Trainer) -> None:
         if trainer.is_global_zero and not trainer.sanity_checking:
@@ -130,7 +134,8 @@ class ThroughputMonitor(Callback):
         # the step: this kind of evaluation's batches so far, over every run of it (Lightning's loop total)
         key = f"{trainer.state.entry}/{stage}"
         self._eval_total[key] = self._eval_total.get(key, 0) + 1
-        self._compute(trainer, stage, self._eval_total[key])
+        self._run_batches[stage] += 1
+        self._compute(trainer, stage, self._eval_total[key], self._run_batches[stage])
 
     def on_validation_start(self, trainer: Trainer, task: Task) -> None:
         self._eval_start(trainer)
