@@ -181,3 +181,31 @@ def test_a_metric_that_is_no_attribute_is_logged(tmp_path):
 
     trainer = _fit(Task, _task(Task, training_step=training_step), tmp_path, val=False)
     assert float(trainer.callback_metrics["total"]) == 4.0  # two batches of 2.0
+
+
+def test_a_logged_metric_must_be_an_attribute_of_the_task_as_in_lightning(tmp_path):
+    """A Metric logged that the task does not hold (a new one per step) is an error naming the fix; one held
+    as an attribute, or named by metric_attribute=, is logged; Lightning decides the same."""
+    from torchmetrics import MeanMetric
+
+    def foreign(self, batch, batch_idx):
+        self.log("m", MeanMetric())
+        return self.net(batch[0]).pow(2).mean()
+
+    def own(self, batch, batch_idx):
+        self.mean.update(float(batch_idx))
+        self.log("m", self.mean, on_step=False, on_epoch=True)
+        return self.net(batch[0]).pow(2).mean()
+
+    for base, _ in PAIRS:
+        errors = (TaskError,) if base is Task else (pl.utilities.exceptions.MisconfigurationException,)
+        with pytest.raises(errors, match="setting an attribute for the metric"):
+            _fit(base, _task(base, training_step=foreign), tmp_path, val=False)
+        late = _task(base, training_step=own)
+        late.mean = MeanMetric()  # set after __init__, before the fit: still found
+        assert float(_fit(base, late, tmp_path, val=False).logged_metrics["m"]) == 0.5
+        task = _task(base, training_step=own)
+        task.mean = MeanMetric()
+        with pytest.raises(errors, match="where `name` is one of \\['mean'\\]"):  # another Metric than the held one
+            task.training_step = foreign.__get__(task)
+            _fit(base, task, tmp_path, val=False)

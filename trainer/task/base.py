@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from strategies.batch import is_metric
 from tandem_core.errors import TaskError
 from tandem_core.hooks import TASK, add_hook_stubs, default
 from trainer.task.attributes import LightningAttributes
@@ -148,10 +149,36 @@ class Task(LightningAttributes, TaskDefaults, ExportMixin, torch.nn.Module, Hype
                 f"self.log({name!r}, ...) in training with `training_step(self, dataloader_iter)` needs "
                 "batch_size=: the loop does not see the batches the step reads. Pass batch_size=<its size>."
             )
+        if metric_attribute is None and is_metric(value) and id(value) not in self._metric_ids():
+            self._refuse_foreign_metric(name, value)
         t.metric_store.log(
             name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, enable_graph, sync_dist,
             sync_dist_group, add_dataloader_idx, batch_size, rank_zero_only,
         )  # fmt: skip
+
+    def _metric_ids(self, fresh: bool = False) -> set[int]:
+        """The ids of the Metrics among the task's modules (looked up again when a logged one is not there)."""
+        ids = self.__dict__.get("_tandem_metric_ids")
+        if ids is None or fresh:
+            ids = {id(m) for m in self.modules() if is_metric(m)}
+            object.__setattr__(self, "_tandem_metric_ids", ids)
+        return ids
+
+    def _refuse_foreign_metric(self, name: str, value: Any) -> None:
+        """As Lightning: a logged Metric must be one of the task's attributes, or its state is neither moved with
+        the task, saved in its checkpoints nor reset with it (and a new one per step aggregates nothing)."""
+        if id(value) in self._metric_ids(fresh=True):  # set as an attribute since the last look
+            return
+        owned = [n for n, m in self.named_modules() if is_metric(m)]
+        fix = (
+            f"log one of them, or pass `self.log({name}, ..., metric_attribute=name)` where `name` is one of {owned}"
+            if owned
+            else f"fix this by setting an attribute for the metric in your task (`self.metric = {type(value).__name__}(...)` in __init__) and log that"
+        )
+        raise TaskError(
+            f"self.log({name!r}) got a {type(value).__name__} that is not an attribute of {type(self).__name__}: its "
+            f"state would not move with the task, be saved in its checkpoints or be reset with it; {fix}."
+        )
 
     def log_dict(
         self,
