@@ -209,3 +209,23 @@ def test_a_logged_metric_must_be_an_attribute_of_the_task_as_in_lightning(tmp_pa
         with pytest.raises(errors, match="where `name` is one of \\['mean'\\]"):  # another Metric than the held one
             task.training_step = foreign.__get__(task)
             _fit(base, task, tmp_path, val=False)
+
+
+def test_a_logged_metric_whose_compute_is_no_tensor_is_a_value_error_as_in_lightning(tmp_path):
+    from torchmetrics import Metric
+
+    class Pair(Metric):
+        def update(self):
+            pass
+
+        def compute(self):
+            return torch.tensor(1.0), torch.tensor(2.0)
+
+    def on_train_start(self):
+        self.log("pair", self.pair)
+
+    for base, _ in PAIRS:
+        task = _task(base, on_train_start=on_train_start)
+        task.pair = Pair()
+        with pytest.raises(ValueError, match=r"compute\(\)` return of .*'pair' must be a tensor"):
+            _fit(base, task, tmp_path, val=False)

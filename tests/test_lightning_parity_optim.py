@@ -226,3 +226,19 @@ def test_step_interval_plateau_steps_after_the_batchs_validation():
         seen.append(task.seen)
     assert seen[1] == seen[0]
     assert seen[0][:2] == [(1, 0, 1), (2, 1, 2)]  # the plateau one steps after the batch's validation
+
+
+def test_a_skipped_training_step_under_several_processes_is_a_runtime_error(monkeypatch):
+    """Lightning's test_skip_training_step_not_allowed: training_step returning None (skip the batch) is fine
+    on one process and a RuntimeError under several (the other ranks would wait for this one's gradients).
+    Lightning's test sets `trainer.strategy.world_size`; here the Trainer's world size is made 2 the same way."""
+    from trainer.demos import BoringModel
+
+    class Skips(BoringModel):
+        def training_step(self, batch, batch_idx):
+            return None
+
+    Trainer(max_steps=1, barebones=True).fit(Skips())
+    monkeypatch.setattr(Trainer, "world_size", property(lambda self: 2))
+    with pytest.raises(RuntimeError, match="returned None .* under several processes"):
+        Trainer(max_steps=1, barebones=True).fit(Skips())

@@ -264,7 +264,13 @@ class MetricStore:
             if not e.on_epoch:
                 continue
             if e.metric is not None:
-                value = e.metric.compute().detach()  # torchmetrics synchronises across ranks itself
+                value = e.metric.compute()  # torchmetrics synchronises across ranks itself
+                if not isinstance(value, torch.Tensor):  # a value error, as Lightning's
+                    raise LogValueError(
+                        f"The `{type(e.metric).__name__}.compute()` return of the metric logged as {e.name!r} must "
+                        f"be a tensor (one value); it returned {type(value).__name__}. Log each value separately."
+                    )
+                value = value.detach()
                 e.metric.reset()
             elif e.total is None:
                 continue
