@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any
 
 from tandem_core.hooks import CALLBACK, add_hook_stubs
+
+_STAGE_HOOKS = ("setup", "teardown")  # what users call themselves, by keyword, in their own tests
+
+
+def _takes_pl_module(fn: Any) -> Any:
+    """`fn` (a callback's setup or teardown taking `task`) that also takes Lightning's keyword `pl_module=`."""
+
+    @functools.wraps(fn)
+    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if "pl_module" in kwargs:
+            kwargs["task"] = kwargs.pop("pl_module")
+        return fn(self, *args, **kwargs)
+
+    return hook
 
 
 class Callback:
@@ -19,6 +35,15 @@ class Callback:
 
     #: Monitoring callbacks (checkpointing, early stopping) run after the task's own hook.
     monitoring = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass's setup / teardown written with Tandem's argument name `task` is also called as Lightning's
+        ``cb.setup(trainer=..., pl_module=..., stage=...)`` (the per-batch hooks are left as written: no cost)."""
+        super().__init_subclass__(**kwargs)
+        for name in _STAGE_HOOKS:
+            fn = cls.__dict__.get(name)
+            if callable(fn) and "task" in inspect.signature(fn).parameters:
+                setattr(cls, name, _takes_pl_module(fn))
 
     @property
     def state_key(self) -> str:

@@ -22,6 +22,7 @@ from callbacks.checkpoint_names import (
 from callbacks.checkpoint_schedule import SaveSchedule, waits_for_validation
 from callbacks.monitor import Monitor, at_train_epoch_end, fitting, rank_zero_decides
 from tandem_core.errors import ConfigError
+from tandem_core.fileio import is_url, refuse_url
 
 if TYPE_CHECKING:
     from trainer.task.base import Task
@@ -81,7 +82,10 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
                 f"ModelCheckpoint(save_last=...) takes True, False, None or 'link'; got {save_last!r}."
             )
         self._schedule = SaveSchedule(every_n_train_steps, train_time_interval, every_n_epochs)
-        self.dirpath = os.path.abspath(os.path.expanduser(dirpath)) if dirpath is not None else None
+        url = is_url(dirpath)  # refused at setup, as Lightning's save_last='link' check (a URL is never local)
+        self.dirpath = (
+            os.path.abspath(os.path.expanduser(dirpath)) if dirpath is not None and not url else dirpath
+        )
         self._default_dirpath = dirpath is None
         self.filename = filename
         self.verbose = verbose
@@ -159,6 +163,7 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
         """Resolve the default directory (the same on every rank: rank 0's)."""
         if stage != "fit":
             return
+        refuse_url(self.dirpath, "ModelCheckpoint's dirpath")  # (save_last='link' is for local paths only, too)
         if self.save_on_exception and trainer.world_size > 1:
             raise ConfigError(
                 "ModelCheckpoint(save_on_exception=True) under several processes: a checkpoint needs every process, "

@@ -1,14 +1,37 @@
-"""One atomic write for every file Tandem produces (checkpoints, configs, hparams, CSV metrics).
+"""One atomic write for every file Tandem produces (checkpoints, configs, hparams, CSV metrics), and the
+check that a path given for them is a local one.
 
-A leaf module: it imports nothing of ours, so every package may use it.
+In the bottom layer (it imports only tandem_core.errors), so every package may use it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from typing import BinaryIO
+
+from tandem_core.errors import ConfigError
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+
+
+def is_url(path: object) -> bool:
+    """True for a URL such as ``s3://bucket/run`` or ``memory://x`` (Lightning's fsspec paths)."""
+    return isinstance(path, str) and bool(_URL.match(path))
+
+
+def refuse_url(path: object, what: str) -> None:
+    """A ConfigError (a ValueError) naming `what` when `path` is a URL: Tandem writes its files atomically on a
+    local or mounted file system (temporary file, fsync, rename), which object stores do not offer; it never
+    turns ``s3://b/x`` into a local directory ``./s3:/b/x`` silently."""
+    if is_url(path):
+        raise ConfigError(
+            f"{what} {path!r} is a URL: Tandem writes only to local file paths (or a mounted file system, e.g. "
+            "an s3fs / gcsfuse mount point), since its writes are atomic renames; pass a local directory and copy "
+            "the results to the object store afterwards."
+        )
 
 
 def atomic_write(path: str | os.PathLike[str], data: bytes | str | Callable[[BinaryIO], None]) -> None:

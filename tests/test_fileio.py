@@ -190,3 +190,29 @@ def test_two_csv_loggers_rewriting_one_file_never_mix(tmp_path):
 
     run_threads(writers, reader)
     assert not [f for f in os.listdir(loggers["a"].log_dir) if f != "metrics.csv"]
+
+
+@pytest.mark.parametrize("url", ["memory://run", "s3://bucket/run"])
+def test_a_url_for_a_directory_is_refused_by_name_and_never_becomes_a_local_directory(tmp_path, monkeypatch, url):
+    """Lightning writes through fsspec; Tandem only to local (or mounted) file systems, and says so instead of
+    turning ``s3://bucket/run`` into a local ``./s3:/bucket/run`` (Lightning's test_model_checkpoint_save_last_
+    as_link_not_local raises its ValueError at setup: so does Tandem's ModelCheckpoint)."""
+    from callbacks import ModelCheckpoint
+    from tandem_core.errors import ConfigError
+    from trainer import Trainer
+    from trainer.demos import BoringModel
+    from trainer.loggers import CSVLogger, TensorBoardLogger
+
+    monkeypatch.chdir(tmp_path)
+    for logger in (CSVLogger, TensorBoardLogger):
+        with pytest.raises(ConfigError, match=f"{logger.__name__}'s save_dir '{url}' is a URL"):
+            logger(save_dir=url)
+    with pytest.raises(ValueError, match="default_root_dir must be a local path"):
+        Trainer(default_root_dir=url)
+    cb = ModelCheckpoint(dirpath=url, save_last="link")
+    assert cb.dirpath == url
+    with pytest.raises(ValueError, match="ModelCheckpoint's dirpath .* is a URL"):
+        cb.setup(trainer=Trainer(), pl_module=BoringModel(), stage="fit")  # Lightning's keyword, too
+    with pytest.raises(ConfigError, match="is a URL"):
+        Trainer(callbacks=[ModelCheckpoint(dirpath=url)], max_steps=1, logger=False).fit(BoringModel())
+    assert os.listdir(tmp_path) == []

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from tandem_core.errors import did_you_mean
+from tandem_core.fileio import is_url
 
 if TYPE_CHECKING:
     from datetime import timedelta
@@ -196,7 +197,7 @@ class TrainerConfig:
     default_root_dir: str | os.PathLike[str] | None = option(
         None,
         "where logs and checkpoints go (None: the working directory)",
-        must(lambda v: v is None or isinstance(v, (str, os.PathLike)), "a path (a string) or None"),
+        must(lambda v: v is None or (isinstance(v, (str, os.PathLike)) and not is_url(v)), "a local path or None"),
     )
     resume: str | None = option(
         None,

@@ -6,7 +6,7 @@ import os
 import re
 from typing import Any
 
-from tandem_core.fileio import atomic_write
+from tandem_core.fileio import atomic_write, refuse_url
 
 _VERSION = re.compile(r"version_(\d+)")
 
@@ -117,6 +117,7 @@ class Logger:
     ) -> None:
         # kept under private names: a subclass may define save_dir or name as read-only properties (Lightning's
         # Logger declares them abstract), and this __init__ must not assign through them
+        refuse_url(save_dir, f"{type(self).__name__}'s save_dir")
         self._save_dir = os.fspath(save_dir) if save_dir is not None else None
         self._name = name or ""
         self._version = version
