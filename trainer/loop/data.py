@@ -100,3 +100,15 @@ class SkipBatchSampler(Sampler[list[int]]):
 
     def __len__(self) -> int:
         return max(len(self.inner) - self.skip, 0)
+
+
+def shutdown_workers(loaders: list[Any]) -> None:
+    """End the worker processes a `persistent_workers=True` loader keeps between epochs, at the end of a stage
+    (as Lightning does, failed or not): they would otherwise live, with their copies of the data set, as long as
+    the loader object does (in a notebook, for good). The next stage starts new ones."""
+    for loader in loaders:
+        for dl in loader.flattened if isinstance(loader, CombinedLoader) else [loader]:
+            it = getattr(dl, "_iterator", None)  # where torch's DataLoader keeps its persistent iterator
+            if it is not None and callable(getattr(it, "_shutdown_workers", None)):
+                it._shutdown_workers()
+                dl._iterator = None

@@ -21,7 +21,7 @@ from trainer.compiler import apply as apply_compiler
 from trainer.loggers import agree_versions
 from trainer.loggers.reporting import finalize_loggers
 from trainer.loop.combined import combine_train, flatten_eval, is_collection, prepare_eval, stateful
-from trainer.loop.data import num_batches, with_worker_seeding
+from trainer.loop.data import num_batches, shutdown_workers, with_worker_seeding
 from trainer.loop.hooks import Hooks, run_as
 from trainer.loop.optim import TaskOptimizer, check_optimizers, parse_optimizers
 from trainer.loop.signals import StopSignals
@@ -291,6 +291,7 @@ class Session:
             finally:
                 if not stopped:
                     t.state.status = TrainerStatus.FINISHED
+                shutdown_workers([loader for loaders in t.loaders.values() for loader in loaders])
                 t.strategy.teardown()
 
 
