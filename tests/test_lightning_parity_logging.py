@@ -229,3 +229,18 @@ def test_a_logged_metric_whose_compute_is_no_tensor_is_a_value_error_as_in_light
         task.pair = Pair()
         with pytest.raises(ValueError, match=r"compute\(\)` return of .*'pair' must be a tensor"):
             _fit(base, task, tmp_path, val=False)
+
+
+def test_a_one_element_tensor_is_logged_as_a_scalar_as_in_lightning(tmp_path):
+    """Lightning's test_unsqueezed_tensor_logging, in a real training step (Lightning's sets its private
+    `_current_fx_name` to log outside one; Tandem's self.log there is a TaskError)."""
+
+    def training_step(self, batch, batch_idx):
+        self.log("foo", torch.tensor([1.5]), on_epoch=True)
+        return self.net(batch[0]).pow(2).mean()
+
+    seen = []
+    for base, _ in PAIRS:
+        metrics = _fit(base, _task(base, training_step=training_step), tmp_path, val=False).callback_metrics
+        seen.append({k: (v.ndim, float(v)) for k, v in metrics.items()})
+    assert seen[1] == seen[0] == {k: (0, 1.5) for k in ("foo", "foo_step", "foo_epoch")}
