@@ -164,25 +164,6 @@ def test_fast_dev_run_logs_every_step(tmp_path):
     assert seen[1] == seen[0] == ["a_epoch", "a_step", "n_epoch", "n_step"]
 
 
-def test_a_metric_that_is_no_attribute_is_logged(tmp_path):
-    """A deliberate difference (docs/porting.md): Lightning refuses a Metric it cannot find by attribute name;
-    Tandem holds the Metric itself, so it is computed at the epoch's end like any other."""
-    torchmetrics = pytest.importorskip("torchmetrics")
-
-    class Counted(torchmetrics.SumMetric):
-        pass
-
-    metric = Counted()
-
-    def training_step(self, batch, batch_idx):
-        metric.update(torch.tensor(2.0))
-        self.log("total", metric, on_step=False, on_epoch=True)
-        return self.net(batch[0]).sum()
-
-    trainer = _fit(Task, _task(Task, training_step=training_step), tmp_path, val=False)
-    assert float(trainer.callback_metrics["total"]) == 4.0  # two batches of 2.0
-
-
 def test_a_logged_metric_must_be_an_attribute_of_the_task_as_in_lightning(tmp_path):
     """A Metric logged that the task does not hold (a new one per step) is an error naming the fix; one held
     as an attribute, or named by metric_attribute=, is logged; Lightning decides the same."""
