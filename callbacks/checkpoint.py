@@ -82,7 +82,8 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
                 f"ModelCheckpoint(save_last=...) takes True, False, None or 'link'; got {save_last!r}."
             )
         self._schedule = SaveSchedule(every_n_train_steps, train_time_interval, every_n_epochs)
-        url = is_url(dirpath)  # refused at setup, as Lightning's save_last='link' check (a URL is never local)
+        # a URL is kept as given and refused at setup, where Lightning refuses one with save_last='link'
+        url = is_url(dirpath)
         self.dirpath = (
             os.path.abspath(os.path.expanduser(dirpath)) if dirpath is not None and not url else dirpath
         )
@@ -163,7 +164,7 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
         """Resolve the default directory (the same on every rank: rank 0's)."""
         if stage != "fit":
             return
-        refuse_url(self.dirpath, "ModelCheckpoint's dirpath")  # (save_last='link' is for local paths only, too)
+        refuse_url(self.dirpath, "ModelCheckpoint's dirpath")
         if self.save_on_exception and trainer.world_size > 1:
             raise ConfigError(
                 "ModelCheckpoint(save_on_exception=True) under several processes: a checkpoint needs every process, "

@@ -78,7 +78,9 @@ class DeviceStatsMonitor(Callback):
         for logger in trainer.loggers:
             sep = getattr(logger, "group_separator", "/")
             prefix = f"{type(self).__qualname__}.{key}"
-            logger.log_metrics(metrics={f"{prefix}{sep}{k}": float(v) for k, v in stats.items()}, step=trainer.global_step)
+            logger.log_metrics(
+                metrics={f"{prefix}{sep}{k}": float(v) for k, v in stats.items()}, step=trainer.global_step
+            )
 
     def on_train_batch_start(self, trainer: Trainer, task: Task, batch: Any, batch_idx: int) -> None:
         self._log(trainer, "on_train_batch_start")

@@ -193,7 +193,9 @@ def test_two_csv_loggers_rewriting_one_file_never_mix(tmp_path):
 
 
 @pytest.mark.parametrize("url", ["memory://run", "s3://bucket/run"])
-def test_a_url_for_a_directory_is_refused_by_name_and_never_becomes_a_local_directory(tmp_path, monkeypatch, url):
+def test_a_url_for_a_directory_is_refused_by_name_and_never_becomes_a_local_directory(
+    tmp_path, monkeypatch, url
+):
     """Lightning writes through fsspec; Tandem only to local (or mounted) file systems, and says so instead of
     turning ``s3://bucket/run`` into a local ``./s3:/bucket/run`` (Lightning's test_model_checkpoint_save_last_
     as_link_not_local raises its ValueError at setup: so does Tandem's ModelCheckpoint)."""

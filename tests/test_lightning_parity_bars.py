@@ -356,7 +356,8 @@ def test_bars_read_the_metrics_at_lightnings_moments_unless_a_read_is_too_soon(t
     theirs = _metric_reads(True, tmp_path / "l", rich, clock=None)
     ours = _metric_reads(False, tmp_path / "t", rich, clock=lambda: float(next(ticks)))
     assert ours == theirs
-    assert ("validate", 1, 4, {"a": 1.0, "b": 4.0}) in theirs and ("train", 1, 4, {"a": 3.0, "b": 4.0}) in theirs
+    assert ("validate", 1, 4, {"a": 1.0, "b": 4.0}) in theirs
+    assert ("train", 1, 4, {"a": 3.0, "b": 4.0}) in theirs
     still = _metric_reads(False, tmp_path / "s", rich, clock=lambda: 5.0)
     assert [c for c in theirs if c in still] == still and len(still) < len(theirs)
     assert still[-2:] == theirs[-2:]  # the last validation's and the last epoch's values

@@ -187,7 +187,9 @@ def test_a_logged_metric_must_be_an_attribute_of_the_task_as_in_lightning(tmp_pa
         assert float(_fit(base, late, tmp_path, val=False).logged_metrics["m"]) == 0.5
         task = _task(base, training_step=own)
         task.mean = MeanMetric()
-        with pytest.raises(errors, match="where `name` is one of \\['mean'\\]"):  # another Metric than the held one
+        with pytest.raises(
+            errors, match="where `name` is one of \\['mean'\\]"
+        ):  # another Metric than the held one
             task.training_step = foreign.__get__(task)
             _fit(base, task, tmp_path, val=False)
 

@@ -145,7 +145,9 @@ def _profiled_fit(lightning: bool, tmp_path) -> dict:
 
 def test_simple_profiler_records_each_duration_under_lightnings_keys(tmp_path):
     theirs, ours = _profiled_fit(True, tmp_path / "l"), _profiled_fit(False, tmp_path / "t")
-    fetches = [k for k in theirs if k.endswith("_next")] + [k for k in theirs if k.startswith("[LightningDataModule]")]
+    fetches = [k for k in theirs if k.endswith("_next")] + [
+        k for k in theirs if k.startswith("[LightningDataModule]")
+    ]
     assert len(fetches) >= 5
     for key in fetches:  # the batch fetches and the DataModule's own methods: the same keys, as often
         assert len(ours[key]) == len(theirs[key]), key

@@ -97,7 +97,9 @@ def test_a_stop_iteration_from_a_callback_hook_is_an_error_where_lightning_skips
             raise StopIteration
 
     with pytest.raises(StopIteration):
-        Trainer(max_steps=2, callbacks=[Broken()], **{**FAST, "limit_val_batches": 1, "val_check_interval": 1}).fit(BoringModel())
+        Trainer(
+            max_steps=2, callbacks=[Broken()], **{**FAST, "limit_val_batches": 1, "val_check_interval": 1}
+        ).fit(BoringModel())
 
 
 def _logged(lightning: bool, tmp_path, fn: str, **options) -> list:

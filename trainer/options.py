@@ -197,7 +197,10 @@ class TrainerConfig:
     default_root_dir: str | os.PathLike[str] | None = option(
         None,
         "where logs and checkpoints go (None: the working directory)",
-        must(lambda v: v is None or (isinstance(v, (str, os.PathLike)) and not is_url(v)), "a local path or None"),
+        must(
+            lambda v: v is None or (isinstance(v, (str, os.PathLike)) and not is_url(v)),
+            "a local path or None",
+        ),
     )
     resume: str | None = option(
         None,

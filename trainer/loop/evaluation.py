@@ -87,7 +87,9 @@ def _run_eval(t: Trainer, phase: str, limit: int | None) -> Any:
         n = n if limit is None else min(n, limit)
         if n == 0:
             continue
-        for batch_idx, batch in enumerate(islice(_fetches(t, phase, loader), None if n == float("inf") else int(n))):
+        for batch_idx, batch in enumerate(
+            islice(_fetches(t, phase, loader), None if n == float("inf") else int(n))
+        ):
             batch = to_device(t, batch, dl_idx)
             store.set_batch(batch)
             hooks.call(f"on_{prefix}_batch_start", batch, batch_idx, *extra)
