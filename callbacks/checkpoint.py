@@ -83,9 +83,8 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
             )
         self._schedule = SaveSchedule(every_n_train_steps, train_time_interval, every_n_epochs)
         # a URL is kept as given and refused at setup, where Lightning refuses one with save_last='link'
-        url = is_url(dirpath)
         self.dirpath = (
-            os.path.abspath(os.path.expanduser(dirpath)) if dirpath is not None and not url else dirpath
+            dirpath if dirpath is None or is_url(dirpath) else os.path.abspath(os.path.expanduser(dirpath))
         )
         self._default_dirpath = dirpath is None
         self.filename = filename

@@ -11,6 +11,21 @@ from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
+import torch
+
+from callbacks.base import Callback
+
+
+def action_key(owner: Any, name: str) -> str:
+    """The profiler's key of `owner`'s hook or method `name`, as Lightning's: ``[Callback]<state_key>.<name>``,
+    ``[LightningModule]<class>.<name>`` (the task) or ``[LightningDataModule]<class>.<name>``."""
+    if isinstance(owner, Callback):
+        return f"[Callback]{owner.state_key}.{name}"
+    kind = (
+        "LightningModule" if isinstance(owner, torch.nn.Module) else "LightningDataModule"
+    )  # a task is a Module
+    return f"[{kind}]{type(owner).__name__}.{name}"
+
 
 class SimpleProfiler:
     """Wall time per named action, under Lightning's keys: each hook as ``[Callback]<state_key>.<hook>``,

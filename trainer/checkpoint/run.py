@@ -18,6 +18,7 @@ from tandem_core.hooks import overrides
 from trainer.checkpoint.find import resolve_path, run_id
 from trainer.checkpoint.format import decode_for, encode, missing, rebuilt_form
 from trainer.loop.optim import step_schedulers
+from trainer.profiler import action_key
 from trainer.secrets import redact, unresolved
 from trainer.task.hparams import plain_hparams
 
@@ -58,7 +59,7 @@ def save(t: Trainer, path: str, weights_only: bool = False) -> None:
             callbacks={cb.state_key: cb.state_dict() for cb in t.callbacks},
         )
         if t.datamodule is not None:
-            with t.profile(f"[LightningDataModule]{type(t.datamodule).__name__}.state_dict"):
+            with t.profile(action_key(t.datamodule, "state_dict")):
                 ckpt["datamodule"] = t.datamodule.state_dict()
             hparams, form = plain_hparams(t.datamodule.hparams)
             ckpt["datamodule_hyper_parameters"] = redact(
@@ -114,7 +115,7 @@ def prepare_restore(t: Trainer, path: str, stage: str, weights_only: bool = True
     ckpt = {**ckpt, "state_dict": loaded["state_dict"]}
     _warn_hparams(t, ckpt, path)
     if resumable(ckpt) and t.datamodule is not None and "datamodule" in ckpt:
-        with t.profile(f"[LightningDataModule]{type(t.datamodule).__name__}.load_state_dict"):
+        with t.profile(action_key(t.datamodule, "load_state_dict")):
             t.datamodule.load_state_dict(ckpt["datamodule"])
     for cb in t.callbacks:
         if overrides(cb, "on_load_checkpoint"):

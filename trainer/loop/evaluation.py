@@ -142,7 +142,7 @@ _FETCH_KEYS = {"val": "[_EvaluationLoop].val_next", "test": "[_EvaluationLoop].t
 def _fetches(t: Trainer, phase: str, loader: Any) -> Any:
     """The loader's batches; with a profiler on, each fetch timed under Lightning's key."""
     it = batches(loader)
-    return it if t.profiler is None else t.profiler.fetches(_FETCH_KEYS.get(phase, f"{phase}_next"), it)
+    return it if t.profiler is None else t.profiler.fetches(_FETCH_KEYS[phase], it)
 
 
 def _iter_pass(

@@ -8,16 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tandem_core.hooks import DEFAULTS, HOOKS, TASK, overrides, refuse_unknown_hooks
-
-
-def _owner(fn: Any) -> str:
-    """The profiler's name of a hook's owner, as Lightning's: ``[Callback]<state_key>`` or
-    ``[LightningModule]<class>``."""
-    target = fn.func if isinstance(fn, functools.partial) else fn
-    owner = getattr(target, "__self__", target)
-    if isinstance(fn, functools.partial):  # a callback's hook, bound to the trainer and the task
-        return f"[Callback]{getattr(owner, 'state_key', type(owner).__name__)}"
-    return f"[LightningModule]{type(owner).__name__}"
+from trainer.profiler import action_key
 
 
 class Hooks:
@@ -40,11 +31,12 @@ class Hooks:
             for cb in callbacks:
                 if overrides(cb, hook.name):
                     fn = functools.partial(getattr(cb, hook.name), trainer, task)
+                    if profiler is not None:  # each hook timed under its owner's name
+                        fn = profiler.wrap(action_key(cb, hook.name), fn)
                     cbs.append((bool(getattr(cb, "monitoring", False)), fn))
             own = [getattr(task, hook.name)] if TASK in hook.owners and overrides(task, hook.name) else []
-            if profiler is not None:  # each hook timed under its owner's name
-                cbs = [(m, profiler.wrap(f"{_owner(fn)}.{hook.name}", fn)) for m, fn in cbs]
-                own = [profiler.wrap(f"{_owner(fn)}.{hook.name}", fn) for fn in own]
+            if profiler is not None and own:
+                own = [profiler.wrap(action_key(task, hook.name), own[0])]
             if not cbs and not own:
                 continue
             every = [fn for _, fn in cbs]

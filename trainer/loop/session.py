@@ -27,6 +27,7 @@ from trainer.loop.optim import TaskOptimizer, check_optimizers, parse_optimizers
 from trainer.loop.signals import StopSignals
 from trainer.loop.transfer import transfer_owners
 from trainer.option_notes import resolve_max_epochs
+from trainer.profiler import action_key
 from trainer.states import TrainerStatus
 from trainer.task.base import Task
 from trainer.utilities.combined_loader import CombinedLoader
@@ -101,11 +102,11 @@ class Session:
         if owners:
             for owner in owners:  # once per node, or once in all with prepare_data_per_node=False
                 if (t.local_rank if getattr(owner, "prepare_data_per_node", True) else t.global_rank) == 0:
-                    with t.profile(_profiled_name(owner, "prepare_data")):
+                    with t.profile(action_key(owner, "prepare_data")):
                         owner.prepare_data()
             t.strategy.comm.barrier("prepare_data")
         if dm is not None:
-            with t.profile(_profiled_name(dm, "setup")):
+            with t.profile(action_key(dm, "setup")):
                 dm.setup(stage=stage)  # by keyword, as Lightning calls it
         t.hooks.call("setup", stage=stage)
         if "configure_model" in t.hooks.custom:
@@ -251,7 +252,7 @@ class Session:
         for owner in (self.dm, self.task):
             fn = _defined(owner, name)
             if fn is not None:
-                with recording_init_args(), self.t.profile(_profiled_name(owner, name)):
+                with recording_init_args(), self.t.profile(action_key(owner, name)):
                     return fn()  # (recorded: a DataLoader subclass can be rebuilt with a sampler)
         return None
 
@@ -285,7 +286,7 @@ class Session:
             try:
                 if error is None:  # as Lightning: after an exception only on_exception runs, not teardown
                     if self.dm is not None:
-                        with t.profile(_profiled_name(self.dm, "teardown")):
+                        with t.profile(action_key(self.dm, "teardown")):
                             self.dm.teardown(stage=self.stage)
                     t.hooks.call("teardown", stage=self.stage)
             finally:
@@ -293,12 +294,6 @@ class Session:
                     t.state.status = TrainerStatus.FINISHED
                 shutdown_workers([loader for loaders in t.loaders.values() for loader in loaders])
                 t.strategy.teardown()
-
-
-def _profiled_name(owner: Any, hook: str) -> str:
-    """The profiler's key of a DataModule's or task's own method, as Lightning's."""
-    kind = "LightningModule" if isinstance(owner, Task) else "LightningDataModule"
-    return f"[{kind}]{type(owner).__name__}.{hook}"
 
 
 def _defined(owner: Any, name: str) -> Any:
