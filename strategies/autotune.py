@@ -23,12 +23,15 @@ from __future__ import annotations
 import logging
 import statistics
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from strategies.buckets import AutoBuckets, BucketLayout, assign_buckets
+from strategies.comm_device import to_comm
 from strategies.costmodel import LinkCost, choose_buckets, predict
+from strategies.timing import Timer, timer_for
 
 _MB = 1024 * 1024
 AUTO_ITERATIONS = 4  # backwards measured with 25 MB buckets (the first is a warm-up) before the plan
@@ -45,60 +48,91 @@ _log = logging.getLogger("strategies.reducer")
 
 
 class AutoTuner:
-    """The measurements and decisions of bucket_cap_mb="auto" for one Reducer."""
+    """The measurements and decisions of bucket_cap_mb="auto" for one Reducer. Times are marks of `timer`
+    (the device's clock: CUDA events on a GPU, strategies/timing.py), turned into seconds when a decision
+    needs them (after the measured backwards and after the trial: reading CUDA events waits for them)."""
 
-    def __init__(self, process_group: dist.ProcessGroup | None, src: int, world_size: int, n: int) -> None:
+    def __init__(
+        self,
+        process_group: dist.ProcessGroup | None,
+        src: int,
+        world_size: int,
+        n: int,
+        device: torch.device | None = None,
+        timer: Timer | None = None,
+    ) -> None:
         self.group, self.src, self.world_size, self.n = process_group, src, world_size, n
-        self.ready_times: list[list[float]] = []  # per measured backward, when each gradient was ready
-        self.outside: list[float] = []  # seconds from one finalize to the next prepare_for_backward
-        self.sync_s: list[float] = []  # per backward: prepare_for_backward to the end of finalize
-        self.finalized_at: float | None = None
+        self.device = device or torch.device(
+            "cpu"
+        )  # the communication device: probes and messages live there
+        self.timer = timer or timer_for(self.device)
+        # per measured backward: its start mark and, per parameter, the mark when its gradient was ready
+        self.ready_times: list[tuple[Any, list[Any]]] = []
+        self.outside: list[tuple[Any, Any]] = []  # (end of one finalize, next prepare_for_backward)
+        self.sync_s: list[tuple[Any, Any]] = []  # per backward: (prepare_for_backward, end of finalize)
+        self.finalized_at: Any = None
         self.result: AutoBuckets | None = None
         self.trial: list[BucketLayout] = []  # during the trial: the chosen layout, the 25 MB one
-        self.trial_s: tuple[list[float], list[float]] = ([], [])  # their backward + finalize times
+        self.trial_s: tuple[list[Any], list[Any]] = ([], [])  # their (start, end) marks
 
-    def begin(self, t0: float, measuring: bool) -> None:
-        """A synchronised backward starts at t0."""
+    @property
+    def timing(self) -> bool:
+        """Whether the next backward is measured (before the plan, and during the trial)."""
+        return self.result is None or bool(self.trial)
+
+    def begin(self, t0: Any, measuring: bool) -> None:
+        """A synchronised backward starts at mark t0."""
         if measuring:
-            self.ready_times.append([float("nan")] * self.n)
+            self.ready_times.append((t0, [None] * self.n))
             if self.finalized_at is not None:
-                self.outside.append(t0 - self.finalized_at)
+                self.outside.append((self.finalized_at, t0))
 
-    def ready(self, i: int, seconds: float) -> None:
-        """Parameter i's gradient became ready `seconds` after the backward started (while measuring)."""
-        self.ready_times[-1][i] = seconds
+    def ready(self, i: int, mark: Any) -> None:
+        """Parameter i's gradient became ready at `mark` (while measuring)."""
+        self.ready_times[-1][1][i] = mark
 
-    def end(self, t0: float, layout: BucketLayout) -> BucketLayout:
-        """Finalize ended; returns the layout for the next backward (during the trial: the other one)."""
-        self.finalized_at = time.perf_counter()
+    def end(self, t0: Any, layout: BucketLayout, mark: Any = None) -> BucketLayout:
+        """Finalize ended at `mark`; returns the layout for the next backward (during the trial: the other one)."""
+        self.finalized_at = mark if mark is not None else self.timer.mark()
         if self.result is None:
-            self.sync_s.append(self.finalized_at - t0)
+            self.sync_s.append((t0, self.finalized_at))
             return layout
         if not self.trial:
             return layout
-        self.trial_s[self.trial.index(layout)].append(self.finalized_at - t0)
+        self.trial_s[self.trial.index(layout)].append((t0, self.finalized_at))
         done = len(self.trial_s[0]) + len(self.trial_s[1])
         if done < TRIAL_ITERATIONS:
             return self.trial[done % 2]
         return self._verdict()
 
-    def plan(self, order: list[int], layout: BucketLayout, device: torch.device) -> BucketLayout:
+    def _seconds(self, spans: list[tuple[Any, Any]]) -> list[float]:
+        return [self.timer.seconds(a, b) for a, b in spans]
+
+    def _ready_seconds(self) -> list[list[float]]:
+        nan = float("nan")
+        return [
+            [nan if m is None else self.timer.seconds(t0, m) for m in marks] for t0, marks in self.ready_times
+        ]
+
+    def plan(self, order: list[int], layout: BucketLayout) -> BucketLayout:
         """Probe the link, let rank 0 choose the buckets, build them on every rank; returns the layout for
         the next backward: the chosen one, on trial, or the 25 MB one in rank 0's gradient order."""
-        n, nan = self.n, float("nan")
+        n, nan, device = self.n, float("nan"), self.device
         probes, cpu, rate = self._probe(device, sum(layout.sizes))
         small, large = min(probes), max(probes)
         cost = LinkCost.fit((small, probes[small]), (large, probes[large]), self.world_size)
         small, large = PROBE_BYTES
         cost = cost.with_cpu((small, cpu[small]), (large, cpu[large]), self.world_size, rate)
-        measured = self.ready_times[1:] or self.ready_times  # the first backward is a warm-up
+        ready_times = self._ready_seconds()
+        measured = ready_times[1:] or ready_times  # the first backward is a warm-up
         # per parameter the median over the measured backwards; never ready (unused): end of backward
         ready = [statistics.median([r[i] for r in measured if r[i] == r[i]] or [nan]) for i in range(n)]
         backward = max((t for t in ready if t == t), default=0.0)
         ready = [backward if t != t else t for t in ready]
         sizes, keys = layout.sizes, layout.keys
-        outside = statistics.median(self.outside) if self.outside else 0.0
-        sync = statistics.median(self.sync_s[1:] or self.sync_s)
+        outside = statistics.median(self._seconds(self.outside)) if self.outside else 0.0
+        sync_s = self._seconds(self.sync_s)
+        sync = statistics.median(sync_s[1:] or sync_s)
         # one broadcast from rank 0 carries everything the ranks must agree on
         plan = torch.zeros(4 * n + 8, dtype=torch.float64, device=device)
         if dist.get_rank(self.group) == 0:
@@ -153,10 +187,11 @@ class AutoTuner:
     def _verdict(self) -> BucketLayout:
         """Rank 0 compares the two layouts pair by pair; every rank keeps the winner and drops the other."""
         assert self.result is not None
-        wins = sum(n < o for n, o in zip(*self.trial_s))  # each pair ran back to back, under the same load
-        new, old = (statistics.median(times) for times in self.trial_s)
+        trial_s = [self._seconds(spans) for spans in self.trial_s]
+        wins = sum(n < o for n, o in zip(*trial_s))  # each pair ran back to back, under the same load
+        new, old = (statistics.median(times) for times in trial_s)
         keep = wins >= TRIAL_WINS and new < old
-        decision = torch.tensor([new, old, float(wins), float(keep)], dtype=torch.float64)
+        decision = to_comm([new, old, float(wins), float(keep)], self.device, torch.float64)
         dist.broadcast(decision, src=self.src, group=self.group)
         new, old, wins, keep = decision.tolist()
         self.result.sync_s_trial, self.result.sync_s_cap25, self.result.reverted = new, old, not keep
@@ -183,7 +218,7 @@ class AutoTuner:
             return times, {nbytes: 0.0 for nbytes in PROBE_BYTES}, 1.0
         rate = 1.0
         for nbytes in PROBE_BYTES:
-            cpu[nbytes], rate = _overlap_probe(times[nbytes], nbytes, self.group)
+            cpu[nbytes], rate = _overlap_probe(times[nbytes], nbytes, self.group, device)
         return times, cpu, rate
 
     def _time_allreduces(self, sizes: tuple[int, ...], device: torch.device) -> dict[int, float]:
@@ -191,19 +226,20 @@ class AutoTuner:
         Each round times every size once, so a busy moment on the machine falls on all sizes alike."""
         tensors = {n: torch.zeros(n // 4, dtype=torch.float32, device=device) for n in sizes}
         samples: dict[int, list[float]] = {n: [] for n in sizes}
+        timer = timer_for(device)  # on a GPU, events around the all-reduce on the stream that waits for it
         for _ in range(PROBE_REPEATS + 1):
             for n, t in tensors.items():
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                start = time.perf_counter()
+                start = timer.mark()
                 dist.all_reduce(t, group=self.group)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                samples[n].append(time.perf_counter() - start)
-        return {n: min(s[1:]) for n, s in samples.items()}  # the minimum: a late peer only ever adds time
+                samples[n].append((start, timer.mark()))
+        return {
+            n: min(timer.seconds(a, b) for a, b in s[1:]) for n, s in samples.items()
+        }  # the minimum: a late peer only ever adds time
 
 
-def _overlap_probe(alone_s: float, nbytes: int, group: dist.ProcessGroup | None) -> tuple[float, float]:
+def _overlap_probe(
+    alone_s: float, nbytes: int, group: dist.ProcessGroup | None, device: torch.device
+) -> tuple[float, float]:
     """Run a matmul loop alone and next to an all-reduce of `nbytes` (which takes `alone_s` alone).
     Returns the seconds of the all-reduce that waited for the CPU and the loop's speed next to it (0-1]."""
     w, x = torch.randn(256, 256) * 0.05, torch.randn(64, 256)
@@ -212,7 +248,7 @@ def _overlap_probe(alone_s: float, nbytes: int, group: dist.ProcessGroup | None)
         x = torch.tanh(x @ w)
     one = (time.perf_counter() - start) / 20
     ops = int(min(max(2 * alone_s, 20 * one), 0.05) / one) + 1  # about twice the all-reduce, at most 50 ms
-    t = torch.zeros(nbytes // 4)
+    t = torch.zeros(nbytes // 4, device=device)  # (the CPU: only run where the host does the work)
     alone, together, finished = [], [], []
     for _ in range(OVERLAP_REPEATS):
         dist.barrier(group=group)

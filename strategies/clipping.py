@@ -64,7 +64,8 @@ def clip_grad_norm(params: Iterable[torch.Tensor], max_norm: float, norm_type: f
         _whole(torch.nn.utils.get_total_norm([p.grad for p in g], norm_type)).to(torch.float64)
         for g in groups
     ]
-    stacked = torch.stack([n.cpu() for n in norms])
+    # combined where the first group's norm lies (the GPU: no read on the host, no sync)
+    stacked = torch.stack([n.to(norms[0].device) for n in norms])
     p = float(norm_type)
     total = stacked.max() if math.isinf(p) else stacked.pow(p).sum().pow(1.0 / p)
     for g in groups:

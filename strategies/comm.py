@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from strategies.comm_device import barrier, to_comm
 from tandem_core.errors import DistributedError, check_choice
 
 REDUCE_OPS = ("sum", "mean", "max", "min")
@@ -26,6 +27,8 @@ _LOST = (
     "broken pipe",
     "no route to host",
     "network is unreachable",
+    "remote process exited",  # NCCL's ncclRemoteError: a peer died or its network failed
+    "communicator was aborted",  # NCCL: the watchdog aborted the group after a peer's error (timeouts: below)
 )
 _PEER = re.compile(r"\[([0-9a-fA-F:.]+)\]:\d+|\b((?:\d{1,3}\.){3}\d{1,3}):\d+")
 
@@ -115,7 +118,9 @@ class ProcessGroupComm(Comm):
         # the world size before the job is launched (devices x nodes); a method, not a lambda, so that the
         # strategy pickles (strategy='ddp_spawn' sends it to its workers)
         self._planned_world = planned_world
-        self.device = torch.device("cpu")  # where small agreement tensors live (the rank's GPU under NCCL)
+        # the communication device: where every tensor handed to a collective lives (the rank's GPU under
+        # NCCL, the CPU under gloo; set when the strategy joins its group: strategies/comm_device.py)
+        self.device = torch.device("cpu")
         self._step_join = False  # per-step agreement on "every rank still has a batch" (unknown lengths)
         self._stop: tuple[torch.Tensor, Any] | None = None  # the stop agreement in flight: (flag, work)
 
@@ -145,7 +150,7 @@ class ProcessGroupComm(Comm):
         lower, detail = text.lower(), text.strip()[-300:]
         peer = _PEER.search(text)
         who = f"the peer at {peer.group(1) or peer.group(2)}" if peer else "a peer"
-        if any(s in lower for s in _LOST):
+        if any(s in lower for s in _LOST) and "timeout" not in lower:
             return DistributedError(
                 f"{me}: {op} failed at once: the connection to {who} was lost ({detail}). "
                 "That rank's process or node has probably died or was cut off the network: look at its "
@@ -170,7 +175,7 @@ class ProcessGroupComm(Comm):
 
         check_choice("reduce op", op, REDUCE_OPS)
         ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
-        out = tensor.detach().clone()
+        out = to_comm(tensor, self.device, copy=True)  # (a CPU tensor under NCCL: the result is on the GPU)
         self.run(f"{op} all-reduce", dist.all_reduce, out, ops.get(op, dist.ReduceOp.MIN), group)
         if op != "mean":
             return out
@@ -179,6 +184,7 @@ class ProcessGroupComm(Comm):
     def all_gather(self, tensor: torch.Tensor, group: Any = None, sync_grads: bool = False) -> torch.Tensor:
         import torch.distributed as dist
 
+        tensor = tensor if tensor.device == self.device else tensor.to(self.device)  # (differentiable)
         if sync_grads:  # torch's autograd-aware gather: each rank's tensor gets its part of the gradient
             from torch.distributed.nn.functional import all_gather
 
@@ -206,7 +212,7 @@ class ProcessGroupComm(Comm):
         import torch.distributed as dist
 
         if dist.is_initialized():
-            self.run(f"barrier{f' ({name})' if name else ''}", dist.barrier)
+            self.run(f"barrier{f' ({name})' if name else ''}", barrier, self.device)
 
     def any_rank(self, flag: bool) -> bool:
         return self._any(flag, "stop-request all-reduce")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from strategies.comm_device import to_comm
 from strategies.precision import Precision
 from strategies.process_group import ProcessGroupStrategy, ShardSampler
 from tandem_core.errors import ConfigError, check_choice
@@ -124,6 +125,7 @@ class DDPStrategy(ProcessGroupStrategy):
             comm_hook=self.comm_hook,
             broadcast_buffers=self.broadcast_buffers,
             static_graph=self.static_graph,
+            device=self.comm.device,
         )
         self._unsynced = False
 
@@ -200,7 +202,7 @@ class DDPStrategy(ProcessGroupStrategy):
         params = [p for p in self.reducer.params if p.grad is not None]
         if not params:
             return
-        flat = torch.cat([p.grad.reshape(-1).to(torch.float64) for p in params])
+        flat = to_comm(torch.cat([p.grad.reshape(-1).to(torch.float64) for p in params]), self.comm.device)
         dist.all_reduce(flat)
         flat /= self.comm.world_size
         offset = 0

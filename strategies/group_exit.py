@@ -10,8 +10,11 @@ while the interpreter is whole:
 
 - `torch.distributed.nn.functional`'s functions take `group=group.WORLD` as a default argument, evaluated
   when it was imported: imported after the group was made (a user's group made before `fit`; building an
-  optimizer imports it through torch._dynamo), they hold it. Those defaults become None (the default group,
+  optimizer imports it through torch._dynamo), they hold it; so does ZeroRedundancyOptimizer's module
+  (strategy='ddp_zero1'). Such defaults, in any torch.distributed module, become None (the default group,
   which is what the functions document).
+- Objects Tandem made that hold a group (the ZeRO optimizers of ddp_zero1, find_unused_parameters' gloo
+  group under NCCL) register a release with `on_close`: called first.
 - A DeviceMesh (FSDP's) keeps its groups in `_pg_registry` (for torch.compile tracing), and the mesh itself
   outlives the model in torch's DTensor caches (the sharding propagator's, per thread). After
   `destroy_process_group` every group is closed, so those registries are emptied.
@@ -27,9 +30,23 @@ from __future__ import annotations
 import atexit
 import gc
 import sys
+import types
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 _joined = False  # a fit joined a process group in this process (ours, torchrun's or the user's)
+# what Tandem's objects registered to drop their references to a group before it closes (weakly held)
+_releases: list[weakref.ref[Any]] = []
+
+
+def on_close(release: Callable[[], None]) -> None:
+    """Call `release` (a bound method, held weakly: it does not keep its object alive) at exit, before the
+    groups close: it drops the references to a process group that an object Tandem made holds (a
+    ZeroRedundancyOptimizer's, a gloo side group), so that the closed group is freed while the interpreter
+    is whole."""
+    _releases[:] = [r for r in _releases if r() is not None]
+    _releases.append(weakref.WeakMethod(release) if hasattr(release, "__self__") else weakref.ref(release))
 
 
 def joined() -> None:
@@ -46,6 +63,11 @@ def close_groups() -> int:
     dist = sys.modules.get("torch.distributed")
     if not _joined or dist is None or not dist.is_available():
         return 0
+    for ref in _releases:
+        release = ref()
+        if release is not None:
+            release()
+    _releases.clear()
     world = dist.group.WORLD if dist.is_initialized() else None
     if world is not None:
         dist.destroy_process_group()
@@ -80,15 +102,20 @@ def _is_gloo(group: Any) -> bool:
 
 
 def _release_default_arguments() -> list[Any]:
-    """The groups that torch.distributed.nn.functional's default arguments held, now set to None."""
-    functional = sys.modules.get("torch.distributed.nn.functional")
+    """The groups that the default arguments of torch.distributed's functions held, now set to None (the
+    default group, which is what those functions document): torch.distributed.nn.functional's, and
+    ZeroRedundancyOptimizer's `_broadcast_object` (imported when strategy='ddp_zero1' builds its first twin)."""
     dist = sys.modules["torch.distributed"]
     released: list[Any] = []
-    for fn in list(vars(functional).values()) if functional is not None else ():
-        defaults = getattr(fn, "__defaults__", None)
-        if isinstance(defaults, tuple) and any(issubclass(type(d), dist.ProcessGroup) for d in defaults):
-            released += [d for d in defaults if issubclass(type(d), dist.ProcessGroup)]
-            fn.__defaults__ = tuple(None if issubclass(type(d), dist.ProcessGroup) else d for d in defaults)
+    modules = [m for name, m in list(sys.modules.items()) if name.startswith("torch.distributed.") and m]
+    for module in modules:
+        for fn in list(vars(module).values()):
+            defaults = fn.__defaults__ if type(fn) is types.FunctionType else None
+            if isinstance(defaults, tuple) and any(issubclass(type(d), dist.ProcessGroup) for d in defaults):
+                released += [d for d in defaults if issubclass(type(d), dist.ProcessGroup)]
+                fn.__defaults__ = tuple(
+                    None if issubclass(type(d), dist.ProcessGroup) else d for d in defaults
+                )
     return released
 
 

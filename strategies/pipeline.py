@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from strategies.comm_device import to_comm
 from strategies.pipeline_checkpoint import PipelineCheckpointIO
 from strategies.pipeline_checks import check_batch, check_loader, check_options, check_task
 from strategies.precision import Precision
@@ -217,7 +218,7 @@ class PipelineStrategy(ProcessGroupStrategy):
         for p, _ in self._grads:
             p.grad = None
         loss = (
-            torch.stack([v.detach() for v in losses]).mean().to(torch.float64)
+            to_comm(torch.stack([v.detach() for v in losses]).mean(), self.comm.device, torch.float64)
             if last
             else torch.zeros((), dtype=torch.float64, device=self.comm.device)
         )
@@ -230,7 +231,7 @@ class PipelineStrategy(ProcessGroupStrategy):
             self.comm.run("pipeline loss average", lambda: dist.all_reduce(loss, group=dp))
             loss /= self.data_parallel_size
         # the loop wants a loss that requires grad; backward already ran inside the schedule
-        return loss.to(self.precision.param_dtype).requires_grad_()
+        return loss.to(self.root_device, self.precision.param_dtype).requires_grad_()
 
     def backward(
         self, loss: torch.Tensor, sync: bool = True, run: Callable[[torch.Tensor], Any] | None = None

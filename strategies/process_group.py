@@ -15,6 +15,7 @@ import torch.distributed as dist
 from strategies import attempt, fork, group_exit, launch, slurm
 from strategies.base import pick_device
 from strategies.comm import ProcessGroupComm
+from strategies.comm_device import comm_device
 from strategies.fork import ForkStart
 from strategies.heartbeat import Heartbeat
 from strategies.multinode import bind_gloo_interface, is_multinode
@@ -32,6 +33,19 @@ def _unpin_default_group() -> None:
     never close it before exit (see strategies/group_exit.py, which unpins a group made before Tandem could
     do this)."""
     import torch.distributed.nn.functional  # noqa: F401
+
+
+#: torch's NCCL error handling mode 2 ("CleanUpOnly"): on a collective's timeout or a peer's NCCL error the
+#: watchdog aborts the communicator and the process lives on, so the rank's next wait or collective raises
+#: (a DistributedError naming the operation: ProcessGroupComm.translate). torch's default (3) tears the
+#: process down from the watchdog thread instead, with no Python error and no checkpoint hook.
+NCCL_ERROR_HANDLING = "2"
+
+
+def nccl_error_handling() -> None:
+    """Before an NCCL group is made: a failed or timed-out collective becomes an error in this process within
+    timeout_s (TORCH_NCCL_ASYNC_ERROR_HANDLING, unless the user set it)."""
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", NCCL_ERROR_HANDLING)
 
 
 def _attempt_store(timeout: datetime.timedelta) -> tuple[dist.Store, str] | None:
@@ -176,14 +190,16 @@ class ProcessGroupStrategy(ParallelStrategy):
         if device.type == "cuda":
             torch.cuda.set_device(device)
         self._root_device = device
-        self.comm.device = device if device.type == "cuda" else torch.device("cpu")  # NCCL needs GPU tensors
         group_exit.joined()  # closed at exit, whoever makes it (strategies/group_exit.py)
         if dist.is_initialized():  # the user's script, or a launcher, made the group
+            self.comm.device = comm_device(None, device)
             return
         backend = self.backend or ("nccl" if device.type == "cuda" else "gloo")
         timeout = datetime.timedelta(seconds=self.timeout_s)
         if backend == "gloo":
             bind_gloo_interface()
+        if "nccl" in backend:
+            nccl_error_handling()
         _unpin_default_group()
         private = None if self._alone else _attempt_store(timeout)
         if self._alone:
@@ -198,6 +214,7 @@ class ProcessGroupStrategy(ParallelStrategy):
                 world_size=self.comm.world_size,
                 timeout=timeout,
             )
+        self.comm.device = comm_device(None, device)  # NCCL: this rank's GPU; gloo: the CPU
         if self.peer_timeout_s and is_multinode():  # one node's agent already sees its own dead workers
             prefix = f"{private[1]}/heartbeat" if private else None
             beat = Heartbeat(self.comm.rank, self.comm.world_size, self.peer_timeout_s, prefix=prefix)
@@ -206,7 +223,7 @@ class ProcessGroupStrategy(ParallelStrategy):
 
     def setup(self, task: Any) -> None:
         if self.sync_batchnorm:
-            convert_sync_batchnorm(task, self.root_device)  # replaces the BatchNorm layers in place
+            convert_sync_batchnorm(task, self.root_device, self.comm.device)  # replaces the layers in place
         super().setup(task)
 
     def teardown(self) -> None:

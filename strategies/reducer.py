@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -15,6 +16,9 @@ from torch import nn
 
 from strategies.autotune import AUTO_ITERATIONS, AUTO_MIN_GAIN, TRIAL_ITERATIONS, AutoTuner
 from strategies.buckets import AutoBuckets, BucketLayout, BucketStats, assign_buckets
+from strategies.comm_device import broadcast_tensors, comm_device, to_comm
+from strategies.timing import HostTimer, timer_for
+from strategies.unused import UsedParameters
 from tandem_core.errors import DistributedError
 
 __all__ = [
@@ -29,19 +33,6 @@ __all__ = [
 
 _MB = 1024 * 1024
 _COMPRESS = {"fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-def _broadcast(tensors: list[torch.Tensor], src: int, group: dist.ProcessGroup | None) -> None:
-    """Broadcast tensors in place from `src`: one flat message per (device, dtype) instead of one each."""
-    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
-    for t in tensors:
-        groups.setdefault((t.device, t.dtype), []).append(t.detach())
-    with torch.no_grad():
-        for chunk in groups.values():
-            flat = torch.cat([t.reshape(-1) for t in chunk])
-            dist.broadcast(flat, src=src, group=group)
-            for t, part in zip(chunk, flat.split([t.numel() for t in chunk])):
-                t.copy_(part.view_as(t))
 
 
 class Reducer:
@@ -70,6 +61,8 @@ class Reducer:
         broadcast_buffers: bool = True,
         rebuild_buckets: bool = True,
         static_graph: bool = False,
+        device: torch.device | None = None,
+        record_stats: bool | None = None,
     ) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise DistributedError("Reducer needs a process group: call dist.init_process_group first")
@@ -98,8 +91,11 @@ class Reducer:
             raise DistributedError("the module has no parameter with requires_grad=True: nothing to reduce")
         self.param_names = [n for n, _ in named]
         self.params = [p for _, p in named]
+        # where the tensors it hands to collectives are made (strategies/comm_device.py): the strategy's
+        # communication device, else the one the group's backend takes
+        self.device = device if device is not None else comm_device(process_group, self.params[0].device)
         self._check_same_params()
-        _broadcast([*module.parameters(), *module.buffers()], self._src, process_group)
+        broadcast_tensors([*module.parameters(), *module.buffers()], self._src, process_group, self.device)
 
         n = len(self.params)
         self._lock = threading.Lock()  # hooks may run on several autograd device threads
@@ -107,14 +103,23 @@ class Reducer:
         # backwards to finalize before the rebuild; "auto" measures a few of them first
         self._rebuild_after, self._iterations = (AUTO_ITERATIONS if auto else 1), 0
         tuned = auto and self.world_size > 1
+        # times on the device's own clock (CUDA events on a GPU: strategies/timing.py); with record_stats
+        # (default: on the CPU, where the clock costs nothing) every backward's bucket statistics, else only
+        # what the autotuner measures
+        self._timer = timer_for(self.params[0].device)
+        self.record_stats = isinstance(self._timer, HostTimer) if record_stats is None else record_stats
         self._tuner = (
-            AutoTuner(process_group, self._src, self.world_size, len(self.params)) if tuned else None
+            AutoTuner(process_group, self._src, self.world_size, n, self.device, self._timer)
+            if tuned
+            else None
         )
         self._record: list[int] | None = None  # gradient-ready order, recorded until the rebuild
-        self._ready, self._used = [False] * n, [0] * n
-        self._used_t: torch.Tensor | None = None
-        self._used_work: dist.Work | None = None
-        self._next, self._t0 = 0, 0.0  # next bucket to launch; time origin of the stats
+        self._ready = [False] * n
+        self._used = UsedParameters(n, process_group, self.device) if find_unused_parameters else None
+        self._next, self._t0 = 0, self._timer.mark()  # next bucket to launch; time origin of the stats
+        self._timed = self.record_stats  # this backward's statistics are recorded
+        self._marks: list[tuple[int, str, Any]] = []  # (bucket, BucketStats field, mark), read lazily
+        self._last: Any = None  # mark of the last gradient of the last synchronised backward
         cap = self.bucket_bytes_cap = int(bucket_cap_mb * _MB)  # (torch DDP's name, read under compile)
         first_cap = min(int(first_bucket_cap_mb * _MB), cap)  # a smaller bucket_cap_mb wins
         comp_dtype = _COMPRESS.get(comm_hook or "")
@@ -122,10 +127,7 @@ class Reducer:
             self.params, self.param_names, first_cap, cap, comp_dtype, gradient_as_bucket_view
         )
         self._layout.build(list(reversed(range(n))))  # gradients arrive roughly in reverse order
-        self.stats: list[BucketStats] = self._layout.new_stats()
-        # When the last gradient hook of the last synchronised backward ran (seconds since
-        # prepare_for_backward): the end of backward as far as gradients go; launches before it overlap.
-        self.last_grad_s = 0.0
+        self._stats: list[BucketStats] = self._layout.new_stats()
         self._handles = [
             p.register_post_accumulate_grad_hook(functools.partial(self._on_grad_ready, i))
             for i, p in enumerate(self.params)
@@ -135,6 +137,22 @@ class Reducer:
     def auto(self) -> AutoBuckets | None:
         """What bucket_cap_mb="auto" measured and chose, once it has (None before, or without "auto")."""
         return self._tuner.result if self._tuner is not None else None
+
+    @property
+    def stats(self) -> list[BucketStats]:
+        """Per bucket, the last synchronised backward's bytes and times (seconds since prepare_for_backward, on
+        the device's clock: reading them waits for that backward's work on a GPU; zeros without record_stats)."""
+        if self._marks:
+            marks, self._marks = self._marks, []
+            for i, field, mark in marks:
+                setattr(self._stats[i], field, self._timer.seconds(self._t0, mark))
+        return self._stats
+
+    @property
+    def last_grad_s(self) -> float:
+        """When the last gradient of the last synchronised backward was ready (seconds since
+        prepare_for_backward): the end of backward as far as gradients go; launches before it overlap."""
+        return 0.0 if self._last is None else self._timer.seconds(self._t0, self._last)
 
     @property
     def bucket_indices(self) -> list[list[int]]:
@@ -166,10 +184,11 @@ class Reducer:
                 "a synchronised backward started before the previous one was finalized: call finalize() (the "
                 "optimizer step) after every synchronised backward, or run extra passes inside no_sync()"
             )
-        self._armed, self._next, self._used_work = True, 0, None
+        self._armed, self._next = True, 0
         self._ready = [False] * len(self.params)
         self._record = None if self._rebuilt else []
-        self.stats, self.last_grad_s = self._layout.new_stats(), 0.0
+        self._timed = self.record_stats or (self._tuner is not None and self._tuner.timing)
+        self._stats, self._marks, self._last = self._layout.new_stats(), [], None
         for b in self._layout.buckets:
             b.pending, b.work = len(b.params), None
         if not self.find_unused_parameters:
@@ -182,7 +201,8 @@ class Reducer:
                 self._static_unused = unused
         if self.gradient_as_bucket_view:
             self._layout.attach_views()
-        self._t0 = time.perf_counter()
+        if self._timed:
+            self._t0 = self._timer.mark()
         if self._tuner is not None:
             self._tuner.begin(self._t0, measuring=self._record is not None)
         for i in unused:
@@ -210,7 +230,8 @@ class Reducer:
 
     def _on_grad_ready(self, i: int, param: torch.Tensor) -> None:
         """Post-accumulate-grad hook: stage the gradient and launch every bucket that is now complete."""
-        self._used[i] = 1  # also inside no_sync: used once in an accumulation window counts as used
+        if self._used is not None:  # also inside no_sync: used once in an accumulation window counts as used
+            self._used.local[i] = 1
         if not self._armed:
             return
         with self._lock:
@@ -220,11 +241,10 @@ class Reducer:
                     "after it was marked unused: call prepare_for_backward(loss) with the tensor you call "
                     "backward on, once per synchronised backward, and run extra backward passes inside no_sync()"
                 )
-            self.last_grad_s = time.perf_counter() - self._t0
             if self._record is not None:
                 self._record.append(i)
                 if self._tuner is not None:
-                    self._tuner.ready(i, self.last_grad_s)
+                    self._tuner.ready(i, self._timer.mark())
             self._mark_ready(i)
 
     def _mark_ready(self, i: int) -> None:
@@ -232,7 +252,9 @@ class Reducer:
         self._ready[i] = True
         bucket = self._layout.stage(i)
         if bucket.pending == 0:
-            self.stats[bucket.index].ready_s = time.perf_counter() - self._t0
+            if self._timed:  # the last gradient completes a bucket: the last such mark is the last gradient's
+                self._last = self._timer.mark()
+                self._marks.append((bucket.index, "ready_s", self._last))
             self._launch_ready()
 
     def _launch_ready(self) -> None:
@@ -241,16 +263,15 @@ class Reducer:
         while self._next < len(buckets) and buckets[self._next].pending == 0:
             b = buckets[self._next]
             self._next += 1
-            self.stats[b.index].launch_s = time.perf_counter() - self._t0
+            if self._timed:
+                self._marks.append((b.index, "launch_s", self._timer.mark()))
             b.buf.div_(self.world_size)  # before compressing, so that fp16 sums cannot overflow
             if b.comp is not None:
                 b.comp.copy_(b.buf)
             tensor = b.buf if b.comp is None else b.comp
             b.work = dist.all_reduce(tensor, group=self.process_group, async_op=True)
-        if self.find_unused_parameters and self._next == len(buckets) and self._used_work is None:
-            # Whether any rank used a parameter decides if a None .grad stays None (torch DDP semantics).
-            self._used_t = torch.tensor(self._used, dtype=torch.int32, device=buckets[0].buf.device)
-            self._used_work = dist.all_reduce(self._used_t, group=self.process_group, async_op=True)
+        if self._used is not None and self._next == len(buckets) and not self._used.started:
+            self._used.start()  # whether any rank used a parameter: a None .grad stays None if none did
 
     def finalize(self) -> None:
         """Wait for every bucket and write the averaged gradients to .grad; call before optimizer.step()."""
@@ -263,18 +284,19 @@ class Reducer:
                     self._mark_ready(i)
             for b in self._layout.buckets:
                 start = time.perf_counter()
-                b.work.wait()  # type: ignore[union-attr]
-                stats = self.stats[b.index]
-                stats.done_s = time.perf_counter() - self._t0
-                stats.wait_s = stats.done_s - (start - self._t0)
+                b.work.wait()  # type: ignore[union-attr]  # (NCCL: the stream waits, not the host)
+                if self._timed:
+                    self._stats[b.index].wait_s = time.perf_counter() - start  # the host's own wait
+                    self._marks.append((b.index, "done_s", self._timer.mark()))
                 if b.comp is not None:
                     b.buf.copy_(b.comp)
-            used = None
-            if self._used_work is not None:
-                self._used_work.wait()
-                used = self._used_t.tolist()  # type: ignore[union-attr]
+            used = self._used.collect() if self._used is not None else None  # host values, agreed on the host
+        except BaseException:
+            if self._used is not None:
+                self._used.reset()
+            raise
         finally:
-            self._armed, self._used = False, [0] * len(self.params)
+            self._armed = False
         if missing and not self.find_unused_parameters:
             names = ", ".join(f"'{self.param_names[i]}'" for i in missing[:10])
             more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
@@ -285,7 +307,9 @@ class Reducer:
         self._layout.write_grads(used)
         self._iterations += 1
         if self._tuner is not None:
-            self._layout = self._tuner.end(self._t0, self._layout)
+            self._layout = self._tuner.end(
+                self._t0, self._layout, self._timer.mark() if self._timed else None
+            )
         if not self._rebuilt and self._iterations >= self._rebuild_after:
             self._rebuild()
 
@@ -295,11 +319,10 @@ class Reducer:
         record, self._record = self._record or [], None
         seen = set(record)
         order = record + [i for i in reversed(range(len(self.params))) if i not in seen]
-        device = self._layout.buckets[0].buf.device
         if self._tuner is not None:
-            self._layout = self._tuner.plan(order, self._layout, device)
+            self._layout = self._tuner.plan(order, self._layout)
             return
-        order_t = torch.tensor(order, dtype=torch.int64, device=device)
+        order_t = to_comm(order, self.device, torch.int64)
         dist.broadcast(order_t, src=self._src, group=self.process_group)
         self._layout.build(order_t.tolist())
 
@@ -316,7 +339,7 @@ class Reducer:
         """Broadcast module buffers (e.g. BatchNorm running stats) from rank 0; call before forward."""
         buffers = list(self.module.buffers())
         if self.broadcast_buffers and buffers and self.world_size > 1:
-            _broadcast(buffers, self._src, self.process_group)
+            broadcast_tensors(buffers, self._src, self.process_group, self.device)
 
     def remove_hooks(self) -> None:
         """Detach the reducer from the module's parameters."""

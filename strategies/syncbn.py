@@ -7,29 +7,37 @@ differentiable all-reduce (`_SumAcrossRanks`), letting autograd derive the backw
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from strategies.comm_device import to_comm
+
 
 class _SumAcrossRanks(torch.autograd.Function):
-    """Sum over ranks; the gradient of every rank's input is the sum of every rank's output gradient."""
+    """Sum over ranks; the gradient of every rank's input is the sum of every rank's output gradient. The
+    sums travel on the communication device `device` (the input's own under gloo: no copy)."""
 
     @staticmethod
-    def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
-        out = x.clone()
+    def forward(ctx: Any, x: torch.Tensor, device: torch.device | None) -> torch.Tensor:
+        ctx.device = device or x.device
+        out = to_comm(x, ctx.device, copy=True)
         dist.all_reduce(out)
-        return out
+        return out.to(x.device)
 
     @staticmethod
-    def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:
-        grad = grad.clone()
-        dist.all_reduce(grad)
-        return grad
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        out = to_comm(grad, ctx.device, copy=True)
+        dist.all_reduce(out)
+        return out.to(grad.device), None
 
 
 class GroupBatchNorm(nn.modules.batchnorm._BatchNorm):
     """BatchNorm whose training-mode mean and variance are taken over every process's batch."""
+
+    comm_device: torch.device | None = None  # where the sums travel (the strategy's; None: the input's)
 
     def _check_input_dim(self, x: torch.Tensor) -> None:
         if x.dim() < 2:
@@ -40,7 +48,10 @@ class GroupBatchNorm(nn.modules.batchnorm._BatchNorm):
             self.training and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         ):
             return super().forward(x)
-        all_reduce = _SumAcrossRanks.apply
+
+        def all_reduce(t: torch.Tensor) -> torch.Tensor:
+            return _SumAcrossRanks.apply(t, self.comm_device)
+
         dims = [0, *range(2, x.dim())]
         count = torch.tensor([x.numel() / x.shape[1]], dtype=x.dtype, device=x.device)
         total = all_reduce(torch.cat([x.sum(dims), count]))
@@ -61,19 +72,23 @@ class GroupBatchNorm(nn.modules.batchnorm._BatchNorm):
         return out
 
 
-def convert_sync_batchnorm(module: nn.Module, device: torch.device) -> nn.Module:
-    """Every BatchNorm layer of `module` as a synchronised one (torch's on CUDA, GroupBatchNorm elsewhere)."""
+def convert_sync_batchnorm(
+    module: nn.Module, device: torch.device, comm_device: torch.device | None = None
+) -> nn.Module:
+    """Every BatchNorm layer of `module` as a synchronised one (torch's on CUDA, GroupBatchNorm elsewhere,
+    whose sums travel on `comm_device`)."""
     if device.type == "cuda":
         return nn.SyncBatchNorm.convert_sync_batchnorm(module)
-    return _convert(module)
+    return _convert(module, comm_device)
 
 
-def _convert(module: nn.Module) -> nn.Module:
+def _convert(module: nn.Module, comm_device: torch.device | None) -> nn.Module:
     out = module
     if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, GroupBatchNorm):
         out = GroupBatchNorm(
             module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats
         )
+        out.comm_device = comm_device
         if module.affine:
             with torch.no_grad():
                 out.weight.copy_(module.weight)
@@ -82,5 +97,5 @@ def _convert(module: nn.Module) -> nn.Module:
         out.num_batches_tracked = module.num_batches_tracked
         out.train(module.training)
     for name, child in module.named_children():
-        out.add_module(name, _convert(child))
+        out.add_module(name, _convert(child, comm_device))
     return out

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from strategies import group_exit
 from strategies.checkpoint.io import CheckpointIO
 from tandem_core.errors import ConfigError
 
@@ -33,6 +34,13 @@ class ShardedOptimizers:
 
     def __init__(self) -> None:
         self._twins: dict[int, tuple[torch.optim.Optimizer, ZeroRedundancyOptimizer]] = {}
+        # each twin holds the process group: dropped at exit, before the group closes (strategies/group_exit.py)
+        group_exit.on_close(self.release)
+
+    def release(self) -> None:
+        """Drop the ZeRO twins (and with them their process group); at exit only: a later save or step would
+        rebuild them without their state."""
+        self._twins.clear()
 
     def twin(self, optimizer: torch.optim.Optimizer) -> ZeroRedundancyOptimizer:
         """The ZeRO optimizer stepping `optimizer`'s parameters (made on every rank the first time: the
