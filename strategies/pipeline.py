@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from strategies import group_exit
 from strategies.comm_device import to_comm
 from strategies.pipeline_checkpoint import PipelineCheckpointIO
 from strategies.pipeline_checks import check_batch, check_loader, check_options, check_task
@@ -91,6 +92,11 @@ class PipelineStrategy(ProcessGroupStrategy):
         self.checkpoint_io = PipelineCheckpointIO(self)
         self._grads: list[tuple[torch.Tensor, torch.Tensor]] = []  # from step to backward
         self._batch_size: int | None = None  # of the first training batch: every later one must match
+        group_exit.on_close(self._release)  # its stages hold the pipeline's group (strategies/group_exit.py)
+
+    def _release(self) -> None:
+        """At exit, before the groups close: drop the schedule and with it the stages (they hold the group)."""
+        self.schedule = None
 
     # ----- the mesh ---------------------------------------------------------------------------------
     @property
