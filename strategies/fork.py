@@ -52,7 +52,9 @@ def check_forkable(strategy_name: str) -> None:
             f"strategy={strategy_name!r} starts its workers with fork(), which this platform lacks: put the code "
             "in a script and run `python train.py` (strategy='ddp'), or use strategy='dp' here."
         )
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    # (is_initialized only: is_available() itself would initialize CUDA here without NVML's check, which
+    # tandem_core sets up at import)
+    if torch.cuda.is_initialized():
         raise ConfigError(
             "CUDA was initialized in this process before the workers were forked, and a forked process cannot "
             "use it: restart the kernel and call fit() before anything touches CUDA (no .cuda() or "

@@ -43,6 +43,12 @@ REFUSED = {
     for name in ("transformer-engine", "transformer-engine-float16")
 }
 _TRUE_DTYPES = {"64-true": torch.float64, "bf16-true": torch.bfloat16, "16-true": torch.float16}
+_COMPUTE_DTYPES = {
+    "32-true": torch.float32,
+    "bf16-mixed": torch.bfloat16,
+    "16-mixed": torch.float16,
+    **_TRUE_DTYPES,
+}
 
 
 @contextlib.contextmanager
@@ -102,6 +108,12 @@ class Precision:
 
     def __repr__(self) -> str:
         return f"Precision({self.name!r})"
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the matmuls compute in: autocast's under "-mixed", the parameters' under "-true" (what a
+        GPU's peak FLOP/s is looked up for: ThroughputMonitor's MFU)."""
+        return _COMPUTE_DTYPES[self.name]
 
     @property
     def param_dtype(self) -> torch.dtype | None:

@@ -139,3 +139,109 @@ def _logged(lightning: bool, tmp_path, fn: str, **options) -> list:
 def test_monitor_logs_every_n_optimizer_steps_or_evaluation_batches_as_lightning(tmp_path, fn, options):
     ours, theirs = _logged(False, tmp_path / "t", fn, **options), _logged(True, tmp_path / "l", fn, **options)
     assert len(theirs) >= 2 and ours == theirs
+
+
+# (device name as torch.cuda.get_device_name gives it, bf16 dense peak in TFLOP/s, float32 on tensor cores)
+CHIPS = {
+    "NVIDIA L4": (121, 60),
+    "NVIDIA L40": (181.05, 90.5),
+    "NVIDIA L40S": (362.05, 183),
+    "NVIDIA A100-SXM4-80GB": (312, 156),
+    "NVIDIA H100 80GB HBM3": (989.4, 494.7),
+    "NVIDIA H100 PCIe": (756, 378),
+    "NVIDIA H200": (989.4, 494.7),
+}
+
+
+@pytest.fixture
+def gpu_named(monkeypatch):
+    """Make get_available_flops see a CUDA device of a given name (compute capability 9.0)."""
+    name = {"value": ""}
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name["value"])
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+
+    def use(value: str) -> torch.device:
+        name["value"] = value
+        return torch.device("cuda", 0)
+
+    return use
+
+
+def test_the_chip_table_tells_the_gpus_apart_by_name(gpu_named):
+    for chip, (bf16, tf32) in CHIPS.items():
+        device = gpu_named(chip)
+        assert get_available_flops(device, torch.bfloat16) == int(bf16 * 1e12), chip
+        assert get_available_flops(device, torch.float16) == int(bf16 * 1e12), chip
+        before = torch.get_float32_matmul_precision()
+        try:
+            torch.set_float32_matmul_precision("high")  # float32 matmuls on tensor cores (TF32)
+            assert get_available_flops(device, torch.float32) == int(tf32 * 1e12), chip
+        finally:
+            torch.set_float32_matmul_precision(before)
+    assert (
+        len(
+            {
+                get_available_flops(gpu_named(c), torch.bfloat16)
+                for c in ("NVIDIA L4", "NVIDIA L40", "NVIDIA L40S")
+            }
+        )
+        == 3
+    )
+    assert get_available_flops(gpu_named("NVIDIA L4"), torch.float64) is None  # no float64 figure: no MFU
+    assert get_available_flops(gpu_named("NVIDIA GeForce RTX 4090"), torch.bfloat16) is None  # not listed
+
+
+def test_the_chip_table_agrees_with_lightnings_where_lightning_knows_the_chip(gpu_named):
+    pytest.importorskip("pytorch_lightning")
+    from lightning_fabric.utilities.throughput import get_available_flops as lightning_flops
+
+    for chip in ("NVIDIA L4", "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe"):
+        device = gpu_named(chip)
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            assert get_available_flops(device, dtype) == lightning_flops(device, dtype), (chip, dtype)
+    # where Lightning's lookup is wrong: an L40 or L40S is taken for an L4, an "NVIDIA H200" is not found
+    with pytest.warns(UserWarning):
+        assert lightning_flops(gpu_named("NVIDIA H200"), torch.bfloat16) is None
+    for chip in ("NVIDIA L40", "NVIDIA L40S"):
+        assert lightning_flops(gpu_named(chip), torch.bfloat16) == int(121e12)
+
+
+PRECISION_DTYPES = {
+    "32-true": torch.float32,
+    "64-true": torch.float64,
+    "bf16-mixed": torch.bfloat16,
+    "16-mixed": torch.float16,
+    "bf16-true": torch.bfloat16,
+    "16-true": torch.float16,
+}
+
+
+def test_mfu_uses_the_peak_of_the_dtype_each_precision_computes_in(monkeypatch):
+    import callbacks.throughput.monitor as monitor
+
+    asked: list[torch.dtype] = []
+    monkeypatch.setattr(monitor, "get_available_flops", lambda device, dtype: asked.append(dtype) or 1000)
+    for precision, dtype in PRECISION_DTYPES.items():
+        cb = ThroughputMonitor(batch_size_fn=len)
+        trainer = Trainer(precision=precision, callbacks=[cb], **FAST)
+        cb.setup(trainer, Scored(), "fit")
+        assert asked[-1] == dtype and cb.available_flops == 1000, precision
+        assert trainer.precision.compute_dtype == dtype
+
+
+def test_compute_dtypes_are_lightnings(monkeypatch):
+    pytest.importorskip("pytorch_lightning")
+    from pytorch_lightning.callbacks.throughput_monitor import _plugin_to_compute_dtype
+    from pytorch_lightning.plugins.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
+
+    plugins = {
+        "32-true": Precision(),
+        "64-true": DoublePrecision(),
+        "bf16-mixed": MixedPrecision("bf16-mixed", "cpu"),
+        "bf16-true": HalfPrecision("bf16-true"),
+        "16-true": HalfPrecision("16-true"),
+    }
+    with pytest.warns(UserWarning):  # (Lightning disables the fp16 scaler without CUDA)
+        plugins["16-mixed"] = MixedPrecision("16-mixed", "cuda")
+    for precision, plugin in plugins.items():
+        assert _plugin_to_compute_dtype(plugin) == PRECISION_DTYPES[precision], precision

@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+import tandem_core  # noqa: F401 (NVML-based CUDA checks, set before anything asks torch about CUDA)
+
 __version__ = "0.1.0"
 
 _EXPORTS = {

@@ -3,37 +3,103 @@
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-# dense (no sparsity) peak FLOP/s per device from NVIDIA's datasheets; "tfloat32": float32 matmuls on tensor cores
+# Dense (no sparsity) peak FLOP/s per GPU from NVIDIA's datasheets (their starred figures, with 2:4 sparsity,
+# are halved); "tfloat32": float32 matmuls on tensor cores; float64: the FP64 tensor cores where a chip has them.
+# (Lightning's table gives the L4's peak to the L40 and L40S, has no entry for "NVIDIA H200", and lists the H200
+# and H100 NVL with sparsity.)
+_T = 1e12
 _PEAK: dict[str, dict[Any, float]] = {
-    "h200": {torch.float32: 67e12, "tfloat32": 494.7e12, torch.bfloat16: 989.4e12, torch.float16: 989.4e12},
-    "h100 sxm": {
-        torch.float32: 66.9e12,
-        "tfloat32": 494.7e12,
-        torch.bfloat16: 989.4e12,
-        torch.float16: 989.4e12,
+    "h200 sxm": {
+        torch.float64: 67 * _T,
+        torch.float32: 67 * _T,
+        "tfloat32": 494.7 * _T,
+        torch.bfloat16: 989.4 * _T,
+        torch.float16: 989.4 * _T,
     },
-    "h100 pcie": {torch.float32: 51.2e12, "tfloat32": 378e12, torch.bfloat16: 756e12, torch.float16: 756e12},
-    "a100": {torch.float32: 19.5e12, "tfloat32": 156e12, torch.bfloat16: 312e12, torch.float16: 312e12},
-    "l4": {torch.float32: 30.3e12, "tfloat32": 60e12, torch.bfloat16: 121e12, torch.float16: 121e12},
-    "a10g": {torch.float32: 31.2e12, "tfloat32": 62.5e12, torch.bfloat16: 125e12, torch.float16: 125e12},
-    "v100": {torch.float32: 15.7e12, torch.float16: 125e12},
-    "t4": {torch.float32: 8.1e12, torch.float16: 65e12},
+    "h200 nvl": {
+        torch.float64: 60 * _T,
+        torch.float32: 60 * _T,
+        "tfloat32": 417.5 * _T,
+        torch.bfloat16: 835.5 * _T,
+        torch.float16: 835.5 * _T,
+    },
+    "h100 sxm": {
+        torch.float64: 67 * _T,
+        torch.float32: 66.9 * _T,
+        "tfloat32": 494.7 * _T,
+        torch.bfloat16: 989.4 * _T,
+        torch.float16: 989.4 * _T,
+    },
+    "h100 pcie": {
+        torch.float64: 51 * _T,
+        torch.float32: 51.2 * _T,
+        "tfloat32": 378 * _T,
+        torch.bfloat16: 756 * _T,
+        torch.float16: 756 * _T,
+    },
+    "h100 nvl": {
+        torch.float64: 60 * _T,
+        torch.float32: 60 * _T,
+        "tfloat32": 417.5 * _T,
+        torch.bfloat16: 835.5 * _T,
+        torch.float16: 835.5 * _T,
+    },
+    "a100": {
+        torch.float64: 19.5 * _T,
+        torch.float32: 19.5 * _T,
+        "tfloat32": 156 * _T,
+        torch.bfloat16: 312 * _T,
+        torch.float16: 312 * _T,
+    },
+    "l40s": {
+        torch.float32: 91.6 * _T,
+        "tfloat32": 183 * _T,
+        torch.bfloat16: 362.05 * _T,
+        torch.float16: 362.05 * _T,
+    },
+    "l40": {
+        torch.float32: 90.5 * _T,
+        "tfloat32": 90.5 * _T,
+        torch.bfloat16: 181.05 * _T,
+        torch.float16: 181.05 * _T,
+    },
+    "l4": {torch.float32: 30.3 * _T, "tfloat32": 60 * _T, torch.bfloat16: 121 * _T, torch.float16: 121 * _T},
+    "a10g": {
+        torch.float32: 31.2 * _T,
+        "tfloat32": 62.5 * _T,
+        torch.bfloat16: 125 * _T,
+        torch.float16: 125 * _T,
+    },
+    "a10": {
+        torch.float32: 31.2 * _T,
+        "tfloat32": 62.5 * _T,
+        torch.bfloat16: 125 * _T,
+        torch.float16: 125 * _T,
+    },
+    "v100": {torch.float32: 15.7 * _T, torch.float16: 125 * _T},
+    "t4": {torch.float32: 8.1 * _T, torch.float16: 65 * _T},
 }
 
 
 def _chip(name: str) -> str | None:
-    name = name.lower()
-    if "h200" in name:
-        return "h200"
-    if "h100" in name:
-        return "h100 pcie" if "pcie" in name else "h100 sxm"
-    return next((chip for chip in ("a100", "a10g", "l4", "v100", "t4") if chip in name), None)
+    """The table's key for a device name as torch.cuda.get_device_name gives it ("NVIDIA H100 80GB HBM3",
+    "NVIDIA L40S", "NVIDIA A100-SXM4-80GB", "Tesla T4"), matched by whole model names: "l4" is not "l40s"."""
+    words = set(re.split(r"[^a-z0-9]+", name.lower()))
+    for model in ("h200", "h100"):
+        if model in words:
+            return (
+                f"{model} nvl" if "nvl" in words else f"{model} pcie" if "pcie" in words else f"{model} sxm"
+            )
+    return next(
+        (chip for chip in ("a100", "l40s", "l40", "l4", "a10g", "a10", "v100", "t4") if chip in words), None
+    )
 
 
 def get_available_flops(device: torch.device, dtype: torch.dtype) -> int | None:

@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from trainer.task.base import Task
     from trainer.trainer import Trainer
 
-_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16, "64-true": torch.float64}
 _STAGE = {"fit": "train", "validate": "validate", "test": "test", "predict": "predict"}  # what a stage runs
 _PHASE = {
     "train": "train",
@@ -54,7 +53,8 @@ class ThroughputMonitor(Callback):
         self._module_has_flops: bool | None = None
 
     def setup(self, trainer: Trainer, task: Task, stage: str) -> None:
-        dtype = _DTYPES.get(str(trainer.precision), torch.float32)
+        # the dtype the precision computes in (bf16 under "bf16-mixed" and "bf16-true", ...): its peak is MFU's
+        dtype = getattr(trainer.precision, "compute_dtype", torch.float32)
         self.available_flops = get_available_flops(trainer.strategy.root_device, dtype)
         stages = [_STAGE[stage]] + (["validate"] if stage == "fit" else [])
         for s in stages:
