@@ -5,7 +5,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tandem-installed
 
-.PHONY: run test test-slow bench lint docs format clean lightning-suite
+.PHONY: run test test-slow bench gpu-check lint docs format clean lightning-suite
 
 # torch is installed first and pinned: a bare `torch` would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml Makefile
@@ -32,6 +32,12 @@ bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
 	$(PY) benchmarks/tensorboard_events.py
 	$(PY) benchmarks/ddp.py
+
+# what Tandem must do on a GPU (issue 41), at most 8 minutes on one GPU: one line per check, JSON in
+# benchmarks/results/gpu_check.json and the "On a GPU" summary in docs/benchmarks.md; without CUDA it says so
+# and exits 0 (`python benchmarks/gpu_check.py --device cpu` is the dry run)
+gpu-check: $(STAMP)
+	$(PY) benchmarks/gpu_check.py --write-docs
 
 # Lightning's own tests (tests/tests_pytorch of the installed version's tag, from a clone given by LIGHTNING_MIRROR)
 # under real Lightning, then against Tandem through names-only aliases; the table goes into docs/porting.md

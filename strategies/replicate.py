@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from strategies.batch import apply_to_tensors, is_metric
+from strategies.coalesce import copies_on, sum_onto
 from tandem_core.errors import TaskError
 
 if TYPE_CHECKING:
@@ -19,24 +20,20 @@ if TYPE_CHECKING:
 
 
 class Broadcast(torch.autograd.Function):
-    """Copy tensors onto devices; backward sums the copies' gradients back onto the sources."""
+    """Copy tensors onto devices; backward sums the copies' gradients back onto the sources. Both in a few
+    coalesced copies (strategies/coalesce.py), not one per tensor."""
 
     @staticmethod
     def forward(ctx: Any, devices: list[torch.device], *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.set_materialize_grads(False)  # a copy that takes no part in the loss sends None, not zeros
-        ctx.sources = [t.device for t in tensors]
-        return tuple(t.to(d, copy=True) for d in devices for t in tensors)
+        ctx.like, ctx.source = tensors, tensors[0].device  # (their shapes and dtypes, for backward)
+        return tuple(t for copies in copies_on(tensors, devices) for t in copies)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-        n = len(ctx.sources)
-        sums: list[torch.Tensor | None] = [None] * n
-        for j, g in enumerate(grads):
-            if g is not None:
-                i = j % n
-                g = g.to(ctx.sources[i])
-                sums[i] = g if sums[i] is None else sums[i] + g
-        return (None, *sums)
+        n = len(ctx.like)
+        per_replica = [grads[r * n : (r + 1) * n] for r in range(len(grads) // n)]
+        return (None, *sum_onto(per_replica, ctx.like, ctx.source))
 
 
 _OWN = ("_parameters", "_buffers", "_flat_weights")  # a module's own tensors, replicated above
@@ -263,8 +260,8 @@ def _copytensors_in(
         for r in range(len(devices)):
             for i, t in enumerate(tracked):
                 copies[r][id(t)] = out[r * len(tracked) + i]
-    for t in tensors:
-        if not (grad and t.requires_grad):
-            for r, d in enumerate(devices):
-                copies[r][id(t)] = t.detach().to(d, copy=True)
+    untracked = [t for t in tensors if not (grad and t.requires_grad)]
+    for r, made in enumerate(copies_on(untracked, devices)):
+        for t, c in zip(untracked, made):
+            copies[r][id(t)] = c
     return copies

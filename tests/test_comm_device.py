@@ -99,6 +99,7 @@ def _fits(rank: int, world: int, force: bool) -> dict:
     autotune.TRIAL_ITERATIONS, autotune.TRIAL_WINS, autotune.PROBE_REPEATS = 2, 1, 1
     autotune.PROBE_BYTES = (4096, 65536)
     recorder = Recorder()
+    _count_host_reads(recorder.sites)
     undo = force_comm_device(STANDIN) if force else (lambda: None)
     recorder.install()
     mode = StandInMode() if force else None
@@ -201,6 +202,39 @@ def _fits(rank: int, world: int, force: bool) -> dict:
     return {"violations": recorder.violations, "sites": dict(recorder.sites)}
 
 
+def _count_host_reads(sites) -> None:
+    """Count what the step path reads back on the host where it must not (on a GPU each is a sync): in
+    gradient clipping over mixed meshes any .cpu()/.item()/.tolist(); in the Reducer's finalize (with
+    find_unused_parameters) any of them on a tensor off the host. Also counts the calls, to prove they ran."""
+    from torch.overrides import TorchFunctionMode
+
+    import strategies.clipping as clipping
+    from strategies.reducer import Reducer
+
+    reads = (torch.Tensor.cpu, torch.Tensor.item, torch.Tensor.tolist)
+
+    class Reads(TorchFunctionMode):
+        def __init__(self, key: str, off_host_only: bool) -> None:
+            super().__init__()
+            self.key, self.off_host_only = key, off_host_only
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func in reads and not (self.off_host_only and args[0].device.type == "cpu"):
+                sites[self.key] += 1
+            return func(*args, **(kwargs or {}))
+
+    def watched(fn, key: str, off_host_only: bool):
+        def run(*args, **kwargs):
+            sites[f"{key} calls"] += 1
+            with Reads(f"{key} host reads", off_host_only):
+                return fn(*args, **kwargs)
+
+        return run
+
+    clipping.clip_grad_norm = watched(clipping.clip_grad_norm, "clip_grad_norm", False)
+    Reducer.finalize = watched(Reducer.finalize, "finalize", True)
+
+
 # every path that must have handed a tensor to a collective (file:function collective)
 EXPECTED_SITES = (
     "strategies/comm.py:run all_reduce",  # comm.reduce: sync_dist of every kind, agreements
@@ -224,6 +258,10 @@ def forced() -> list[dict]:
 
 def test_every_collective_gets_its_tensors_on_the_communication_device(forced):
     for rank, result in enumerate(forced):
+        sites = result["sites"]
+        # clipping over mixed meshes (model_parallel's run) and finalize (ddp's) ran, reading nothing back
+        assert sites.get("clip_grad_norm calls") and not sites.get("clip_grad_norm host reads"), sites
+        assert sites.get("finalize calls") and not sites.get("finalize host reads"), sites
         assert not result["violations"], f"rank {rank}:\n" + "\n".join(result["violations"])
         missing = [s for s in EXPECTED_SITES if not result["sites"].get(s)]
         assert not missing, f"rank {rank}: paths not exercised: {missing}; saw {sorted(result['sites'])}"

@@ -255,3 +255,84 @@ def test_gradients_reach_tensors_that_are_not_parameters(outside):
         results.append({**grads_of(task), "outside": grad})
     assert results[0]["outside"] is not None
     assert_same(results[1], results[0])
+
+
+# ----- coalesced copies ---------------------------------------------------------------------------------
+class _Copies:
+    """Counts the copy kernels (copies, clones, concatenations) torch runs inside the block, by aten op."""
+
+    OPS = ("_to_copy", "copy_", "clone", "cat")
+
+    def __enter__(self):
+        from collections import Counter
+
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counts = self.counts = Counter()
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                name = func.overloadpacket.__name__
+                if name in _Copies.OPS:
+                    counts[name] += 1
+                return func(*args, **(kwargs or {}))
+
+        self.mode = Mode()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+class Deep(Task):
+    """20 Linear layers and a BatchNorm: 42 parameters and 3 buffers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.Sequential(
+            *(torch.nn.Linear(8, 8) for _ in range(20)), torch.nn.BatchNorm1d(8)
+        )
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+def test_replicas_get_their_tensors_and_give_back_gradients_in_coalesced_copies(monkeypatch):
+    """torch's DataParallel broadcasts and reduces coalesced; per-parameter copies would be 42 per replica
+    (and 3 for the buffers) every step, each way."""
+    import strategies.replicate as replicate
+    from strategies.replicate import Replicas
+
+    task, devices = Deep(), [CPU, CPU, CPU]
+    params, buffers = list(task.parameters()), list(task.buffers())
+    with _Copies() as forward:
+        replicas = Replicas(task, devices, True, {})
+    # one concatenation per dtype for the parameters (float32), one per dtype of the buffers (float32,
+    # int64), then one copy of each for the third replica (the concatenation is the second's)
+    assert forward.counts == {"cat": 3, "_to_copy": 3}, forward.counts
+    sums: list = []
+    original = replicate.sum_onto
+
+    def counted(*args):
+        with _Copies() as c:
+            out = original(*args)
+        sums.append(c.counts)
+        return out
+
+    monkeypatch.setattr(replicate, "sum_onto", counted)
+    x = torch.randn(4, 8)
+    loss = sum(m(x).square().sum() for m in replicas.modules)
+    loss.backward()
+    assert sums == [{"cat": 2}], sums  # each of the 2 copying replicas' 42 gradients in one pack, added
+    # the gradients are those of three replicas of the task on the same input
+    reference = Deep()
+    reference.load_state_dict(task.state_dict())
+    (3 * reference(x).square().sum()).backward()
+    assert len(params) == 42 and len(buffers) == 3
+    for p, q in zip(params, reference.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-5)
