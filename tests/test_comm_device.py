@@ -7,7 +7,7 @@ stand-in ("meta" holding data, tests/helpers/comm_recorder.py), while every logg
 sync_dist of Python numbers, CPU tensors, the loss and a Metric, on_step and on_epoch, in training and in
 validation, and self.all_gather of a CPU tensor. A recorder of torch.distributed's collectives lists every
 tensor that is not where it must be; the call sites it saw prove each path ran. (strategy='dp' is one process:
-it has no collectives.) Unit checks: the comm device per backend, barrier's device_ids under NCCL, NCCL's
+it has no collectives.) At the end, the groups close as at exit with none left referenced. Unit checks: the comm device per backend, barrier's device_ids under NCCL, NCCL's
 error handling set before its group is made, NCCL's failures as DistributedErrors, the chunked broadcast.
 """
 
@@ -199,7 +199,12 @@ def _fits(rank: int, world: int, force: bool) -> dict:
     finally:
         recorder.uninstall()
         undo()
-    return {"violations": recorder.violations, "sites": dict(recorder.sites)}
+    from strategies import group_exit
+
+    # what the interpreter's exit does, with the last trainer (the pipeline's) still alive: every group closes
+    # and none stays referenced (ddp_zero1's ZeRO module and the pipeline's stages held theirs)
+    held = group_exit.close_groups()
+    return {"violations": recorder.violations, "sites": dict(recorder.sites), "held": held}
 
 
 def _count_host_reads(sites) -> None:
@@ -262,6 +267,7 @@ def test_every_collective_gets_its_tensors_on_the_communication_device(forced):
         # clipping over mixed meshes (model_parallel's run) and finalize (ddp's) ran, reading nothing back
         assert sites.get("clip_grad_norm calls") and not sites.get("clip_grad_norm host reads"), sites
         assert sites.get("finalize calls") and not sites.get("finalize host reads"), sites
+        assert result["held"] == 0, "closed process groups still referenced at exit"
         assert not result["violations"], f"rank {rank}:\n" + "\n".join(result["violations"])
         missing = [s for s in EXPECTED_SITES if not result["sites"].get(s)]
         assert not missing, f"rank {rank}: paths not exercised: {missing}; saw {sorted(result['sites'])}"

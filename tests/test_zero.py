@@ -147,3 +147,46 @@ def test_zero_option_and_alias():
     with pytest.raises(ConfigError, match="16-mixed"):
         s = DDPStrategy(zero=1, precision="16-mixed", accelerator="cpu")
         s.setup(Net())
+
+
+_EXIT_SCRIPT = """
+import sys, torch, torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+sys.path.insert(0, {root!r})
+from trainer import Task, Trainer
+
+class Net(Task):
+    def __init__(self):
+        super().__init__()
+        self.l = torch.nn.Linear(8, 3)
+    def training_step(self, batch, i):
+        x, y = batch
+        return F.cross_entropy(self.l(x), y)
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=0.01)
+
+if __name__ == "__main__":
+    data = TensorDataset(torch.randn(32, 8), torch.randint(0, 3, (32,)))
+    trainer = Trainer(strategy="ddp_zero1", devices=2, max_epochs=1, accelerator="cpu", logger=False,
+                      enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
+    trainer.fit(Net(), DataLoader(data, batch_size=4))  # (the trainer, and its ZeRO twins, live until exit)
+    print("fitted")
+"""
+
+
+@pytest.mark.slow
+def test_a_ddp_zero1_run_exits_without_a_group_left_referenced(tmp_path):
+    """Every rank used to end with "[tandem] at exit: closed process group(s) 0 are still referenced": the ZeRO
+    twins and ZeroRedundancyOptimizer's module (its default argument) held the group at exit."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "zero_exit.py"
+    script.write_text(_EXIT_SCRIPT.format(root=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    p = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.count("fitted") == 2  # both workers
+    assert "still referenced" not in p.stderr, p.stderr[-2000:]
