@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from strategies import group_exit
+from strategies.multinode import bind_gloo_interface
 
 
 class UsedParameters:
@@ -60,6 +61,7 @@ class UsedParameters:
 
 def _host_group(process_group: Any) -> Any:
     """A gloo group of `process_group`'s ranks (made by those ranks only)."""
+    bind_gloo_interface()  # (several nodes: gloo must not bind a loopback address)
     ranks = dist.get_process_group_ranks(process_group) if process_group is not None else None
     if ranks is None:
         ranks = list(range(dist.get_world_size()))

@@ -389,3 +389,19 @@ def test_nccl_failures_become_distributed_errors(text, says):
 
     error = ProcessGroupComm().translate("gradient all-reduce", dist.DistBackendError(text))
     assert isinstance(error, DistributedError) and says in str(error) and "gradient all-reduce" in str(error)
+
+
+def test_unused_parameters_agree_on_the_group_itself_under_gloo_and_on_a_gloo_group_under_nccl(monkeypatch):
+    from strategies import unused
+
+    made: list[dict] = []
+    monkeypatch.setattr(
+        unused.dist, "new_group", lambda ranks, **kw: made.append(dict(ranks=ranks, **kw)) or "gloo-group"
+    )
+    monkeypatch.setattr(unused.dist, "get_world_size", lambda group=None: 2)
+    assert unused.UsedParameters(3, "the group", torch.device("cpu")).group == "the group" and made == []
+    used = unused.UsedParameters(3, None, torch.device("cuda", 0))
+    assert used.group == "gloo-group"
+    assert made == [{"ranks": [0, 1], "backend": "gloo", "use_local_synchronization": True}]
+    used.release()
+    assert used.group is None  # (at exit, before the groups close)
