@@ -93,11 +93,11 @@ class AutoTuner:
 
     def end(self, t0: Any, layout: BucketLayout, mark: Any = None) -> BucketLayout:
         """Finalize ended at `mark`; returns the layout for the next backward (during the trial: the other one)."""
+        if not self.timing:  # decided: nothing more to measure
+            return layout
         self.finalized_at = mark if mark is not None else self.timer.mark()
         if self.result is None:
             self.sync_s.append((t0, self.finalized_at))
-            return layout
-        if not self.trial:
             return layout
         self.trial_s[self.trial.index(layout)].append((t0, self.finalized_at))
         done = len(self.trial_s[0]) + len(self.trial_s[1])
