@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer.compiler import mark_step
 from trainer.loggers.reporting import finalize_loggers, log_metrics, log_stage_start
 from trainer.loop.combined import batches
 from trainer.loop.data import set_epoch
@@ -76,6 +77,7 @@ def _run_eval(t: Trainer, phase: str, limit: int | None) -> Any:
     agree = _common_batches(t, sizes, limit) if t.state.entry == "fit" and not t.state.sanity_checking else 0
     start_rng = get_rng_state() if agree else None  # a stop inside this validation checkpoints this moment
     store.fx = step_name  # self.log's rules inside an evaluation batch (trainer/loggers/log_rules.py)
+    marked = bool(getattr(t.session, "cudagraphs", False))
     if takes_loader_iter(getattr(task, step_name, None)):  # the step reads the batches (loop/loader_iter.py)
         predictions = _iter_pass(t, phase, loaders, sizes, limit, agree, start_rng)
         loaders = []  # (done)
@@ -93,6 +95,8 @@ def _run_eval(t: Trainer, phase: str, limit: int | None) -> Any:
             batch = to_device(t, batch, dl_idx)
             store.set_batch(batch)
             hooks.call(f"on_{prefix}_batch_start", batch, batch_idx, *extra)
+            if marked:  # CUDA graphs: a new step begins (trainer/compiler.py)
+                mark_step()
             with strategy.autocast(), t.profile(step_name):
                 out = strategy.step(task, step_name, batch, batch_idx, dl_idx if multi else None)
             if phase == "predict":
@@ -163,6 +167,8 @@ def _iter_pass(
         store.set_batch(feed.batch)
         hooks.call(f"on_{prefix}_batch_start", feed.batch, feed.batch_idx, *((dl_idx,) if multi else ()))
         try:
+            if getattr(t.session, "cudagraphs", False):  # CUDA graphs: a new step begins
+                mark_step()
             with strategy.autocast(), t.profile(step_name):
                 out = strategy.step(task, step_name, feed, feed.batch_idx)  # type: ignore[arg-type]
         except StopIteration:
