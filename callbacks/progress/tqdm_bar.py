@@ -206,9 +206,11 @@ class TQDMProgressBar(ProgressBar):
         if bar.disable:
             return
         bar.n = n
-        drawn = getattr(bar, "last_print_t", None)
-        if n == bar.total or drawn is None or time.time() - drawn >= getattr(bar, "mininterval", 0):
+        drawn, now = getattr(bar, "last_print_t", None), _time()
+        if n == bar.total or drawn is None or now - drawn >= getattr(bar, "mininterval", 0):
             bar.refresh()
+            if drawn is not None:  # tqdm's refresh() draws without noting when; its update() notes it
+                bar.last_print_t, bar.last_print_n = now, n
 
     def _show_metrics(self, trainer: Trainer, force: bool = False, even_hidden: bool = False) -> None:
         """Put the metrics on the training bar; converts them, so only when it is time to draw (and, as in
