@@ -177,15 +177,21 @@ def step_entry(t: Trainer, run: Callable[..., Any], name: str) -> Callable[..., 
     return entry
 
 
-def manual_outputs(out: Any) -> dict[str, Any]:
+def manual_outputs(out: Any, copy: bool = False) -> dict[str, Any]:
     """What on_train_batch_end receives under manual optimization, as Lightning: always a dict; a returned tensor
-    is its "loss"; "loss" detached (it was already backpropagated by the task), the other keys as returned."""
+    is its "loss"; "loss" detached (it was already backpropagated by the task), the other keys as returned;
+    with `copy` (CUDA graphs) the loss is a copy that outlives the next replay."""
     if out is None:
         return {}
     if isinstance(out, torch.Tensor):
-        return {"loss": out.detach()}
+        return {"loss": out.detach().clone() if copy else out.detach()}
     if isinstance(out, Mapping):
-        return {k: v.detach() if k == "loss" and isinstance(v, torch.Tensor) else v for k, v in out.items()}
+        return {
+            k: (v.detach().clone() if copy else v.detach())
+            if k == "loss" and isinstance(v, torch.Tensor)
+            else v
+            for k, v in out.items()
+        }
     raise TaskError(  # as Lightning: anything else is refused
         f"training_step returned {type(out).__name__} under manual optimization; return a tensor, a dict or None."
     )

@@ -163,7 +163,7 @@ class EpochRun:
             self.k,
         )
         automatic, val_every, timed, stop_at = self.automatic, self.val_every, self.timed, self.stop_at
-        plateau_steps, check_stop = self.plateau_steps, stop_checker(t)
+        plateau_steps, check_stop, copies = self.plateau_steps, stop_checker(t), self.cudagraphs
         # the next batch count that validates (0: none), the last global step whose stop was agreed, and the
         # next global step that may log (the next multiple of log_every_n_steps)
         val_at = (self.start // val_every + 1) * val_every if val_every else 0
@@ -181,7 +181,7 @@ class EpochRun:
                 validate_now = timed is not None and run._time_due(last)
             state.val_pending = validate_now  # (a checkpoint written in on_train_batch_end records it)
             if batch_ends:
-                outputs = closure.outputs() if closure is not None else manual_outputs(out)
+                outputs = closure.outputs() if closure is not None else manual_outputs(out, copies)
                 for batch_end in batch_ends:
                     batch_end(outputs, batch, hook_idx)
             global_step = state.global_step
