@@ -277,17 +277,16 @@ class TQDMProgressBar(ProgressBar):
     def on_train_batch_end(
         self, trainer: Trainer, task: Task, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        """Advance every refresh_rate batches (and on the last one). A batch at which the bar would not redraw
-        (tqdm drew less than its `mininterval` ago) only sets the count: no metric is converted for a draw that
-        does not happen, and the step pays a few attribute reads."""
+        """Advance every refresh_rate batches (and on the last one). Less than `min_interval_s` after the metrics
+        were last shown the batch only sets the count: no metric is converted, no redraw is considered, and the
+        step pays a clock read and a few attribute reads."""
         bar, n, rate = self._bars["train"], batch_idx + 1, self._train_rate
         if bar is None or not rate:
             return
         if n != bar.total:
             if n % rate:
                 return
-            drawn = getattr(bar, "last_print_t", None)
-            if drawn is not None and _time() - drawn < bar.mininterval:
+            if time.monotonic() - self._last_metrics_t < self.min_interval_s:
                 bar.n = n
                 return
         self._show_metrics(trainer, force=n == bar.total)
