@@ -56,19 +56,25 @@ def feed(
 
 
 def _at_step(batches: Iterator[Any], n: int, start: int, move: Callable[[Any], Any]) -> Feed:
-    last = n - 1
-    for batch_idx, batch in zip(range(start, n), batches):  # (the range first: the loader is not read past n)
-        yield batch_idx, move(batch), batch_idx, batch_idx == last
+    final, batch_idx = n - 1, start - 1
+    for batch_idx, batch in zip(range(start, final), batches):  # (the range first: not read past the end)
+        yield batch_idx, move(batch), batch_idx, False
+    if batch_idx + 1 == final:  # (not when the data ran out first: an exhausted iterator is not asked again)
+        batch = next(batches, _END)
+        if batch is not _END:
+            yield final, move(batch), final, True
 
 
 def _ahead(batches: Iterator[Any], n: int, start: int, move: Callable[[Any], Any]) -> Feed:
-    nxt, final = next(batches, _END) if start < n else _END, n - 1
-    for batch_idx in range(start, n):
+    final = n - 1
+    nxt = next(batches, _END) if start <= final else _END
+    for batch_idx in range(start, final):
         if nxt is _END:
             return
-        batch, last = nxt, batch_idx == final
-        nxt = _END if last else next(batches, _END)  # an exhausted iterator is not asked again
-        yield batch_idx, move(batch), batch_idx, last
+        batch, nxt = nxt, next(batches, _END)
+        yield batch_idx, move(batch), batch_idx, False
+    if nxt is not _END and start <= final:  # the last batch: the iterator is not asked again
+        yield final, move(nxt), final, True
 
 
 def _unknown(batches: Iterator[Any], start: int, move: Callable[[Any], Any]) -> Feed:
