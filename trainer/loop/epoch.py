@@ -41,9 +41,8 @@ class EpochRun:
         assert task is not None
         self.t, self.state, self.store = t, state, store
         self.automatic = automatic = task.automatic_optimization
-        self.val_every = val_every = (
-            val_check_batches(t) if should_validate(t) else 0
-        )  # check_val_every_n_epoch too
+        # validation every val_every batches (0: only at the epoch's end); check_val_every_n_epoch gates it too
+        self.val_every = val_every = val_check_batches(t) if should_validate(t) else 0
         self.timed = val_check_seconds(t)  # a wall-time val_check_interval: validate once it has passed
         set_epoch(t.loaders["train"][0], state.epoch)
         state.phase = "train"
@@ -58,15 +57,11 @@ class EpochRun:
         batches, start = epoch_iterator(t)
         if t.profiler is not None:  # each fetch timed under Lightning's key
             batches = t.profiler.fetches("[_TrainingEpochLoop].train_dataloader_next", batches)
-        if (
-            state.val_pending
-        ):  # resumed from a checkpoint written just before a mid-epoch validation: run it now
+        if state.val_pending:  # resumed from a checkpoint written just before a mid-epoch validation
             state.val_pending = False
             validate(t, start, self.k)
         comm = t.strategy.comm
-        self.n = n = comm.agree_num_batches(
-            t.num_training_batches
-        )  # uneven ranks: all run the shortest epoch
+        self.n = n = comm.agree_num_batches(t.num_training_batches)  # uneven ranks: all run the shortest
         self.known = n != float("inf")
         self.closure = Closure(t) if automatic else None
         self.cudagraphs = bool(getattr(t.session, "cudagraphs", False))
@@ -154,14 +149,8 @@ class EpochRun:
     def _after_step(self) -> Callable[[Any, Any, int, int, bool], bool]:
         """`after_step(out, batch, batch_idx, hook_idx, last)`: everything after a batch's step, in Lightning's
         order; True when the epoch stops here. A closure over what the epoch fixes, so a step reads locals."""
-        run, t, state, closure, batch_ends, k = (
-            self,
-            self.t,
-            self.state,
-            self.closure,
-            self.batch_ends,
-            self.k,
-        )
+        run, t, state, closure, batch_ends = self, self.t, self.state, self.closure, self.batch_ends
+        k = self.k
         automatic, val_every, timed, stop_at = self.automatic, self.val_every, self.timed, self.stop_at
         plateau_steps, check_stop, copies = self.plateau_steps, stop_checker(t), self.cudagraphs
         # the next batch count that validates (0: none), the last global step whose stop was agreed, and the
@@ -192,9 +181,8 @@ class EpochRun:
                 validate(t, done, k)
             if global_step != checked:  # a step boundary: the ranks agree on a stop request
                 checked = global_step
-                if (
-                    plateau_steps
-                ):  # as Lightning: step-interval plateau schedulers after this batch's validation
+                # as Lightning: the step-interval plateau schedulers after this batch's validation
+                if plateau_steps:
                     run.plateau_due = last
                     if not last:  # (the last batch validates at the epoch's end)
                         step_schedulers(t, "step", plateau=True)
@@ -253,9 +241,7 @@ class EpochRun:
         hooks.call("on_train_epoch_end", monitoring=True)
         if not state.epoch_finished:  # stopped inside the epoch: a resume continues it
             return
-        if (
-            self.automatic
-        ):  # the plateau schedulers after the epoch's metrics (under manual the task steps them)
+        if self.automatic:  # the plateau schedulers after the epoch's metrics (manual: the task steps them)
             step_schedulers(t, "epoch", plateau=True)
         if t.session.recompiles is not None:  # type: ignore[union-attr]  # torch.compile: say why it recompiles
             t.session.recompiles.check(f"by the end of epoch {state.epoch}")  # type: ignore[union-attr]
