@@ -89,13 +89,8 @@ def train_epoch(t: Trainer) -> None:
     hooks, the options) is picked before its first batch (trainer/loop/epoch.py), so a step pays only for
     what runs in it."""
     run = EpochRun(t)
-    store, step, after_step, batch_start, stepped = (
-        t.metric_store,
-        run.step,
-        run.after_step,
-        run.batch_start,
-        run.loader_iter,
-    )
+    store, step, after_step, batch_start = t.metric_store, run.step, run.after_step, run.batch_start
+    stepped = run.loader_iter  # a `dataloader_iter` step's iterator (trainer/loop/loader_iter.py), else None
     for batch_idx, batch, hook_idx, last in run.batches:  # (trainer/loop/feeds.py: on the device already)
         store.set_batch(batch)
         if batch is None and stepped is None:  # as Lightning: no batch_start, no step
