@@ -44,11 +44,13 @@ gpu-check: $(STAMP)
 lightning-suite: $(STAMP)
 	$(PY) tools/lightning_suite/run.py
 
-# ruff, then the layers: one import direction and no import circle (pyproject.toml [tool.importlinter])
+# ruff, then the layers: one import direction and no import circle (pyproject.toml [tool.importlinter]), then
+# no function of the training loop above cyclomatic complexity 25 (radon's count: tools/complexity.py)
 lint: $(STAMP)
 	$(PY) -m ruff format --check .
 	$(PY) -m ruff check .
 	$(VENV)/bin/lint-imports --no-cache
+	$(PY) tools/complexity.py trainer/loop 25
 
 # the guides and the API reference (docstrings) as a static site in site/; strict: a broken link or a public
 # name without a docstring fails the build

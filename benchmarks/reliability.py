@@ -1,8 +1,8 @@
 """What Tandem's safety mechanisms cost, measured side by side in one run (2 gloo processes on 127.0.0.1):
 
-- per-step join (an all-reduce of one int per step; on only when some rank's loader has no length),
-- the stop-request agreement (a 1-element all-reduce at every step boundary under DDP; Tandem now launches it
-  without waiting and reads its answer one step later, so this blocking figure is an upper bound),
+- per-step join (an all-reduce of one int per step; on only when some rank's loader has no length): blocking,
+  as Tandem ran it before 2026-11-28, and pipelined as it runs it now (strategies/agreement.py: started without
+  waiting, its answer read two steps later; the stop-request agreement at every step boundary is the same),
 - atomic checkpoint writes (temp file + fsync + rename) against a plain torch.save.
 
 Prints a table and writes benchmarks/results/reliability.json.  Usage: python benchmarks/reliability.py [--quick]
@@ -25,6 +25,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from strategies.agreement import Pipelined  # noqa: E402
 from trainer.checkpoint import atomic_save  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -44,8 +45,14 @@ def _worker(rank: int, port: int, steps: int, queue: mp.Queue) -> None:
     x = torch.randn(64, 256)
     grads_flat = torch.zeros(sum(p.numel() for p in model.parameters()))
 
-    def step(join: bool) -> None:
-        if join:
+    pipelined = Pipelined(lambda op, fn, *args: fn(*args), torch.device("cpu"), "join all-reduce")
+
+    def step(join: bool | str) -> None:
+        if join == "pipelined":
+            pipelined.post(0)
+            if pipelined.ready:
+                pipelined.take()
+        elif join:
             flag = torch.ones(1, dtype=torch.int32)
             dist.all_reduce(flag, op=dist.ReduceOp.MIN)
             bool(flag.item())
@@ -53,16 +60,18 @@ def _worker(rank: int, port: int, steps: int, queue: mp.Queue) -> None:
         model(x).square().mean().backward()
         dist.all_reduce(grads_flat)  # stands in for the gradient reduction of a real step
 
-    times: dict[str, list[float]] = {"step": [], "step + join": []}
+    variants = (("step", False), ("step + join", True), ("step + pipelined join", "pipelined"))
+    times: dict[str, list[float]] = {name: [] for name, _ in variants}
     for _ in range(10):
-        step(False)
-        step(True)
+        for _, join in variants:
+            step(join)
     for _ in range(steps):
-        for name, join in (("step", False), ("step + join", True)):  # interleaved against machine noise
+        for name, join in variants:  # interleaved against machine noise
             dist.barrier()
             t0 = time.perf_counter()
             step(join)
             times[name].append(time.perf_counter() - t0)
+    pipelined.drain()
     flag = torch.zeros(1, dtype=torch.int32)
     t0 = time.perf_counter()
     for _ in range(steps):
@@ -114,6 +123,8 @@ def main() -> None:
         ("DDP step (4 x Linear 256, batch 64), ms", c["step"]),
         ("same step + per-step join, ms", c["step + join"]),
         ("join overhead, %", 100 * join_cost),
+        ("same step + pipelined join, ms", c["step + pipelined join"]),
+        ("pipelined join overhead, %", 100 * (c["step + pipelined join"] / c["step"] - 1)),
         ("one 1-element all-reduce, ms", c["tiny all-reduce"]),
         ("stop check (1 all-reduce / 10 steps), % of step", 100 * c["tiny all-reduce"] / 10 / c["step"]),
         ("40 MB checkpoint, torch.save, ms", w["torch.save"]),

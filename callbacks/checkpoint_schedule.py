@@ -47,6 +47,8 @@ class SaveSchedule:
         no_trigger = not every_n_train_steps and every_n_epochs is None and train_time_interval is None
         self.every_n_epochs = 1 if no_trigger else (every_n_epochs or 0)
         self.every_n_train_steps = every_n_train_steps or 0
+        # saves may fall inside an epoch (a step count or a time interval): read at every training batch
+        self.per_step = bool(self.every_n_train_steps or self.timed)
         self._last_time = time.monotonic()
 
     def __eq__(self, other: object) -> bool:
@@ -54,11 +56,6 @@ class SaveSchedule:
         return type(other) is type(self) and vars(other) == vars(self)
 
     __hash__ = None  # type: ignore[assignment]  # (mutable state)
-
-    @property
-    def per_step(self) -> bool:
-        """True when saves may fall inside an epoch (a step count or a time interval)."""
-        return bool(self.every_n_train_steps or self.timed)
 
     def restart(self) -> None:
         """Start the time interval afresh (at the start of training)."""

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from strategies.agreement import Pipelined
 from strategies.comm_device import barrier, to_comm
 from tandem_core.errors import DistributedError, check_choice
 
@@ -99,15 +100,19 @@ class Comm:
     def agree_stop(self, flag: int) -> int:
         """Called by every rank at the same points (step boundaries, validation batches) with this rank's
         stop request (0: none; a larger number wins): the largest over the ranks, non-zero once a stop was
-        requested on any rank. Under several processes the answer may come one call later."""
+        requested on any rank. Under several processes the answer comes `strategies.agreement.LAG` calls
+        later (the host never waits for the device: docs/concepts.md, "Stopping together")."""
         return int(flag)
 
     def settle(self) -> None:
         """Finish any agreement still in flight (before the group is used for anything else or closed)."""
 
-    def join(self, has_batch: bool) -> bool:
-        """True while every rank still has a batch."""
-        return has_batch
+    def joins(self) -> Any:
+        """For an epoch whose length some rank does not know (an IterableDataset) under several processes: a
+        `strategies.agreement.Pipelined` agreement on "this rank is out of data", posted once per batch read
+        (trainer/loop/feeds.py). None when every rank's own end of data is everyone's (one process, or known
+        lengths, where every rank runs the shortest rank's epoch)."""
+        return None
 
 
 class ProcessGroupComm(Comm):
@@ -121,8 +126,8 @@ class ProcessGroupComm(Comm):
         # the communication device: where every tensor handed to a collective lives (the rank's GPU under
         # NCCL, the CPU under gloo; set when the strategy joins its group: strategies/comm_device.py)
         self.device = torch.device("cpu")
-        self._step_join = False  # per-step agreement on "every rank still has a batch" (unknown lengths)
-        self._stop: tuple[torch.Tensor, Any] | None = None  # the stop agreement in flight: (flag, work)
+        self._step_join = False  # per-batch agreement on "every rank still has a batch" (unknown lengths)
+        self._agreements: dict[str, Pipelined] = {}  # "stop", "join": made at first use, reused
 
     @property
     def world_size(self) -> int:
@@ -226,43 +231,38 @@ class ProcessGroupComm(Comm):
         return bool(flag_t.item())
 
     def agree_stop(self, flag: int) -> int:
-        """A pipelined agreement: each call starts a 1-element MAX all-reduce of this rank's flag without
-        waiting, and returns the result of the previous call's (long finished by now). Every rank gets the
-        same answer at the same call, one call late, at no cost to the step."""
-        import torch.distributed as dist
+        """A pipelined agreement (strategies/agreement.py): each call starts a 1-element MAX all-reduce of this
+        rank's flag without waiting, and returns the answer of the one started `LAG` calls earlier (0 for the
+        first `LAG` calls), read from host memory once complete. Every rank gets the same answer at the same
+        call, `LAG` calls late, and no call reads a device value on the host."""
+        stops = self._agreement("stop", "stop-request all-reduce")
+        stops.post(int(flag))
+        return stops.take() if stops.ready else 0
 
-        agreed = self._collect_stop()
-        flag_t = torch.tensor([int(flag)], dtype=torch.int32, device=self.device)
-        self._stop = (
-            flag_t,
-            self.run("stop-request all-reduce", dist.all_reduce, flag_t, dist.ReduceOp.MAX, None, True),
-        )
-        return agreed
-
-    def _collect_stop(self) -> int:
-        if self._stop is None:
-            return 0
-        flag_t, work = self._stop
-        self._stop = None
-        self.run("stop-request all-reduce", work.wait)
-        return int(flag_t.item())
+    def _agreement(self, name: str, op: str) -> Pipelined:
+        found = self._agreements.get(name)
+        if found is None:
+            found = self._agreements[name] = Pipelined(self.run, self.device, op)
+        return found
 
     def settle(self) -> None:
-        self._collect_stop()
+        for agreement in self._agreements.values():
+            agreement.drain()
+
+    def joins(self) -> Pipelined | None:
+        if not self._step_join:
+            return None
+        joins = self._agreement("join", "join all-reduce")
+        joins.drain()  # (an earlier epoch's, cut short by a stop, a hook or max_steps)
+        return joins
 
     def agree_num_batches(self, n: int | float) -> int | float:
         """Every rank runs the shortest rank's epoch (one all-gather per epoch), so uneven loaders cannot
         leave a rank waiting in a collective; with an unknown length (an IterableDataset) the ranks agree
-        batch by batch instead (see `join`)."""
+        batch by batch instead (see `joins`)."""
         unknown = -1
         mine = torch.tensor([unknown if n == float("inf") else int(n)], dtype=torch.int64, device=self.device)
         lengths = self.all_gather(mine).view(-1).tolist()
-        self._step_join = unknown in lengths
+        self._step_join = unknown in lengths and len(lengths) > 1
         known = [v for v in lengths if v != unknown]
         return min(known) if known else float("inf")
-
-    def join(self, has_batch: bool) -> bool:
-        """True while every rank still has a batch; a 1-element all-reduce per step, only for unknown lengths."""
-        if not self._step_join:
-            return has_batch
-        return not self._any(not has_batch, "join all-reduce")

@@ -54,6 +54,24 @@ class Compiler:
     def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         return self.context(fn) if self.context is not None else torch.compile(fn, **self.kwargs)
 
+    @property
+    def cudagraphs(self) -> bool:
+        """Whether the compiled steps replay CUDA graphs (mode "reduce-overhead" or "max-autotune", backend
+        "cudagraphs", or a ``torch.compile(task, ...)`` whose inductor settings turn them on). A replay writes
+        its outputs into the memory of the previous one: the loop then marks each step's start and keeps
+        copies of what it holds across steps (docs/concepts.md, "CUDA graphs")."""
+        if self.context is not None:
+            config = getattr(self.context, "compiler_config", None) or {}
+            return bool(config.get("triton.cudagraphs"))
+        kw = self.kwargs
+        if kw.get("backend") == "cudagraphs":
+            return True
+        if kw.get("backend", "inductor") != "inductor" or kw.get("mode") in (None, "default"):
+            return False
+        from torch._inductor import list_mode_options
+
+        return bool(list_mode_options(kw["mode"]).get("triton.cudagraphs"))
+
 
 def from_option(value: Any) -> Compiler | None:
     """``Trainer(compile=...)``: False/None (off), True (torch.compile's defaults) or a dict of its keywords."""
@@ -133,6 +151,13 @@ def apply(task: torch.nn.Module, compiler: Compiler) -> Callable[[], None]:
 
 
 _ABSENT = object()
+
+
+def mark_step() -> None:
+    """Tell torch's CUDA-graph trees that a new step begins (the loop calls it before each step's forward under
+    CUDA graphs): the previous step's graph outputs may then be overwritten, and nothing the loop keeps past a
+    step is one of them."""
+    torch.compiler.cudagraph_mark_step_begin()
 
 
 class RecompileWatch:

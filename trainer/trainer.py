@@ -75,6 +75,7 @@ class Trainer(TrainerReadback, TrainerLoaders):
             self.loggers = [DummyLogger()]
         self.callbacks: list[Callback] = self._make_callbacks(cfg.callbacks)
         self.metric_store = MetricStore(self.strategy.comm.reduce)
+        self.metric_store.barebones = cfg.barebones  # (self.log is refused)
         self._logged_metrics: dict[str, Any] = {}  # trainer.logged_metrics (trainer/loggers/logged.py)
         self.state = LoopState()
         self.hooks = Hooks(None, [], self)  # the stage's overridden hooks, collected when a stage starts

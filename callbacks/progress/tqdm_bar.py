@@ -17,6 +17,9 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 
+_time = time.time  # tqdm's clock (its last_print_t)
+
+
 def __getattr__(name: str) -> Any:
     """``Tqdm`` is imported on first use (`import trainer` stays fast); a test may replace it here."""
     if name == "Tqdm":
@@ -75,6 +78,7 @@ class TQDMProgressBar(ProgressBar):
         self.min_interval_s = min_interval_s
         self._bars: dict[str, Any] = {"train": None, "val": None, "test": None, "predict": None}
         self._last_metrics_t = float("-inf")
+        self._train_rate = 0  # the training bar's refresh rate this epoch (0: it draws nothing)
 
     # ----- the bars, as Lightning names them -------------------------------------------------------
     def _get(self, kind: str) -> Any:
@@ -146,9 +150,11 @@ class TQDMProgressBar(ProgressBar):
 
     def disable(self) -> None:
         self._enabled = False
+        self._train_rate = 0
 
     def enable(self) -> None:
         self._enabled = True
+        self._train_rate = self.refresh_rate if self.is_enabled else 0
 
     def __getstate__(self) -> dict[str, Any]:  # open bars hold a file: pickle without them
         state = dict(vars(self))
@@ -200,9 +206,11 @@ class TQDMProgressBar(ProgressBar):
         if bar.disable:
             return
         bar.n = n
-        drawn = getattr(bar, "last_print_t", None)
-        if n == bar.total or drawn is None or time.time() - drawn >= getattr(bar, "mininterval", 0):
+        drawn, now = getattr(bar, "last_print_t", None), _time()
+        if n == bar.total or drawn is None or now - drawn >= getattr(bar, "mininterval", 0):
             bar.refresh()
+            if drawn is not None:  # tqdm's refresh() draws without noting when; its update() notes it
+                bar.last_print_t, bar.last_print_n = now, n
 
     def _show_metrics(self, trainer: Trainer, force: bool = False, even_hidden: bool = False) -> None:
         """Put the metrics on the training bar; converts them, so only when it is time to draw (and, as in
@@ -258,6 +266,7 @@ class TQDMProgressBar(ProgressBar):
         if self.leave and trainer.state.batch_in_epoch == 0:
             self.train_progress_bar = self.init_train_tqdm()
         bar = self.train_progress_bar
+        self._train_rate = self.refresh_rate if self.is_enabled else 0  # (read once per epoch)
         bar.reset()
         bar.total = _finite(self.total_train_batches)
         bar.initial = 0
@@ -268,11 +277,20 @@ class TQDMProgressBar(ProgressBar):
     def on_train_batch_end(
         self, trainer: Trainer, task: Task, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        """Advance every refresh_rate batches (and on the last one)."""
-        bar = self._bars["train"]
-        if bar is not None and self._due(batch_idx + 1, bar.total):
-            self._show_metrics(trainer, force=batch_idx + 1 == bar.total)
-            self._advance(bar, batch_idx + 1)
+        """Advance every refresh_rate batches (and on the last one). Less than `min_interval_s` after the metrics
+        were last shown the batch only sets the count: no metric is converted, no redraw is considered, and the
+        step pays a clock read and a few attribute reads."""
+        bar, n, rate = self._bars["train"], batch_idx + 1, self._train_rate
+        if bar is None or not rate:
+            return
+        if n != bar.total:
+            if n % rate:
+                return
+            if time.monotonic() - self._last_metrics_t < self.min_interval_s:
+                bar.n = n
+                return
+        self._show_metrics(trainer, force=n == bar.total)
+        self._advance(bar, n)
 
     def on_train_epoch_end(self, trainer: Trainer, task: Task) -> None:
         """Show the epoch's final metrics."""

@@ -13,6 +13,7 @@ from tandem_core.errors import TaskError, check_choice
 from trainer.loggers.log_rules import RULES, Rule, epoch_only, refusal
 
 REDUCE_FX = ("mean", "sum", "max", "min")
+_Tensor = torch.Tensor
 
 
 class LogValueError(TaskError, ValueError):
@@ -37,6 +38,16 @@ class _Entry:
     suffix: str = ""  # "/dataloader_idx_N" with several evaluation loaders (at the end of the key)
     loader: str = ""  # the suffix of the loader it was logged in, even with add_dataloader_idx=False
     fx: str | None = None  # the step or hook that first logged it
+    # the arguments of the last self.log that reached it (MetricStore.log's fast path)
+    call: tuple[Any, ...] = ()
+    step_key: str = ""  # the key of its step value: the name, or with on_epoch too, the "_step" fork
+    special: bool = (
+        False  # its step value is not the logged tensor: reduced (sync_dist) or copied (CUDA graphs)
+    )
+    train: bool = False  # logged in training (whose step values callbacks and trainer.logged_metrics see)
+
+    def __post_init__(self) -> None:
+        self.step_key = self.forked("_step") if self.on_epoch else self.name
 
     def forked(self, fork: str) -> str:
         """The key of the step ("_step") or epoch ("_epoch") value: Lightning puts the fork before the suffix."""
@@ -52,6 +63,7 @@ class MetricStore:
     def __init__(self, reduce: Callable[[torch.Tensor, str], torch.Tensor]) -> None:
         self._reduce = reduce  # the strategy's cross-rank reduce, for sync_dist
         self._stages: dict[str, dict[str, _Entry]] = {"train": {}}
+        self._entries = self._stages["train"]  # the current stage's (self.stage), looked up once per change
         self.callback_metrics: dict[str, torch.Tensor] = {}
         # the epoch values shown in the bar so far: as Lightning's, the bar keeps an earlier epoch's values
         # (on_train_epoch_end's epoch_metric_0 still shows in epoch 2) while they are callback metrics
@@ -63,10 +75,16 @@ class MetricStore:
         self.dataloader_suffix = ""
         self.iter_training = False  # training_step reads its own batches (dataloader_iter): no batch to size
         self._batch: Any = None
-        self._batch_size: int | None = None
+        self._batch_size = 1
+        self._sized = -1  # the batch (_batch_no) whose size _batch_size is
         self._batch_no = (
             0  # counts set_batch calls; step values are written only in the batch that logged them
         )
+        # inside the training batches (else None): the step values logged for loggers since trainer.logged_metrics
+        # last took them (trainer/loggers/logged.py reads them back when asked, not at every step)
+        self.pending: dict[str, torch.Tensor] | None = None
+        self.keep_copies = False  # CUDA graphs: keep copies of step values, which the next replay overwrites
+        self.barebones = False  # Trainer(barebones=True): self.log is refused
 
     @property
     def entries(self) -> dict[str, _Entry]:
@@ -84,7 +102,7 @@ class MetricStore:
     def reset(self, stage: str) -> None:
         """Start a new epoch of `stage`, dropping that stage's previous aggregates (others are kept)."""
         self.stage = stage
-        self._stages[stage] = {}
+        self._stages[stage] = self._entries = {}
         self._opened = None
 
     def open_run(self, stage: str) -> None:
@@ -96,6 +114,7 @@ class MetricStore:
         """An epoch of `stage` starts: drop the previous epoch's values, not what its run's start logged."""
         if self._opened == stage:
             self.stage, self._opened = stage, None
+            self._entries = self._stages[stage]
         else:
             self.reset(stage)
 
@@ -107,11 +126,11 @@ class MetricStore:
     def switch(self, stage: str) -> None:
         """Continue logging into `stage` (back to training after a mid-epoch validation)."""
         self.stage = stage
-        self._stages.setdefault(stage, {})
+        self._entries = self._stages.setdefault(stage, {})
 
     def set_batch(self, batch: Any) -> None:
         """Remember the current batch; its size is inferred only if an epoch aggregate needs it."""
-        self._batch, self._batch_size = batch, None
+        self._batch = batch
         self._batch_no += 1
 
     def log(
@@ -138,59 +157,12 @@ class MetricStore:
         alone must not wait for the others); `add_dataloader_idx=False` keeps the name as it is when several
         evaluation loaders run. (Lightning's `metric_attribute` names where a logged Metric lives so that it
         can restore its state; the store holds the Metric itself and needs no name.)"""
-        if reduce_fx != "mean":  # the default needs no check (this runs at every step)
-            if not isinstance(reduce_fx, str):
-                reduce_fx = getattr(reduce_fx, "__name__", str(reduce_fx))
-            reduce_fx = reduce_fx.lower()  # as Lightning: "SUM" and "avg" (for "mean") too
-            reduce_fx = "mean" if reduce_fx == "avg" else reduce_fx
-            check_choice("reduce_fx", reduce_fx, REDUCE_FX)
-        rule = self._rule
-        if rule is None:
-            raise TaskError(refusal(name, self._fx))
-        if on_step is None:
-            on_step = rule.on_step
-        if on_epoch is None:
-            on_epoch = rule.on_epoch
-        if not on_step and not on_epoch:  # as Lightning: it would record nothing
-            raise TaskError(
-                f"self.log({name!r}, on_step=False, on_epoch=False) records nothing; set one of them."
-            )
-        if not rule.batch and (on_step or not on_epoch):
-            raise TaskError(epoch_only(name, self._fx or "", on_step, on_epoch))
-        suffix = self.dataloader_suffix
-        key = name + suffix if suffix and add_dataloader_idx else name
-        entries = self._stages[self.stage]
-        slot = key
-        entry = entries.get(slot)
-        if (
-            entry is not None
-            and entry.fx != self._fx
-            and (entry.on_step, entry.on_epoch) != (on_step, on_epoch)
-        ):
-            # as Lightning, which keeps a value per hook: the name logged again in another hook with other
-            # on_step/on_epoch (training_step's step value, on_train_epoch_end's epoch value) is a value of
-            # its own, and the one written later shows under the name
-            slot = f"{self._fx}\x00{key}"
-            entry = entries.get(slot)
-        if entry is None:  # the first time this name is logged in this stage's epoch
-            if add_dataloader_idx and "/dataloader_idx_" in name:
-                raise TaskError(
-                    f"self.log({name!r}): the name holds '/dataloader_idx_', which the Trainer appends itself "
-                    "with several evaluation loaders; drop it, or pass add_dataloader_idx=False."
-                )
-            sync = sync_dist and not rank_zero_only
-            entry = entries[slot] = _Entry(
-                key, on_step, on_epoch, prog_bar, logger is not False, sync, reduce_fx, sync_dist_group,
-                suffix=suffix if add_dataloader_idx else "", loader=suffix, fx=self._fx,
-            )  # fmt: skip
-        elif entry.fx == self._fx and (entry.on_step, entry.on_epoch, entry.prog_bar, entry.logger, entry.reduce_fx) != (
-            on_step, on_epoch, prog_bar, logger is not False, reduce_fx
-        ):  # fmt: skip
-            raise TaskError(
-                f"self.log({name!r}, ...) was called twice in {self._fx} with different arguments (on_step, "
-                "on_epoch, prog_bar, logger or reduce_fx); log it once per step, or under another name."
-            )
-        if isinstance(value, torch.Tensor) and value.ndim == 0:  # the common case: a loss
+        call = (self._fx, self.dataloader_suffix, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist,
+                sync_dist_group, add_dataloader_idx, rank_zero_only)  # fmt: skip
+        entry = self._entries.get(name)
+        if entry is None or entry.call != call:  # (else: the same call as the last one, checked then)
+            entry = self._entry(name, call)
+        if type(value) is _Tensor and value.ndim == 0:  # the common case: a loss
             value = value.detach()
         elif is_metric(value):
             entry.metric = value
@@ -200,18 +172,100 @@ class MetricStore:
             value = cached if enable_graph else cached.detach()
         else:
             value = self._as_tensor(name, value)
-        if on_step:
+        if entry.on_step:
             # as Lightning: with sync_dist every rank's step value is the reduced one (the epoch aggregate
             # adds the local values and is reduced once, at epoch end)
-            step_value = self._sync(value, reduce_fx, entry.group) if entry.sync_dist else value
+            step_value = self._step_value(entry, value) if entry.special else value
             entry.step_value = step_value
             entry.step_batch = self._batch_no
-            if self.stage == "train":  # as Lightning: callbacks see training's step values, under the name
-                self.callback_metrics[key] = step_value  # too until the epoch's value replaces it; never an
-                if on_epoch:  # evaluation's (they reach the loggers only)
-                    self.callback_metrics[entry.forked("_step")] = step_value
-        if on_epoch and entry.metric is None:
+            if entry.train:  # as Lightning: callbacks see training's step values, under the name
+                self.callback_metrics[entry.name] = step_value  # too until the epoch's value replaces it;
+                if entry.on_epoch:  # never an evaluation's (they reach the loggers only)
+                    self.callback_metrics[entry.step_key] = step_value
+                pending = self.pending
+                if pending is not None and entry.logger:
+                    pending[entry.step_key] = step_value
+        if entry.on_epoch and entry.metric is None:
             self._accumulate(entry, value, batch_size)
+
+    def _step_value(self, entry: _Entry, value: torch.Tensor) -> torch.Tensor:
+        """A step value that is not the logged tensor itself: reduced over the ranks (sync_dist), or a copy
+        (CUDA graphs: the next replay overwrites the step's outputs)."""
+        if entry.sync_dist:
+            value = self._sync(value, entry.reduce_fx, entry.group)
+        return value.clone() if self.keep_copies else value
+
+    def _entry(self, name: str, call: tuple[Any, ...]) -> _Entry:
+        """The entry a self.log call with other arguments than the last one reaches (the first call of a name,
+        a name logged from several hooks): its options checked, the entry found or made."""
+        (
+            fx,
+            suffix,
+            prog_bar,
+            logger,
+            on_step,
+            on_epoch,
+            reduce_fx,
+            sync_dist,
+            group,
+            add_idx,
+            rank_zero_only,
+        ) = call
+        if reduce_fx != "mean":
+            if not isinstance(reduce_fx, str):
+                reduce_fx = getattr(reduce_fx, "__name__", str(reduce_fx))
+            reduce_fx = reduce_fx.lower()  # as Lightning: "SUM" and "avg" (for "mean") too
+            reduce_fx = "mean" if reduce_fx == "avg" else reduce_fx
+            check_choice("reduce_fx", reduce_fx, REDUCE_FX)
+        if self.barebones:
+            raise TaskError(
+                f"self.log({name!r}, ...) with Trainer(barebones=True): barebones logs nothing; remove it."
+            )
+        rule = self._rule
+        if rule is None:
+            raise TaskError(refusal(name, fx))
+        if on_step is None:
+            on_step = rule.on_step
+        if on_epoch is None:
+            on_epoch = rule.on_epoch
+        if not on_step and not on_epoch:  # as Lightning: it would record nothing
+            raise TaskError(
+                f"self.log({name!r}, on_step=False, on_epoch=False) records nothing; set one of them."
+            )
+        if not rule.batch and (on_step or not on_epoch):
+            raise TaskError(epoch_only(name, fx or "", on_step, on_epoch))
+        key = name + suffix if suffix and add_idx else name
+        entries = self._stages[self.stage]
+        slot = key
+        entry = entries.get(slot)
+        if entry is not None and entry.fx != fx and (entry.on_step, entry.on_epoch) != (on_step, on_epoch):
+            # as Lightning, which keeps a value per hook: the name logged again in another hook with other
+            # on_step/on_epoch (training_step's step value, on_train_epoch_end's epoch value) is a value of
+            # its own, and the one written later shows under the name
+            slot = f"{fx}\x00{key}"
+            entry = entries.get(slot)
+        if entry is None:  # the first time this name is logged in this stage's epoch
+            if add_idx and "/dataloader_idx_" in name:
+                raise TaskError(
+                    f"self.log({name!r}): the name holds '/dataloader_idx_', which the Trainer appends itself "
+                    "with several evaluation loaders; drop it, or pass add_dataloader_idx=False."
+                )
+            sync = sync_dist and not rank_zero_only
+            entry = entries[slot] = _Entry(
+                key, on_step, on_epoch, prog_bar, logger is not False, sync, reduce_fx, group,
+                suffix=suffix if add_idx else "", loader=suffix, fx=fx,
+            )  # fmt: skip
+        elif entry.fx == fx and (entry.on_step, entry.on_epoch, entry.prog_bar, entry.logger, entry.reduce_fx) != (
+            on_step, on_epoch, prog_bar, logger is not False, reduce_fx
+        ):  # fmt: skip
+            raise TaskError(
+                f"self.log({name!r}, ...) was called twice in {fx} with different arguments (on_step, "
+                "on_epoch, prog_bar, logger or reduce_fx); log it once per step, or under another name."
+            )
+        entry.call = call
+        entry.special = entry.sync_dist or self.keep_copies
+        entry.train = self.stage == "train"
+        return entry
 
     def _sync(self, value: torch.Tensor, op: str, group: Any) -> torch.Tensor:
         return self._reduce(value, op) if group is None else self._reduce(value, op, group)
@@ -234,14 +288,17 @@ class MetricStore:
     def _accumulate(self, entry: _Entry, value: torch.Tensor, batch_size: int | None) -> None:
         if entry.reduce_fx == "mean":
             if batch_size is None:
-                if self._batch_size is None:
+                if self._sized != self._batch_no:  # (inferred once per batch, when first needed)
                     self._batch_size = batch_size_of(self._batch) if self._batch is not None else 1
+                    self._sized = self._batch_no
                 batch_size = self._batch_size
             weighted = value.float() * batch_size
             entry.total = weighted if entry.total is None else entry.total + weighted
             entry.weight += batch_size
-        elif entry.total is None:
-            entry.total = value.float()
+        elif (
+            entry.total is None
+        ):  # (a copy: the logged tensor may change in place, or be a CUDA graph's output)
+            entry.total = value.to(torch.float32, copy=True)
         elif entry.reduce_fx == "sum":
             entry.total = entry.total + value
         elif entry.reduce_fx == "max":

@@ -5,13 +5,15 @@ unchanged. Inside an accumulation window the loop calls the closure itself and t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from strategies.base import is_plain, step_runner
 from tandem_core.errors import TaskError
+from trainer.compiler import mark_step
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -55,7 +57,13 @@ class Closure:
         self.before_backward = hooks.caller("on_before_backward")
         self.after_backward = hooks.caller("on_after_backward")
         self.profiled = t.profiler is not None  # else no section is timed (not even entered)
-        self.run_step = step_runner(t.strategy, task, "training_step")  # under autocast, signature read once
+        # CUDA graphs: each step marks its start, and the loss kept past the step is a copy (a replay
+        # overwrites its outputs)
+        self.cudagraphs = bool(getattr(t.session, "cudagraphs", False))
+        # training_step under autocast (its signature read once), timed when profiled, its start marked under
+        # CUDA graphs: all chosen here, so a step pays for none of the checks
+        self.run_step = step_entry(t, step_runner(t.strategy, task, "training_step"), "training_step")
+        self.zero_grad = functools.partial(self.optimizer.zero_grad, set_to_none=True)
         self.plain_backward = self.run_backward is None and is_plain(t.strategy)  # just loss.backward()
         self.world_size = t.world_size
         self.nonfinite = t.config.detect_nonfinite != "off"
@@ -68,7 +76,7 @@ class Closure:
         # them, no profiler, no non-finite check, plain backward, no accumulation window (see prepare)
         self.bare = self.plain_backward and not (
             self.before_zero_grad or self.own_zero_grad or self.before_backward or self.after_backward
-            or self.profiled or self.nonfinite
+            or self.profiled or self.nonfinite or self.cudagraphs
         )  # fmt: skip
         self.lean = self.bare
 
@@ -86,15 +94,11 @@ class Closure:
     def __call__(self) -> torch.Tensor | None:
         if not _grad_enabled():  # torch's optimizers call closures with gradients on; another may not
             return self._with_grad()
-        if self.profiled:
-            with self.t.profile("training_step"):
-                out = self.run_step(self.batch, self.batch_idx)
-        else:
-            out = self.run_step(self.batch, self.batch_idx)
+        out = self.run_step(self.batch, self.batch_idx)
         if type(out) is _Tensor and out.ndim == 0 and out.requires_grad:  # the common case, checked inline
             if self.lean:  # what the rest of this method does when nothing else is asked for
                 self.out = out
-                self.optimizer.zero_grad(set_to_none=True)
+                self.zero_grad()
                 self.detached = detached = out.detach()
                 out.backward()
                 return detached
@@ -119,7 +123,8 @@ class Closure:
         if loss is None:
             self.detached = None
             return None
-        self.detached = loss.detach()  # what the optimizer and on_train_batch_end get (one detach per step)
+        # what the optimizer and on_train_batch_end get (one detach per step; a copy under CUDA graphs)
+        self.detached = loss.detach().clone() if self.cudagraphs else loss.detach()
         if self.nonfinite and _nonfinite(self.t, loss, self.batch_idx):
             return self.detached
         if self.before_backward is not None:
@@ -154,15 +159,39 @@ class Closure:
         return {"loss": loss, **{k: v for k, v in out.items() if k != "loss"}}
 
 
-def manual_outputs(out: Any) -> dict[str, Any]:
+def step_entry(t: Trainer, run: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """`run` (a step method's call) timed under `name` when the profiler is on, and under CUDA graphs preceded
+    by torch's mark that a new step begins (trainer/compiler.py, `mark_step`)."""
+    profiled, marked = t.profiler is not None, bool(getattr(t.session, "cudagraphs", False))
+    if not profiled and not marked:
+        return run
+
+    def entry(*args: Any) -> Any:
+        if marked:
+            mark_step()
+        if not profiled:
+            return run(*args)
+        with t.profile(name):
+            return run(*args)
+
+    return entry
+
+
+def manual_outputs(out: Any, copy: bool = False) -> dict[str, Any]:
     """What on_train_batch_end receives under manual optimization, as Lightning: always a dict; a returned tensor
-    is its "loss"; "loss" detached (it was already backpropagated by the task), the other keys as returned."""
+    is its "loss"; "loss" detached (it was already backpropagated by the task), the other keys as returned;
+    with `copy` (CUDA graphs) the loss is a copy that outlives the next replay."""
     if out is None:
         return {}
     if isinstance(out, torch.Tensor):
-        return {"loss": out.detach()}
+        return {"loss": out.detach().clone() if copy else out.detach()}
     if isinstance(out, Mapping):
-        return {k: v.detach() if k == "loss" and isinstance(v, torch.Tensor) else v for k, v in out.items()}
+        return {
+            k: (v.detach().clone() if copy else v.detach())
+            if k == "loss" and isinstance(v, torch.Tensor)
+            else v
+            for k, v in out.items()
+        }
     raise TaskError(  # as Lightning: anything else is refused
         f"training_step returned {type(out).__name__} under manual optimization; return a tensor, a dict or None."
     )

@@ -8,12 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer.compiler import mark_step
 from trainer.loggers.reporting import finalize_loggers, log_metrics, log_stage_start
 from trainer.loop.combined import batches
 from trainer.loop.data import set_epoch
 from trainer.loop.hooks import run_as
 from trainer.loop.loader_iter import eval_feed, takes_loader_iter
-from trainer.loop.signals import check_stop
+from trainer.loop.signals import check_stop, stop_checker
 from trainer.loop.signatures import check_dataloader_idx
 from trainer.loop.transfer import to_device
 from trainer.seed import get_rng_state
@@ -57,13 +58,8 @@ def _run_eval(t: Trainer, phase: str, limit: int | None) -> Any:
     assert task is not None
     prefix = HOOK_PREFIX[phase]
     step_name = f"{prefix}_step"
-    custom = hooks.custom
     check_dataloader_idx(task, prefix, len(t.loaders.get(phase, [])))  # before any hook, as Lightning
-    modes = [(m, m.training) for m in task.modules()]  # every submodule's own mode, restored afterwards
-    if f"on_{prefix}_model_eval" in custom:
-        run_as(t, f"on_{prefix}_model_eval", getattr(task, f"on_{prefix}_model_eval"))
-    else:
-        task.eval()
+    modes = _to_eval(t, prefix)
     store.reset(phase)
     outer_phase, t.state.phase = t.state.phase, phase
     hooks.call(f"on_{prefix}_start")
@@ -76,6 +72,7 @@ def _run_eval(t: Trainer, phase: str, limit: int | None) -> Any:
     agree = _common_batches(t, sizes, limit) if t.state.entry == "fit" and not t.state.sanity_checking else 0
     start_rng = get_rng_state() if agree else None  # a stop inside this validation checkpoints this moment
     store.fx = step_name  # self.log's rules inside an evaluation batch (trainer/loggers/log_rules.py)
+    marked, agree_stop = bool(getattr(t.session, "cudagraphs", False)), stop_checker(t)
     if takes_loader_iter(getattr(task, step_name, None)):  # the step reads the batches (loop/loader_iter.py)
         predictions = _iter_pass(t, phase, loaders, sizes, limit, agree, start_rng)
         loaders = []  # (done)
@@ -93,6 +90,8 @@ def _run_eval(t: Trainer, phase: str, limit: int | None) -> Any:
             batch = to_device(t, batch, dl_idx)
             store.set_batch(batch)
             hooks.call(f"on_{prefix}_batch_start", batch, batch_idx, *extra)
+            if marked:  # CUDA graphs: a new step begins (trainer/compiler.py)
+                mark_step()
             with strategy.autocast(), t.profile(step_name):
                 out = strategy.step(task, step_name, batch, batch_idx, dl_idx if multi else None)
             if phase == "predict":
@@ -105,7 +104,7 @@ def _run_eval(t: Trainer, phase: str, limit: int | None) -> Any:
                 seen[(phase, dl_idx)] = done + 1
             if agree > 0:
                 agree -= 1
-                check_stop(t, start_rng)
+                agree_stop(start_rng)
         predictions.append(outputs)
     store.dataloader_suffix = ""
     store.fx = None
@@ -117,16 +116,34 @@ def _run_eval(t: Trainer, phase: str, limit: int | None) -> Any:
         log_metrics(t, logged)
         results = _per_loader({k: float(v) for k, v in logged.items()}, len(loaders), store.loader_of)
     hooks.call(f"on_{prefix}_end")
-    if f"on_{prefix}_model_train" in custom:
-        run_as(t, f"on_{prefix}_model_train", getattr(task, f"on_{prefix}_model_train"))
-    else:  # as Lightning: each submodule back to its own mode (a frozen BatchNorm stays in eval)
-        for module, training in modes:
-            module.training = training
+    _to_train(t, prefix, modes)
     store.switch("train")
     t.state.phase = outer_phase
     if phase == "predict":
         return predictions[0] if len(predictions) == 1 else predictions
     return results
+
+
+def _to_eval(t: Trainer, prefix: str) -> list[tuple[torch.nn.Module, bool]]:
+    """The task in eval mode (through on_*_model_eval where the task overrides it); every submodule's own mode
+    before, to restore afterwards."""
+    task = t.task
+    modes = [(m, m.training) for m in task.modules()]  # type: ignore[union-attr]
+    if f"on_{prefix}_model_eval" in t.hooks.custom:
+        run_as(t, f"on_{prefix}_model_eval", getattr(task, f"on_{prefix}_model_eval"))
+    else:
+        task.eval()  # type: ignore[union-attr]
+    return modes
+
+
+def _to_train(t: Trainer, prefix: str, modes: list[tuple[torch.nn.Module, bool]]) -> None:
+    """Back from evaluation: on_*_model_train where the task overrides it, else, as Lightning, each submodule
+    back to its own mode (a frozen BatchNorm stays in eval)."""
+    if f"on_{prefix}_model_train" in t.hooks.custom:
+        run_as(t, f"on_{prefix}_model_train", getattr(t.task, f"on_{prefix}_model_train"))
+    else:
+        for module, training in modes:
+            module.training = training
 
 
 def _gloo() -> bool:
@@ -163,6 +180,8 @@ def _iter_pass(
         store.set_batch(feed.batch)
         hooks.call(f"on_{prefix}_batch_start", feed.batch, feed.batch_idx, *((dl_idx,) if multi else ()))
         try:
+            if getattr(t.session, "cudagraphs", False):  # CUDA graphs: a new step begins
+                mark_step()
             with strategy.autocast(), t.profile(step_name):
                 out = strategy.step(task, step_name, feed, feed.batch_idx)  # type: ignore[arg-type]
         except StopIteration:

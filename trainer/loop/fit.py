@@ -3,42 +3,23 @@ LoopState (trainer.state), calls hooks through trainer.hooks, and drives the str
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import Callable
-from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import torch
-
-from strategies.base import batch_mover
 from strategies.checkpoint.io import checkpoint_io
-from strategies.data.reinit import rebuild, rebuildable
 from tandem_core.rank_zero import rank_zero_warn
 from trainer import checkpoint
-from trainer.checkpoint.run import check_window_saves
-from trainer.loggers.logged import forget, remember
-from trainer.loggers.reporting import finalize_loggers, log_metrics, log_stage_start
-from trainer.loop.closure import Closure, manual_outputs
-from trainer.loop.combined import epoch_iterator as combined_epoch
-from trainer.loop.data import SkipBatchSampler, set_epoch
+from trainer.loggers.logged import forget
+from trainer.loggers.reporting import finalize_loggers, log_stage_start
+from trainer.loop.epoch import EpochRun, max_steps_reached, stop_requested
 from trainer.loop.evaluation import run_eval
 from trainer.loop.fit_gate import loads_train, skips_training, warn_if_no_steps
-from trainer.loop.hooks import run_as
-from trainer.loop.loader_iter import check_world_size, takes_loader_iter, training_feed
-from trainer.loop.optim import step_schedulers
-from trainer.loop.signals import check_stop
-from trainer.loop.stepper import eval_modules_message, none_batch, stepper
-from trainer.loop.transfer import to_device
-from trainer.loop.val_schedule import should_validate, time_due, val_check_batches, val_check_seconds
+from trainer.loop.stepper import eval_modules_message
 from trainer.seed import get_rng_state, set_rng_state
-from trainer.utilities.combined_loader import CombinedLoader
 from trainer.utilities.enums import PossibleUserWarning
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
-
-_END = object()  # the epoch's iterator is exhausted
 
 
 def fit(t: Trainer) -> None:
@@ -104,276 +85,40 @@ def fit(t: Trainer) -> None:
 
 def train_epoch(t: Trainer) -> None:
     """One training epoch: the loop every strategy shares (see DESIGN.md, 'How a batch flows'). What does not
-    change inside an epoch (the overridden hooks, the step path, the options) is looked up before its first
-    batch, so a step pays only for what runs in it."""
-    cfg, state, hooks, strategy, task, store = t.config, t.state, t.hooks, t.strategy, t.task, t.metric_store
-    assert task is not None
-    automatic = task.automatic_optimization
-    val_every = val_check_batches(t) if should_validate(t) else 0  # check_val_every_n_epoch gates it too
-    timed = val_check_seconds(t)  # a wall-time val_check_interval: validate once it has passed
-    loader = t.loaders["train"][0]  # (a CombinedLoader when several were given: loop/combined.py)
-    set_epoch(loader, state.epoch)
-    state.phase = "train"
-    store.start_epoch("train")
-    if state.batch_in_epoch == 0:  # as Lightning: a run resumed inside an epoch does not start it again
-        hooks.call("on_train_epoch_start")
-    cfg = t.config  # again after the hook: GradientAccumulationScheduler may have changed it
-    k, log_every, max_steps = cfg.accumulate_grad_batches, cfg.log_every_n_steps, cfg.max_steps
-    log_every = 1 if cfg.fast_dev_run else log_every  # as Lightning: fast_dev_run logs every step
-    check_window_saves(t, val_every)
-    batches, start = _epoch_iterator(t)
-    if t.profiler is not None:  # each fetch timed under Lightning's key
-        batches = t.profiler.fetches("[_TrainingEpochLoop].train_dataloader_next", batches)
-    if state.val_pending:  # resumed from a checkpoint written just before a mid-epoch validation: run it now
-        state.val_pending = False
-        _validate(t, start, k)
-    n = strategy.comm.agree_num_batches(t.num_training_batches)  # uneven ranks: all run the shortest epoch
-    known = n != float("inf")
-    closure = Closure(t) if automatic else None
-    step = stepper(t, closure) if closure is not None else None
-    move = _mover(t)
-    batch_start = hooks.caller("on_train_batch_start", result=True)  # its -1 ends the epoch
-    batch_end = hooks.caller("on_train_batch_end")
-    profiled = t.profiler is not None
-    checked = state.global_step
-    stop_at = max_steps if max_steps != -1 else float("inf")
-    val_at = (start // val_every + 1) * val_every if val_every else 0  # the next batch count that validates
-    batch_idx, cut, out_of_data = start - 1, False, False
-    plateau_steps = automatic and any(c.is_plateau and c.interval == "step" for c in t.lr_scheduler_configs)
-    plateau_due = (
-        False  # the last batch stepped: its step-interval plateau schedulers wait for its validation
-    )
-    # Lightning's fetcher reads one batch ahead, so an iterable that changes state when it runs out is seen
-    # at the same step. A map-style loader of known length is read at its step instead: the end is known
-    # without reading, and random draws in the data set then keep their order for bit-identical resume.
-    feed = training_feed(batches, n, start) if takes_loader_iter(task.training_step) else None
-    store.iter_training = feed is not None
-    if feed is not None:  # the step reads the batches itself (loop/loader_iter.py)
-        check_world_size(t, n, "training_step")
-    ahead = feed is None and (not known or not _map_style(loader))
-    nxt = next(batches, _END) if ahead and (not known or start < n) else None
-    hook_idx, in_step = 0, False  # the batch hooks' index; True once a step let StopIteration out
-    store.fx = "training_step"  # self.log's rules inside a training batch (trainer/loggers/log_rules.py)
-    while True:
-        batch_idx += 1
-        if feed is not None:  # a step per loop turn; its hooks see the batch fetched last (None at first)
-            if feed.done or batch_idx >= n:
-                out_of_data = True
-                break
-            batch, hook_idx, last = feed.batch, feed.batch_idx, batch_idx + 1 == n
-        elif known:
-            if batch_idx >= n:
-                out_of_data = True
-                break
-            last = batch_idx + 1 == n
-            batch = nxt if ahead else next(batches, _END)
-            if batch is _END:
-                out_of_data = True
-                break
-            if ahead:  # read one ahead only while there was data: an exhausted iterator is not asked again
-                nxt = next(batches, _END) if not last else _END
-        else:
-            batch = nxt
-            if not strategy.comm.join(batch is not _END):  # some rank is out of data: every rank ends
-                out_of_data = True
-                break
-            nxt = next(batches, _END)
-            last = not strategy.comm.join(nxt is not _END)
-        if feed is None:
-            hook_idx, batch = batch_idx, move(batch)
+    change inside an epoch (the feed of batches, the step function of this configuration, the overridden
+    hooks, the options) is picked before its first batch (trainer/loop/epoch.py), so a step pays only for
+    what runs in it."""
+    run = EpochRun(t)
+    store, step, after_step, batch_start = t.metric_store, run.step, run.after_step, run.batch_start
+    stepped = run.loader_iter  # a `dataloader_iter` step's iterator (trainer/loop/loader_iter.py), else None
+    for batch_idx, batch, hook_idx, last in run.batches:  # (trainer/loop/feeds.py: on the device already)
         store.set_batch(batch)
-        if (
-            batch is None and feed is None
-        ):  # as Lightning: no batch_start, no step; on_train_batch_end gets None
-            none_batch(t)
-            done = state.batch_in_epoch = batch_idx + 1
-            if batch_end is not None:
-                batch_end(None, batch, batch_idx)
-            if last and automatic:
-                step_schedulers(t, "epoch", plateau=False)
+        if batch is None and stepped is None:  # as Lightning: no batch_start, no step
+            run.none_batch(batch_idx, last)
             continue
         if batch_start is not None and batch_start(batch, hook_idx) == -1:  # the task ends the epoch here
-            if automatic:  # drop a cut-short window's gradients, or they leak into the next step
-                t.optimizers[0].zero_grad(set_to_none=True)
-                step_schedulers(t, "epoch", plateau=False)  # as after an epoch's last batch
-            cut = True
+            run.cut_here()
             break
         try:
-            if closure is not None:  # automatic optimization (else the task steps its own optimizers)
-                if k == 1:  # every batch is a window of its own (the closure's defaults)
-                    closure.batch, closure.batch_idx, boundary = feed or batch, hook_idx, True
-                else:
-                    boundary = last or (batch_idx + 1) % k == 0
-                    in_window = batch_idx % k + 1
-                    # the epoch's last window may hold fewer than k micro-batches: average over those it has, so
-                    # that k micro-batches of b always equal one batch of k*b (unknown length: rescaled at its end)
-                    window = min(k, n - (batch_idx - batch_idx % k)) if known else k
-                    rescale = k / in_window if not known and last and in_window < k else 1.0
-                    closure.prepare(feed or batch, hook_idx, window, in_window == 1, boundary, rescale)
-                if not boundary:
-                    closure()
-                elif profiled:
-                    with t.profile("optimizer_step"):
-                        step(hook_idx)  # type: ignore[misc]
-                else:
-                    step(hook_idx)  # type: ignore[misc]
-            else:
-                with strategy.autocast(), t.profile("training_step"):
-                    out = strategy.step(task, "training_step", feed or batch, hook_idx)
-                if (
-                    out is not None and batch_end is None
-                ):  # (else manual_outputs checks it for on_train_batch_end)
-                    manual_outputs(out)  # anything but a tensor, a dict or None is refused, as Lightning
+            out = step(batch, hook_idx, batch_idx, last)  # (a dataloader_iter step gets the iterator)
         except StopIteration:
-            if feed is None:
+            if stepped is None:
                 raise
-            in_step = out_of_data = True  # the step found the data exhausted: the epoch ends here
+            run.ran_out_in_step = run.out_of_data = True  # a dataloader_iter step found the data exhausted
             break
-        if feed is not None:  # what the step fetched is what on_train_batch_end sees
-            batch, hook_idx, last = feed.batch, feed.batch_idx, last or feed.done
-        done = state.batch_in_epoch = batch_idx + 1
-        if last and automatic:  # Lightning steps the epoch's other schedulers after its last batch
-            step_schedulers(t, "epoch", plateau=False)
-        if done == val_at:  # every val_every batches (none when val_every is 0: val_at stays 0)
-            val_at += val_every
-            validate_now = not last
-        elif timed is not None:
-            validate_now = not last and should_validate(t) and time_due(t, timed)
-        else:
-            validate_now = False
-        # a checkpoint written in on_train_batch_end records the due validation
-        state.val_pending = validate_now
-        if batch_end is not None:
-            batch_end(closure.outputs() if closure is not None else manual_outputs(out), batch, hook_idx)
-        global_step = state.global_step
-        # log_every_n_steps=0: no step logging (Lightning)
-        if log_every and global_step % log_every == 0 and global_step != state.last_logged_step:
-            state.last_logged_step = global_step
-            log_metrics(t, store.step_metrics())
-        else:  # not sent to the loggers, still trainer.logged_metrics (as Lightning)
-            remember(t, store.step_metrics())
-        if validate_now:
-            state.val_pending = False
-            _validate(t, done, k)
-        if global_step != checked:  # a step boundary: the ranks agree on a stop request
-            checked = global_step
-            if plateau_steps:  # as Lightning: step-interval ReduceLROnPlateau after this batch's validation
-                plateau_due = last
-                if not last:  # (the last batch validates at the epoch's end, below)
-                    step_schedulers(t, "step", plateau=True)
-            check_stop(t)
-        # a stop request or max_steps ends the epoch, never inside an accumulation window (its gradients
-        # would be lost) and not at its last batch (the epoch's end runs)
-        if (state.should_stop or global_step >= stop_at) and (not automatic or done % k == 0) and not last:
-            if _stop_requested(t):  # as Lightning: a stop asked mid-epoch validates first
-                if should_validate(t) and not validate_now:
-                    _validate(t, done, k)
-                break
-            if _max_steps_reached(t):
-                break
-    state.epoch_finished = cut or out_of_data
-    # the end validates if the interval ends there (Lightning: 0.3 validates at 30, 60, 90%) or has no length
-    due = not val_every or not known or feed is not None or state.batch_in_epoch % val_every == 0
-    ends = state.epoch_finished and not cut and not in_step and should_validate(t)
-    if ends and (due if timed is None else time_due(t, timed)):
-        _validate(t, state.batch_in_epoch, k, final=True)
-    if plateau_due:
-        step_schedulers(t, "step", plateau=True)
-    store.fx = None  # the training batches are over
-    hooks.call("on_train_epoch_end", monitoring=False)  # the task and plain callbacks may still log
-    log_metrics(t, store.epoch_end())  # so that checkpointing and early stopping see the aggregates
-    hooks.call("on_train_epoch_end", monitoring=True)
-    if not state.epoch_finished:  # stopped inside the epoch: a resume continues it
-        return
-    if automatic:  # the plateau schedulers after the epoch's metrics (under manual the task steps them)
-        step_schedulers(t, "epoch", plateau=True)
-    if t.session.recompiles is not None:  # type: ignore[union-attr]  # torch.compile: say why it recompiles
-        t.session.recompiles.check(f"by the end of epoch {state.epoch}")  # type: ignore[union-attr]
-    state.next_epoch()
-
-
-def _validate(t: Trainer, done: int, k: int, final: bool = False) -> None:
-    """A validation inside fit; the task's gradients are released first unless a window is open (the epoch's
-    last batch closes its window even when it holds fewer than k batches: `final`, as Lightning)."""
-    t.session.load("val")  # type: ignore[union-attr]
-    if t.task.automatic_optimization is False or final or done % k == 0:  # type: ignore[union-attr]
-        if "on_validation_model_zero_grad" in t.hooks.custom:
-            run_as(t, "on_validation_model_zero_grad", t.task.on_validation_model_zero_grad)  # type: ignore[union-attr]
-        else:
-            t.task.zero_grad()  # type: ignore[union-attr]
-    run_eval(t, "val")
-    t.metric_store.fx = "training_step"  # back inside the training batch
-    t.session.last_val_time = time.monotonic()  # type: ignore[union-attr]
-
-
-def _mover(t: Trainer) -> Callable[[Any], Any]:
-    """`move(batch)`: the batch on the device, through the batch-transfer hooks where any is overridden."""
-    if not t.hooks.transfer:
-        return batch_mover(t.strategy)
-    return functools.partial(to_device, t)
+        if stepped is not None:  # what the step fetched is what on_train_batch_end sees
+            batch, hook_idx, last = stepped.batch, stepped.batch_idx, last or stepped.done
+        if after_step(out, batch, batch_idx, hook_idx, last):  # validation, logging, stop agreement
+            break
+    else:
+        run.out_of_data = True
+    run.end()
 
 
 def _done(t: Trainer) -> bool:
     cfg = t.config
     return (
-        _max_steps_reached(t)
+        max_steps_reached(t)
         or (cfg.max_epochs != -1 and t.state.epoch >= cfg.max_epochs)
-        or _stop_requested(t)
-    )
-
-
-def _max_steps_reached(t: Trainer) -> bool:
-    return t.config.max_steps != -1 and t.state.global_step >= t.config.max_steps
-
-
-def _stop_requested(t: Trainer) -> bool:
-    """should_stop counts only once min_epochs and min_steps are reached (as in Lightning)."""
-    cfg, state = t.config, t.state
-    min_ok = (cfg.min_epochs is None or state.epoch >= cfg.min_epochs) and (
-        cfg.min_steps is None or state.global_step >= cfg.min_steps
-    )
-    return state.should_stop and min_ok
-
-
-def _epoch_iterator(t: Trainer) -> tuple[Any, int]:
-    """Iterator over this epoch's batches and the index of its first batch (non-zero when resuming).
-
-    Resuming mid-epoch replays the epoch's random draws from the RNG state saved at its start, then skips
-    the consumed batches in the batch sampler (indices only, no data is read), then restores the RNG
-    state of the moment the checkpoint was taken; the rest of the epoch is identical to an uninterrupted run.
-    """
-    state, loader = t.state, t.loaders["train"][0]
-    skip = state.batch_in_epoch
-    resuming = bool(skip and state.resume_rng is not None and state.epoch_start_rng is not None)
-    if not resuming:
-        state.epoch_start_rng = get_rng_state()
-    if isinstance(loader, CombinedLoader):  # each inner loader replays and skips its part (loop/combined.py)
-        it = combined_epoch(loader, state, skip if resuming else 0)
-    elif not resuming:
-        state.combined = None
-        return iter(loader), 0
-    elif rebuildable(loader) and loader.batch_sampler is not None:
-        set_rng_state(state.epoch_start_rng)  # type: ignore[arg-type]
-        sampler = SkipBatchSampler(loader.batch_sampler, skip)
-        it = iter(rebuild(loader, batch_sampler=sampler))
-        sampler.prime()
-    else:  # iterable data sets cannot skip by index: read and drop the consumed batches
-        set_rng_state(state.epoch_start_rng)  # type: ignore[arg-type]
-        it = iter(loader)
-        for _ in islice(it, skip):
-            pass
-    if not resuming:
-        return it, 0
-    set_rng_state(state.resume_rng)
-    state.resume_rng = None
-    return it, skip
-
-
-def _map_style(loader: Any) -> bool:
-    """A DataLoader over an indexable data set (its batches come from a batch sampler); for a CombinedLoader,
-    each of its loaders."""
-    if isinstance(loader, CombinedLoader):
-        return all(_map_style(inner) for inner in loader.flattened)
-    return getattr(loader, "batch_sampler", None) is not None and not isinstance(
-        getattr(loader, "dataset", None), torch.utils.data.IterableDataset
+        or stop_requested(t)
     )

@@ -65,6 +65,12 @@ class Hooks:
             return fns[0]
         return functools.partial(_call_all if result else _call_each, tuple(fns))
 
+    def callers(self, name: str) -> tuple[Callable[..., Any], ...]:
+        """Every override of hook `name` in calling order (empty when nobody overrides it): for a per-batch
+        hook whose result nobody reads, which the loop calls in a loop of its own."""
+        groups = self._table.get(name)
+        return tuple(groups[0]) if groups is not None else ()
+
     def call(self, name: str, *args: Any, monitoring: bool | None = None, **kwargs: Any) -> Any:
         """Call every override of hook `name` (with `monitoring` given, only the plain callbacks and the task,
         or only the monitoring callbacks); return the last non-None result (the task's -1 from

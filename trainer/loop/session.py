@@ -60,6 +60,7 @@ class Session:
         self.signals = StopSignals(trainer) if stage == "fit" else None
         self.uncompile: Callable[[], None] | None = None
         self.recompiles: RecompileWatch | None = None
+        self.cudagraphs = False  # the compiled steps replay CUDA graphs (set up with the task)
         self.restoring: checkpoint.Restoring | None = None
         self.eval_batches: dict[tuple[str, int], int] = {}  # (phase, loader) -> batches run since it loaded
         self.last_val_time = (
@@ -150,6 +151,9 @@ class Session:
                 task, functools.partial(apply_compiler, compiler=self.compiler)
             )
             self.recompiles = RecompileWatch()
+        # CUDA graphs: step values kept across steps are copies, and each step marks its start (loop/closure.py)
+        self.cudagraphs = self.compiler is not None and self.compiler.cudagraphs
+        t.metric_store.keep_copies = self.cudagraphs
 
     @property
     def val_enabled(self) -> bool:

@@ -10,10 +10,12 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from strategies.agreement import LAG
 from trainer import checkpoint
 from trainer.seed import set_rng_state
 
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 _monotonic = time.monotonic
-GRACE_PER_GAP = 4  # ... plus this many times the longest gap measured between two stop agreements
+GRACE_PER_GAP = 4 + LAG  # ... plus this many times the longest gap measured between two stop agreements
 # what a rank contributes to the stop agreement (a MAX over ranks): a requeue only when no rank got another
 # stop signal (SIGTERM from scancel or preemption must not requeue a job SLURM is ending)
 NO_STOP, REQUEUE, STOP = 0, 1, 2
@@ -31,25 +33,33 @@ def check_stop(t: Trainer, val_start_rng: dict[str, Any] | None = None) -> None:
     """A point where every rank agrees on a stop request (each step boundary, each validation batch):
     on agreement, checkpoint and exit. Measures the gap between such points for the watchdog's grace.
     Inside fit's validation, `val_start_rng` is the RNG state at that validation's start."""
-    state, now = t.state, _monotonic()
-    last = state.last_agreement
-    if last is not None and now - last > state.agreement_gap:
-        state.agreement_gap = now - last
-    state.last_agreement = now
-    comm = t.strategy.comm
-    if state.stop_signal is None:  # the common case: no signal arrived (the handler sets state.stop_signal)
-        if comm.agrees_alone:  # one process: no request, nothing to agree on
+    stop_checker(t)(val_start_rng)
+
+
+def stop_checker(t: Trainer) -> Callable[..., None]:
+    """`check_stop` for one trainer, its lookups done once: what the training loop calls at each step boundary.
+    Under several processes the agreement reads no device value on the host (strategies/agreement.py): a stop
+    requested on any rank is acted on by every rank `LAG` agreements later, at the same step."""
+    state, comm = t.state, t.strategy.comm
+    alone = comm.agrees_alone
+
+    def check(val_start_rng: dict[str, Any] | None = None) -> None:
+        now = _monotonic()
+        gap = now - state.last_agreement  # (-inf at the first: last_agreement starts at +inf)
+        state.last_agreement = now
+        if gap > state.agreement_gap:
+            state.agreement_gap = gap
+        if state.stop_signal is None and alone:  # one process and no signal: nothing to agree on
             return
-        mine = NO_STOP
-    else:
         signals = t.session.signals if t.session is not None else None
-        mine = signals.code(state.stop_signal) if signals else STOP
-    agreed = comm.agree_stop(mine)
-    if agreed:
-        signals = t.session.signals if t.session is not None else None
-        if agreed == REQUEUE and signals is not None:
-            signals.requeue_pending = True
-        stop_on_signal(t, val_start_rng)
+        mine = NO_STOP if state.stop_signal is None else signals.code(state.stop_signal) if signals else STOP
+        agreed = comm.agree_stop(mine)
+        if agreed:
+            if agreed == REQUEUE and signals is not None:
+                signals.requeue_pending = True
+            stop_on_signal(t, val_start_rng)
+
+    return check
 
 
 class StopSignals:

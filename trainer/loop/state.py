@@ -3,6 +3,7 @@ Task read it (``trainer.state``)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +35,7 @@ class LoopState:
     should_stop: bool = False  # asked by a callback or the task (honoured once min_epochs/min_steps are met)
     stop_signal: int | None = None  # SIGINT/SIGTERM received during fit
     last_logged_step: int = -1
-    last_agreement: float | None = None  # monotonic time of the last stop agreement (trainer/loop/signals.py)
+    last_agreement: float = math.inf  # monotonic time of the last stop agreement (trainer/loop/signals.py)
     agreement_gap: float = 0.0  # the longest time measured between two stop agreements
     epoch_start_rng: dict[str, Any] | None = None  # RNG snapshot at the start of the current epoch
     resume_rng: dict[str, Any] | None = None  # RNG snapshot of the checkpoint, applied once the loop resumes

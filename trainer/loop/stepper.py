@@ -3,6 +3,7 @@ through the task's optimizer_step where it has one), and the training loader's N
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -16,8 +17,8 @@ if TYPE_CHECKING:
 
 
 def stepper(t: Trainer, closure: Closure) -> Callable[[int], None]:
-    """`step(batch_idx)`: one optimizer step of automatic optimization, the closure running inside it
-    (through the task's optimizer_step if it has one), then the step-interval schedulers."""
+    """`step(batch_idx)`: one optimizer step of automatic optimization, the closure (prepared for its batch)
+    running inside it (through the task's optimizer_step if it has one), then the step-interval schedulers."""
     task, state = t.task, t.state
     assert task is not None
     if "optimizer_step" in t.hooks.custom:
@@ -31,17 +32,11 @@ def stepper(t: Trainer, closure: Closure) -> Callable[[int], None]:
                 step_schedulers(t, "step", plateau=False)
 
         return step
-    optimizer, strategy = closure.optimizer, t.strategy
-    step_closure, plain = StepClosure(t, optimizer, closure), is_plain(strategy)
-    if step_closure.only_calls_closure:  # (so the strategy is plain) the optimizer runs the closure itself
-        step_closure = closure  # type: ignore[assignment]
+    optimizer_step = _optimizer_step(t, closure)
 
     def step(batch_idx: int) -> None:
         closure.out = NOT_RUN
-        if plain:  # what the strategy's optimizer_step would do
-            optimizer.step(step_closure)
-        else:
-            strategy.optimizer_step(optimizer, step_closure)
+        optimizer_step()
         if closure.out is NOT_RUN:  # the optimizer's step() never called its closure: no training step ran
             raise not_run(task, own_step=False)
         state.global_step += 1
@@ -49,6 +44,43 @@ def stepper(t: Trainer, closure: Closure) -> Callable[[int], None]:
             step_schedulers(t, "step", plateau=False)
 
     return step
+
+
+def batch_stepper(t: Trainer, closure: Closure) -> Callable[[Any, int, int, bool], None]:
+    """`step(data, hook_idx, batch_idx, last)`: `stepper`'s step for a batch that is a window of its own (no
+    accumulation), its batch given to the closure on the way: the training loop's step path in the common case."""
+    task, state = t.task, t.state
+    if "optimizer_step" in t.hooks.custom:
+        run = stepper(t, closure)
+
+        def own(data: Any, hook_idx: int, batch_idx: int, last: bool) -> None:
+            closure.batch, closure.batch_idx = data, hook_idx
+            run(hook_idx)
+
+        return own
+    optimizer_step, schedulers = _optimizer_step(t, closure), t.lr_scheduler_configs
+
+    def step(data: Any, hook_idx: int, batch_idx: int, last: bool) -> None:
+        closure.batch, closure.batch_idx, closure.out = data, hook_idx, NOT_RUN
+        optimizer_step()
+        if closure.out is NOT_RUN:  # the optimizer's step() never called its closure: no training step ran
+            raise not_run(task, own_step=False)
+        state.global_step += 1
+        if schedulers:  # (the list the epoch started with: configure_optimizers ran before)
+            step_schedulers(t, "step", plateau=False)
+
+    return step
+
+
+def _optimizer_step(t: Trainer, closure: Closure) -> Callable[[], Any]:
+    """The optimizer step with the closure: the optimizer's own where the strategy adds nothing to it."""
+    optimizer, strategy = closure.optimizer, t.strategy
+    step_closure = StepClosure(t, optimizer, closure)
+    if step_closure.only_calls_closure:  # (so the strategy is plain) the optimizer runs the closure itself
+        return functools.partial(optimizer.step, closure)
+    if is_plain(strategy):  # what the strategy's optimizer_step would do
+        return functools.partial(optimizer.step, step_closure)
+    return functools.partial(strategy.optimizer_step, optimizer, step_closure)
 
 
 def none_batch(t: Trainer) -> None:

@@ -19,6 +19,8 @@ from trainer.task.hparams import HyperparametersMixin
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
+_Tensor = torch.Tensor
+
 
 class NotAttachedError(TaskError, RuntimeError):
     """``task.trainer`` read before the task was given to a Trainer (a RuntimeError, as in Lightning)."""
@@ -140,16 +142,17 @@ class Task(LightningAttributes, TaskDefaults, ExportMixin, torch.nn.Module, Hype
                 stacklevel=2,
             )
             return
-        if t.config.barebones:
-            raise TaskError(
-                f"self.log({name!r}, ...) with Trainer(barebones=True): barebones logs nothing; remove it."
-            )
         if batch_size is None and t.metric_store.iter_training and t.state.phase == "train":
             raise TaskError(  # as Lightning: the loop cannot tell the size of the batches the step read
                 f"self.log({name!r}, ...) in training with `training_step(self, dataloader_iter)` needs "
                 "batch_size=: the loop does not see the batches the step reads. Pass batch_size=<its size>."
             )
-        if metric_attribute is None and is_metric(value) and id(value) not in self._metric_ids():
+        if (
+            type(value) is not _Tensor
+            and metric_attribute is None
+            and is_metric(value)
+            and id(value) not in self._metric_ids()
+        ):
             self._refuse_foreign_metric(name, value)
         t.metric_store.log(
             name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, enable_graph, sync_dist,

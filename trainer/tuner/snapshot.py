@@ -67,6 +67,7 @@ class Snapshot:
         t.hooks, transfer = Hooks(t.task, t.callbacks, t, t.profiler), t.hooks.transfer
         t.hooks.transfer = transfer
         t.metric_store = MetricStore(t.strategy.comm.reduce)
+        t.metric_store.barebones = t.config.barebones
 
     def reset_loop(self) -> None:
         """The loop where it was, with the random generators as they were (before each trial)."""
