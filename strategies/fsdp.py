@@ -3,6 +3,7 @@ torch's own ``fully_shard`` (FSDP2, DTensor parameters); checkpoints through tor
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 import weakref
 from collections.abc import Callable
@@ -12,8 +13,11 @@ import torch
 
 from strategies.checkpoint.io import ShardedCheckpointIO
 from strategies.fsdp_wrap import check_supported, resolve_classes, shard_task
+from strategies.large.init import init_context, materialize, sync_replicas
+from strategies.large.weights import covered, load_pending
 from strategies.precision import Precision
 from strategies.process_group import ProcessGroupStrategy
+from strategies.syncbn import convert_sync_batchnorm
 from tandem_core.errors import CheckpointError, ConfigError, TaskError
 
 if TYPE_CHECKING:
@@ -126,20 +130,25 @@ class FSDPStrategy(ProcessGroupStrategy):
         check_supported(task)
         if self.wrap:
             resolve_classes(self.wrap, task)  # a wrong name is an error at any world size
-        super().setup(task)  # on the device, in the precision's parameter dtype
         self._task, self._unsynced, self._sync, self._checked = task, False, True, set()
-        if self.comm.world_size == 1:
-            if self.comm.is_global_zero:
+        from torch.distributed.fsdp import FSDPModule
+
+        if self.comm.world_size == 1 or isinstance(task, FSDPModule):  # (a later stage: sharded by fit)
+            super().setup(task)  # on the device, in the precision's parameter dtype
+            if self.comm.world_size == 1 and self.comm.is_global_zero:
                 warnings.warn(
                     "strategy='fsdp' runs in one process: there is nothing to shard, so the task trains "
                     "unsharded (as with strategy='single'); checkpoints are still directories.",
                     stacklevel=2,
                 )
             return
-        from torch.distributed.fsdp import FSDPModule
-
-        if isinstance(task, FSDPModule):  # a later stage (test after fit) on the task fit already sharded
-            return
+        # never the whole task on the device: fully_shard moves each unit there as it shards it, and a task
+        # built on the meta device gets only its shards allocated, after sharding
+        if self.sync_batchnorm:
+            convert_sync_batchnorm(task, self.root_device)
+        self.precision.setup(self.root_device)
+        if self.precision.param_dtype is not None:
+            task.to(dtype=self.precision.param_dtype)  # where it is (meta stays meta)
         self._before_sharding.update((id(p), p) for p in task.parameters())
         assert self.device_mesh is not None
         self.units = shard_task(
@@ -153,6 +162,14 @@ class FSDPStrategy(ProcessGroupStrategy):
         )
         for p in task.parameters():  # sharded by configure_model already: the same objects, not stale
             self._before_sharding.pop(id(p), None)
+        home = torch.device("cpu") if self.cpu_offload else self.root_device
+        materialize(task, home, covered(task), distinct_rank=self.comm.rank, replicas=sync_replicas)
+        load_pending(task, sharded=True, reader=self.comm.is_global_zero)
+
+    def tensor_init_context(self, empty_init: bool | None = None) -> contextlib.AbstractContextManager[Any]:
+        """Lightning's: with `empty_init=True` on the meta device (setup allocates each rank's shards only,
+        after sharding); always in the precision's parameter dtype ("true" precisions)."""
+        return init_context("meta" if empty_init else None, self.precision.param_dtype)
 
     # ----- steps --------------------------------------------------------------------------------
     def backward(

@@ -109,12 +109,10 @@ class Session:
             with t.profile(action_key(dm, "setup")):
                 dm.setup(stage=stage)  # by keyword, as Lightning calls it
         t.hooks.call("setup", stage=stage)
-        if "configure_model" in t.hooks.custom:
-            run_as(t, "configure_model", task.configure_model)
+        if "configure_model" in t.hooks.custom:  # under the strategy's init context, as in Lightning
+            with t.strategy.tensor_init_context():
+                run_as(t, "configure_model", task.configure_model)
         t.strategy.connect(task)
-        t.strategy.setup(task)
-        t.loaders, t.loader_sizes, t.loader_iterables = {}, {}, {}
-        self._check_data()
         path = self.ckpt_path
         if t._ckpt_user_managed:  # `trainer.ckpt_path = ...` (Lightning's stateful form): the argument wins
             if path is not None:
@@ -128,6 +126,11 @@ class Session:
                 path = t._ckpt_path
         if path is None and stage == "fit" and t.config.resume == "auto":
             path = t.strategy.comm.broadcast(checkpoint.find_last(t))  # every rank loads the same file
+        if path is not None:  # a task built on meta needs no reset_parameters for what the file restores
+            checkpoint.expect_restore(t, path, self.weights_only)
+        t.strategy.setup(task)
+        t.loaders, t.loader_sizes, t.loader_iterables = {}, {}, {}
+        self._check_data()
         # the weights and callback states now; for fit the optimizer and loop states after on_fit_start
         self.restoring = (
             checkpoint.prepare_restore(t, path, stage, self.weights_only) if path is not None else None
