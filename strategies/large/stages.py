@@ -9,7 +9,7 @@ from torch import nn
 
 from strategies.checkpoint.checks import check_compatible
 from strategies.large.init import materialize, move_materialized, sync_replicas
-from strategies.large.weights import broadcast_into, covered, take
+from strategies.large.weights import REMEDY, broadcast_into, covered, take
 
 if TYPE_CHECKING:
     import torch
@@ -55,6 +55,6 @@ def place_stages(
     found = take(task)
     if found is not None:
         if found.strict:
-            check_compatible(task, found.state_dict, found.source)
+            check_compatible(task, found.state_dict, found.source, REMEDY)
         state = found.state_dict if dist.get_rank() == 0 else {}
         broadcast_into(task, state, found.strict, device if device.type == "cuda" else None)

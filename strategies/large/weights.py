@@ -26,6 +26,8 @@ from strategies.checkpoint.checks import check_compatible
 from strategies.checkpoint.files import read
 from tandem_core.errors import CheckpointError
 
+#: what to do when a weights file does not fit the task (check_compatible's advice)
+REMEDY = "Load the weights of this model, or pass strict=False to load the names they share."
 _ATTR = "_tandem_pending_weights"
 _EXPECTED = "_tandem_expected_weights"
 
@@ -48,9 +50,11 @@ def read_weights(path: str | os.PathLike[str], key: str | None = "auto") -> dict
         key = "state_dict" if isinstance(data, dict) and isinstance(data.get("state_dict"), dict) else None
     if key is not None:
         data = data.get(key) if isinstance(data, dict) else None
-    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+    if not isinstance(data, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in data.items()
+    ):
         raise CheckpointError(
-            f"{path!r} holds no state dict (a mapping of parameter names to tensors"
+            f"{path!r} holds no state dict (a mapping of parameter and buffer names to tensors"
             f"{'' if key is None else f' under {key!r}'}); save one with torch.save(model.state_dict(), path)."
         )
     return data
@@ -92,7 +96,7 @@ def load_pending(task: nn.Module, sharded: bool, reader: bool) -> bool:
     if found is None:
         return False
     if found.strict:
-        check_compatible(task, found.state_dict, found.source)
+        check_compatible(task, found.state_dict, found.source, REMEDY)
     if sharded:
         load_full(task, found.state_dict if reader else {}, found.strict)
     else:

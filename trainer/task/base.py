@@ -269,11 +269,11 @@ class Task(LightningAttributes, TaskDefaults, ExportMixin, torch.nn.Module, Hype
         mapped) and the others receive their shards, one tensor at a time. Otherwise they load now."""
         from strategies.checkpoint.checks import check_compatible
         from strategies.large.init import has_meta
-        from strategies.large.weights import defer, read_weights
+        from strategies.large.weights import REMEDY, defer, read_weights
 
         state = read_weights(path, key)
         if strict:
-            check_compatible(self, state, path)
+            check_compatible(self, state, path, REMEDY)
         if has_meta(self):
             defer(self, state, strict, path)
             return
