@@ -13,6 +13,7 @@ import torch
 
 from strategies.checkpoint.io import ShardedCheckpointIO
 from strategies.fsdp_wrap import check_supported, resolve_classes, shard_task
+from strategies.large.activation import checkpoint_modules, checkpointed, resolve_ops
 from strategies.large.init import init_context, materialize, sync_replicas
 from strategies.large.weights import covered, load_pending
 from strategies.precision import Precision
@@ -41,6 +42,9 @@ class FSDPStrategy(ProcessGroupStrategy):
     `hybrid=True` with ``num_nodes > 1`` shards within each node and replicates across nodes (HSDP).
     Checkpoints are directories of every rank's shards; `save_full=True` writes one file gathered on
     rank 0 instead. One process falls back to unsharded training, with a notice.
+    `activation_checkpointing_policy` (Lightning's: a set of module classes) recomputes those modules'
+    activations in backward instead of keeping them; `activation_checkpointing_save_ops` (e.g. ["aten.mm"])
+    makes it selective: those ops' outputs are kept (strategies/large/activation.py).
     """
 
     name = "fsdp"
@@ -64,6 +68,8 @@ class FSDPStrategy(ProcessGroupStrategy):
         sync_batchnorm: bool | None = None,
         peer_timeout_s: float | None = 20.0,
         start_method: str = "popen",  # the base's; 'fork' (a notebook) is refused at launch: no fork start
+        activation_checkpointing_policy: Any = None,
+        activation_checkpointing_save_ops: list[Any] | None = None,
     ) -> None:
         super().__init__(
             accelerator,
@@ -82,6 +88,15 @@ class FSDPStrategy(ProcessGroupStrategy):
         self.wrap, self.min_params = list(wrap) if wrap is not None else None, min_params
         self.reshard_after_forward, self.cpu_offload, self.hybrid = reshard_after_forward, cpu_offload, hybrid
         self.checkpoint_io = _FSDPCheckpointIO(self, full=save_full)
+        if activation_checkpointing_save_ops is not None:
+            if activation_checkpointing_policy is None:
+                raise ConfigError(
+                    "FSDPStrategy(activation_checkpointing_save_ops=...) says which ops selective checkpointing "
+                    "keeps, inside the modules activation_checkpointing_policy picks: give that policy too."
+                )
+            resolve_ops(activation_checkpointing_save_ops)  # a wrong name is an error now
+        self.activation_checkpointing_policy = activation_checkpointing_policy
+        self.activation_checkpointing_save_ops = activation_checkpointing_save_ops
         self.device_mesh: DeviceMesh | None = None  # set by launch; configure_model may shard on it
         self.units: list[str] = []  # names of the modules that became FSDP units (the root is "")
         self._task: Task | None = None
@@ -133,6 +148,9 @@ class FSDPStrategy(ProcessGroupStrategy):
         self._task, self._unsynced, self._sync, self._checked = task, False, True, set()
         from torch.distributed.fsdp import FSDPModule
 
+        if self.activation_checkpointing_policy is not None and not checkpointed(task):
+            policy, ops = self.activation_checkpointing_policy, self.activation_checkpointing_save_ops
+            checkpoint_modules(task, policy, ops)  # before sharding, as torch recommends
         if self.comm.world_size == 1 or isinstance(task, FSDPModule):  # (a later stage: sharded by fit)
             super().setup(task)  # on the device, in the precision's parameter dtype
             if self.comm.world_size == 1 and self.comm.is_global_zero:

@@ -235,10 +235,7 @@ def check_compatible(
         if mismatched:
             parts.append(f"shape mismatches {mismatched[:5]}")
         raise CheckpointError(
-            f"checkpoint {path!r} was saved from a different model: "
-            + "; ".join(parts)
-            + ". "
-            + remedy
+            f"checkpoint {path!r} was saved from a different model: " + "; ".join(parts) + ". " + remedy
         )
 
 

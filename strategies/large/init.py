@@ -93,6 +93,7 @@ def materialize(
     for name, m in todo:
         if qualnames is not None:
             name = qualnames.get(id(m), name)
+        name = name.replace("_checkpoint_wrapped_module.", "").replace("._checkpoint_wrapped_module", "")
         prefix = f"{name}." if name else ""
         if names and all(prefix + n in names for n in _own_names(m)):
             continue
