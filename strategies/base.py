@@ -20,7 +20,7 @@ import torch
 
 from strategies.batch import move_to_device, mover
 from strategies.comm import Comm
-from strategies.large.init import has_meta, init_context, materialize
+from strategies.large.init import has_meta, init_context, materialize, misplaced
 from strategies.large.weights import covered, load_pending
 from strategies.precision import Precision
 from tandem_core.errors import ConfigError
@@ -96,7 +96,8 @@ class Strategy:
         self.precision.setup(self.root_device)
         if has_meta(task):
             materialize(task, self.root_device, covered(task))
-        task.to(device=self.root_device, dtype=self.precision.param_dtype)
+        if misplaced(task, self.root_device, self.precision.param_dtype):
+            task.to(device=self.root_device, dtype=self.precision.param_dtype)
         load_pending(task, sharded=False, reader=True)
 
     def compile(self, task: Task, apply: Callable[[Task], Callable[[], None]]) -> Callable[[], None]:

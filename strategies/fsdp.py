@@ -181,7 +181,7 @@ class FSDPStrategy(ProcessGroupStrategy):
         for p in task.parameters():  # sharded by configure_model already: the same objects, not stale
             self._before_sharding.pop(id(p), None)
         home = torch.device("cpu") if self.cpu_offload else self.root_device
-        materialize(task, home, covered(task), distinct_rank=self.comm.rank, replicas=sync_replicas)
+        materialize(task, home, covered(task), sharded=True, replicas=sync_replicas)
         load_pending(task, sharded=True, reader=self.comm.is_global_zero)
 
     def tensor_init_context(self, empty_init: bool | None = None) -> contextlib.AbstractContextManager[Any]:

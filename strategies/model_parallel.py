@@ -15,7 +15,7 @@ import torch
 from strategies.base import call_step
 from strategies.fsdp import FSDPStrategy
 from strategies.fsdp_wrap import STEPS, check_supported
-from strategies.large.init import materialize, sync_replicas
+from strategies.large.init import materialize, misplaced, sync_replicas
 from strategies.large.weights import covered, load_pending
 from strategies.precision import Precision
 from strategies.process_group import ProcessGroupStrategy, shard_loader
@@ -148,9 +148,9 @@ class ModelParallelStrategy(FSDPStrategy):
             convert_sync_batchnorm(task, self.root_device)
         self.precision.setup(self.root_device)
         sharded = self.comm.world_size > 1
-        rank = self.comm.rank if sharded else None
-        materialize(task, self.root_device, covered(task), rank, sync_replicas if sharded else None)
-        task.to(device=self.root_device, dtype=self.precision.param_dtype)
+        materialize(task, self.root_device, covered(task), sharded, sync_replicas if sharded else None)
+        if misplaced(task, self.root_device, self.precision.param_dtype):
+            task.to(device=self.root_device, dtype=self.precision.param_dtype)
         load_pending(task, sharded=sharded, reader=self.comm.is_global_zero)
         self._task, self._unsynced, self._sync, self._checked = task, False, True, set()
         self._dtensor_loss = False

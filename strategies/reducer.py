@@ -299,9 +299,11 @@ class Reducer:
         if self._tuner is not None:
             self._layout = self._tuner.plan(order, self._layout, device)
             return
-        order_t = torch.tensor(order, dtype=torch.int64, device=device)
-        dist.broadcast(order_t, src=self._src, group=self.process_group)
-        self._layout.build(order_t.tolist())
+        box = [
+            order
+        ]  # (a list, not a tensor read back on the host: the memory plan rehearses this on fake tensors)
+        dist.broadcast_object_list(box, src=self._src, group=self.process_group, device=device)
+        self._layout.build(box[0])
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:

@@ -11,6 +11,8 @@ module's own ``reset_parameters()``, as Lightning does.
 from __future__ import annotations
 
 import contextlib
+import warnings
+import zlib
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
@@ -66,7 +68,7 @@ def materialize(
     module: nn.Module,
     device: torch.device,
     covered: Collection[str] = (),
-    distinct_rank: int | None = None,
+    sharded: bool = False,
     replicas: Callable[[nn.Module], None] | None = None,
     qualnames: dict[int, str] | None = None,
 ) -> list[str]:
@@ -75,11 +77,14 @@ def materialize(
     materialized ("" is `module` itself).
 
     `covered`: names (as in ``module.state_dict()``) that a checkpoint loads next: a module whose own
-    tensors are all covered is allocated but not reset (it needs no ``reset_parameters``). `distinct_rank`:
-    for sharded parameters, this rank's number, so that each rank draws its shards from its own random
-    stream (on a CPU mesh every rank would otherwise draw the same numbers for every shard, and the
-    shards of one tensor would repeat each other); the caller's random state is left as it was.
-    `replicas(module)` then makes the copies that should be equal on several ranks equal (a broadcast).
+    tensors are all covered is allocated but not reset (it needs no ``reset_parameters``). `sharded`: the
+    module's parameters are split over ranks, each of which draws only its shards; then every module draws
+    from a random stream of its own, seeded by its name and by which shard this rank holds (its coordinates
+    on the mesh dimensions its parameters are split along): different shards get different numbers (on a CPU
+    mesh every rank would otherwise draw the same numbers for its shard, and the shards of one tensor would
+    repeat each other), and ranks holding the same shard or a whole replicated tensor draw the same ones.
+    The caller's random state is left as it was. `replicas(module)` then makes equal what a module's own
+    reset leaves unequal (a bias replicated next to a split weight: a broadcast).
     `qualnames` maps a submodule (by id) to its name in the module `covered` names are relative to, when
     that is not `module` itself (a pipeline stage of a task). A meta module with no ``reset_parameters``
     whose tensors no checkpoint covers is a TaskError naming it.
@@ -88,7 +93,7 @@ def materialize(
     if not todo:
         return []
     names = set(covered)
-    reset = []
+    reset: list[tuple[str, nn.Module]] = []
     missing = []
     for name, m in todo:
         if qualnames is not None:
@@ -98,7 +103,7 @@ def materialize(
         if names and all(prefix + n in names for n in _own_names(m)):
             continue
         if callable(getattr(m, "reset_parameters", None)):
-            reset.append(m)
+            reset.append((name, m))
         else:
             missing.append(f"{name or '<the task>'} ({type(m).__name__})")
     if missing:
@@ -110,11 +115,14 @@ def materialize(
             "task.load_pretrained(path) inside the init_module block, or fit(ckpt_path=...)), or build the "
             "model without empty_init=True."
         )
-    fork = contextlib.nullcontext() if distinct_rank is None else _own_stream(distinct_rank, device)
-    with fork:
-        for _, m in todo:
-            m.to_empty(device=device, recurse=False)
-        for m in reset:
+    for _, m in todo:
+        m.to_empty(device=device, recurse=False)
+    with _forked(device) if sharded else contextlib.nullcontext(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*DTensor random operators may not have complete support")
+        base = _common_seed() if sharded else 0
+        for name, m in reset:
+            if sharded:
+                torch.manual_seed(_seed(base, name, _shard_coordinates(m)))
             with torch.no_grad():
                 m.reset_parameters()
     if replicas is not None:
@@ -123,14 +131,38 @@ def materialize(
 
 
 @contextlib.contextmanager
-def _own_stream(rank: int, device: torch.device) -> Iterator[None]:
-    """torch's random state seeded for this rank inside (derived from the current state, which every rank
-    shares after seed_everything), then restored."""
+def _forked(device: torch.device) -> Iterator[None]:
+    """torch's random state restored after the block."""
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"):
-        base = int(torch.randint(0, 2**31 - 1, (1,)).item())
-        torch.manual_seed(base + 7919 * (rank + 1))
         yield
+
+
+def _common_seed() -> int:
+    """Rank 0's process seed, on every rank (so that replicas agree even where the user seeded nothing)."""
+    import torch.distributed as dist
+
+    box = [torch.initial_seed()]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(box, src=0)
+    return int(box[0])
+
+
+def _shard_coordinates(module: nn.Module) -> tuple[int, ...]:
+    """This rank's coordinates on the mesh dimensions along which the module's first split parameter is split
+    (() when none is)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    for t in module.parameters(recurse=False):
+        if isinstance(t, DTensor):
+            where = t.device_mesh.get_coordinate() or []
+            return tuple(c for c, p in zip(where, t.placements) if isinstance(p, Shard) or p.is_shard())
+    return ()
+
+
+def _seed(base: int, name: str, coordinates: tuple[int, ...]) -> int:
+    """A seed from the process's seed, a module's name and a shard's coordinates (the same on every rank)."""
+    return (base + zlib.crc32(f"{name}|{coordinates}".encode())) % 2**63
 
 
 def sync_replicas(module: nn.Module, plain_group: Any = None) -> None:
@@ -152,6 +184,15 @@ def sync_replicas(module: nn.Module, plain_group: Any = None) -> None:
                 dist.broadcast(t.data, src=src, group=plain_group)
 
 
+def misplaced(module: nn.Module, device: torch.device, dtype: torch.dtype | None) -> bool:
+    """Whether `module.to(device, dtype)` would change anything (a floating tensor in another dtype, or any
+    tensor elsewhere)."""
+    for t in [*module.parameters(), *module.buffers()]:
+        if t.device != device or (dtype is not None and t.is_floating_point() and t.dtype != dtype):
+            return True
+    return False
+
+
 def move_materialized(module: nn.Module, device: torch.device, dtype: torch.dtype | None) -> None:
     """`module.to(device, dtype)` for every tensor not on the meta device (those stay there)."""
 
@@ -160,4 +201,8 @@ def move_materialized(module: nn.Module, device: torch.device, dtype: torch.dtyp
             return t
         return t.to(device, dtype) if dtype is not None and t.is_floating_point() else t.to(device)
 
-    module._apply(move)
+    real = [t for t in [*module.parameters(), *module.buffers()] if not t.is_meta]
+    if any(
+        t.device != device or (dtype is not None and t.is_floating_point() and t.dtype != dtype) for t in real
+    ):
+        module._apply(move)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 from strategies.checkpoint.checks import check_compatible
-from strategies.large.init import materialize, move_materialized, sync_replicas
+from strategies.large.init import materialize, misplaced, move_materialized, sync_replicas
 from strategies.large.weights import REMEDY, broadcast_into, covered, take
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ def place_stages(
     local = [modules[i] for i in indices]
     mine = {id(m) for m in local}
     for module in modules:  # free what other ranks compute: only this rank's stages keep parameters
-        if id(module) not in mine:
+        if id(module) not in mine and not all(t.is_meta for t in [*module.parameters(), *module.buffers()]):
             module.to("meta")
     dp = mesh["dp"]
     sharded = dp.size() > 1
@@ -42,15 +42,14 @@ def place_stages(
     names = {id(m): n for n, m in task.named_modules()}
     wanted = covered(task)
     for module in local:
-        if dtype is not None:
+        if dtype is not None and misplaced(module, next(module.parameters()).device, dtype):
             module.to(dtype=dtype)  # where it is (meta stays meta)
         if sharded:
             from torch.distributed.fsdp import fully_shard
 
             fully_shard(module, mesh=dp)
-        rank = dist.get_rank() if sharded else None
         replicas = (lambda m: sync_replicas(m, dp.get_group())) if sharded else None
-        materialize(module, device, wanted, rank, replicas, qualnames=names)
+        materialize(module, device, wanted, sharded, replicas, qualnames=names)
     move_materialized(task, device, dtype)
     found = take(task)
     if found is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -16,10 +17,13 @@ from torch.utils._pytree import tree_flatten
 class LiveBytes(TorchDispatchMode):
     """``with LiveBytes() as live: ...``; then `live.peak` (bytes) and `live.now`. `track(t)` counts a tensor
     made outside (a batch); a DTensor counts its local shard. `live.at_peak` holds the storages alive at the
-    peak (key -> bytes; taken within 0.5% of it), for attributing it (`key_of`)."""
+    peak (key -> bytes; taken within 0.5% of it) and `live.groups` what `probe()` said they were then (name ->
+    storage keys, `key_of`), for attributing the peak."""
 
-    def __init__(self) -> None:
+    def __init__(self, probe: Callable[[], dict[str, set[int]]] | None = None) -> None:
         super().__init__()
+        self.probe = probe  # what the storages are (name -> keys), asked at the peak
+        self.groups: dict[str, set[int]] = {}
         self._sizes: dict[int, list[Any]] = {}  # storage key -> [weak reference, bytes]
         self.now = self.peak = 0
         self.at_peak: dict[int, int] = {}
@@ -30,6 +34,11 @@ class LiveBytes(TorchDispatchMode):
     def key_of(t: torch.Tensor) -> int:
         """The key of the storage behind `t` (a DTensor's local shard)."""
         return _local(t).untyped_storage()._cdata
+
+    @staticmethod
+    def keys(tensors: Any) -> set[int]:
+        """The storage keys of the non-meta tensors among `tensors`."""
+        return {LiveBytes.key_of(t) for t in tensors if isinstance(t, torch.Tensor) and not t.is_meta}
 
     def track(self, t: Any) -> None:
         """Count `t`'s storage (once) until it is freed."""
@@ -50,6 +59,7 @@ class LiveBytes(TorchDispatchMode):
             self.peak = self.now
             if self.now > self._snapped * 1.005:  # (within 0.5% of the peak: cheap enough on every op)
                 self.at_peak = {k: v[1] for k, v in self._sizes.items()}
+                self.groups = self.probe() if self.probe is not None else {}
                 self._snapped = self.now
 
     def _gone(self, key: int, _: Any) -> None:

@@ -13,6 +13,7 @@ import torch
 
 from strategies.data.indices import track_indices
 from strategies.data.reinit import recording_init_args
+from strategies.memory.plan import check_fits
 from tandem_core.errors import TaskError
 from tandem_core.hooks import overrides
 from trainer import checkpoint
@@ -148,6 +149,8 @@ class Session:
                     "self.automatic_optimization = False call self.clip_gradients(opt, ...) before opt.step()."
                 )
             task._optimizers = [TaskOptimizer(o, t) for o in t.optimizers]
+            # a warning when the states alone cannot fit the device (strategies/memory/plan.py)
+            check_fits(t.strategy, task, t.optimizers, t.config.devices)
         if self.compiler is not None:  # after the strategy moved, wrapped or sharded the plain module
             self.uncompile = t.strategy.compile(
                 task, functools.partial(apply_compiler, compiler=self.compiler)
