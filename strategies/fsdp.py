@@ -14,7 +14,7 @@ import torch
 from strategies.checkpoint.io import ShardedCheckpointIO
 from strategies.fsdp_wrap import check_supported, resolve_classes, shard_task
 from strategies.large.activation import checkpoint_modules, checkpointed, resolve_ops
-from strategies.large.init import init_context, materialize, sync_replicas
+from strategies.large.init import init_context, materialize, recast, sync_replicas
 from strategies.large.weights import covered, load_pending
 from strategies.precision import Precision
 from strategies.process_group import ProcessGroupStrategy
@@ -165,8 +165,7 @@ class FSDPStrategy(ProcessGroupStrategy):
         if self.sync_batchnorm:
             convert_sync_batchnorm(task, self.root_device)
         self.precision.setup(self.root_device)
-        if self.precision.param_dtype is not None:
-            task.to(dtype=self.precision.param_dtype)  # where it is (meta stays meta)
+        recast(task, self.precision.param_dtype)  # where it is (meta stays meta)
         self._before_sharding.update((id(p), p) for p in task.parameters())
         assert self.device_mesh is not None
         self.units = shard_task(

@@ -95,9 +95,9 @@ def test_setup_warns_when_the_states_cannot_fit(monkeypatch):
 
 # ----- predictions against measurements (slow) -------------------------------------------------------------
 SEQ, BATCH = 64, 8
-MODELS = {
-    "gpt": (lambda: GPT(d=128, heads=4, layers=4, vocab=4000), lambda: _tokens(1, SEQ, 4000)),
-    "mlp": (lambda: MLP(width=256, layers=4), lambda: (torch.randn(1, 32), torch.tensor([3]))),
+MODELS = {  # 7.4M and 8.4M parameters: 120 and 135 MB of weights, gradients and AdamW state in fp32
+    "gpt": (lambda: GPT(d=256, heads=8, layers=4, vocab=8000), lambda: _tokens(1, SEQ, 8000)),
+    "mlp": (lambda: MLP(width=512, layers=4), lambda: (torch.randn(1, 32), torch.tensor([3]))),
 }
 STRATEGIES = ("ddp", "ddp_zero1", "fsdp", "model_parallel", "pipeline")
 

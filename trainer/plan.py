@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from strategies.base import pick_device
 from strategies.memory.plan import MemoryPlan, RankPlan, device_bytes, holders
 from strategies.memory.simulate import fake_copy, fake_world, pipeline_step
 from strategies.memory.tracker import LiveBytes
@@ -51,8 +52,10 @@ def plan_memory(
     world = probe.strategy.comm.world_size
     local = probe.config.devices
     plan = MemoryPlan(probe.strategy.name, world)
+    # the device the run will use decides its backend: gloo stages FSDP's collectives in temporaries, NCCL not
+    gloo = pick_device(trainer_options.get("accelerator") or "auto").type == "cpu"
     for rank in range(world) if ranks is None else ranks:
-        plan.ranks.append(_rehearse(task, batch, options, rank, world, local, steps))
+        plan.ranks.append(_rehearse(task, batch, options, rank, world, local, steps, gloo))
     plan.device_bytes = device_bytes(torch.device(trainer_options.get("accelerator") or "cpu"), local)
     return plan
 
@@ -87,13 +90,14 @@ def _rehearse(
     world: int,
     local: int,
     steps: int,
+    gloo: bool,
 ) -> RankPlan:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from strategies.pipeline import PipelineStrategy
     from trainer.loop.optim import parse_optimizers
 
-    with fake_world(rank, world, local), warnings.catch_warnings():
+    with fake_world(rank, world, local, gloo=gloo), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer = _trainer(options)
         strategy = trainer.strategy
@@ -112,9 +116,10 @@ def _rehearse(
             strategy.setup(task)
             optimizers += parse_optimizers(task.configure_optimizers(), task.automatic_optimization)[0]
             data = strategy.batch_to_device(fake_copy(batch, mode, live))
+            buffers: dict[Any, Any] = {}  # (a pipeline stage's receive buffers, kept from step to step)
             for i in range(steps):
                 if isinstance(strategy, PipelineStrategy):
-                    pipeline_step(strategy, task, data)
+                    pipeline_step(strategy, task, data, buffers)
                 else:
                     _step(strategy, task, data, i, optimizers[0])
                 for opt in optimizers:

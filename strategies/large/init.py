@@ -193,6 +193,13 @@ def misplaced(module: nn.Module, device: torch.device, dtype: torch.dtype | None
     return False
 
 
+def recast(module: nn.Module, dtype: torch.dtype | None) -> None:
+    """`module.to(dtype=dtype)` where it is (meta stays meta), only when a floating tensor has another dtype."""
+    tensors = [*module.parameters(), *module.buffers()]
+    if dtype is not None and any(t.is_floating_point() and t.dtype != dtype for t in tensors):
+        module.to(dtype=dtype)
+
+
 def move_materialized(module: nn.Module, device: torch.device, dtype: torch.dtype | None) -> None:
     """`module.to(device, dtype)` for every tensor not on the meta device (those stay there)."""
 

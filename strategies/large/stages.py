@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 from strategies.checkpoint.checks import check_compatible
-from strategies.large.init import materialize, misplaced, move_materialized, sync_replicas
+from strategies.large.init import materialize, move_materialized, recast, sync_replicas
 from strategies.large.weights import REMEDY, broadcast_into, covered, take
 
 if TYPE_CHECKING:
@@ -42,8 +42,7 @@ def place_stages(
     names = {id(m): n for n, m in task.named_modules()}
     wanted = covered(task)
     for module in local:
-        if dtype is not None and misplaced(module, next(module.parameters()).device, dtype):
-            module.to(dtype=dtype)  # where it is (meta stays meta)
+        recast(module, dtype)  # where it is (meta stays meta)
         if sharded:
             from torch.distributed.fsdp import fully_shard
 

@@ -26,10 +26,46 @@ if TYPE_CHECKING:
 _ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
+#: collectives that, on gloo, stage the whole (unsharded) tensor in a temporary of its size until they end
+#: (measured: a reduce-scatter of a 16 MB input and an all-gather into a 16 MB output each allocate 16 MB more);
+#: NCCL works in place. FSDP's all-gathers and reduce-scatters are these.
+_GLOO_STAGED = (
+    "all_gather_single", "all_gather_into_tensor", "reduce_scatter_single", "reduce_scatter_tensor",
+)  # fmt: skip
+
+
+class _Staged:
+    """A collective's work that keeps the staging temporary alive until it is waited for."""
+
+    def __init__(self, work: Any, temporary: torch.Tensor) -> None:
+        self._work, self._temporary = work, temporary
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        self._temporary = None
+        return self._work.wait(*args, **kwargs) if self._work is not None else True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+
+def _staged(original: Any) -> Any:
+    def collective(*args: Any, **kwargs: Any) -> Any:
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        whole = max(tensors, key=lambda t: t.numel())
+        temporary = torch.empty_like(whole)
+        work = original(*args, **kwargs)
+        if not kwargs.get("async_op") and not (len(args) > 3 and args[-1] is True):
+            return work  # (the temporary is freed as the call returns, as gloo's is)
+        return _Staged(work, temporary)
+
+    return collective
+
+
 @contextlib.contextmanager
-def fake_world(rank: int, world_size: int, local_world_size: int) -> Iterator[None]:
+def fake_world(rank: int, world_size: int, local_world_size: int, gloo: bool = True) -> Iterator[None]:
     """This process as `rank` of `world_size` in torch's fake process group (collectives do nothing; object
-    collectives answer as if every rank sent what this one did), with the launcher's variables set."""
+    collectives answer as if every rank sent what this one did), with the launcher's variables set. `gloo`:
+    the collectives that stage whole tensors on gloo allocate that staging as they would there."""
     if dist.is_initialized():
         raise ConfigError(
             "the memory plan simulates each rank in a fake process group, so it runs outside any job: call it "
@@ -49,13 +85,23 @@ def fake_world(rank: int, world_size: int, local_world_size: int) -> Iterator[No
             out.__setitem__(slice(None), [obj] * len(out)) if out is not None else None
         ),
     }
+    if gloo:
+        patches.update({name: _staged(getattr(dist, name)) for name in _GLOO_STAGED if hasattr(dist, name)})
     originals = {name: getattr(dist, name) for name in patches}
+    from torch.distributed.device_mesh import DeviceMesh
+
+    meshes = {name: getattr(DeviceMesh, name) for name in ("__init__", "__getitem__")}
     dist.init_process_group("fake", store=dist.HashStore(), rank=rank, world_size=world_size)
     for name, fn in patches.items():
         setattr(dist, name, fn)
+    for name, fn in meshes.items():
+        setattr(DeviceMesh, name, _outside_modes(fn))
     try:
         yield
     finally:
+        for name, fn in meshes.items():
+            setattr(DeviceMesh, name, fn)
+        _forget_meshes()
         for name, fn in originals.items():
             setattr(dist, name, fn)
         dist.destroy_process_group()
@@ -64,6 +110,29 @@ def fake_world(rank: int, world_size: int, local_world_size: int) -> Iterator[No
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _forget_meshes() -> None:
+    """Empty DTensor's sharding caches: a mesh compares equal to the next rehearsal's mesh of the same shape, so a
+    cached answer would hand that rehearsal this one's mesh, whose process groups no longer exist."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()  # torch's own: the Python and the C++ fast path's
+    type(DTensor._op_dispatcher.sharding_propagator)._propagate_tensor_meta_cached.cache_clear()
+
+
+def _outside_modes(fn: Any) -> Any:
+    """`fn` run with the fake-tensor mode (and the tracker) off: making or slicing a device mesh computes on
+    the mesh's own small tensor of ranks, which a fake tensor cannot answer."""
+
+    def outside(*args: Any, **kwargs: Any) -> Any:
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        with _disable_current_modes():
+            return fn(*args, **kwargs)
+
+    return outside
 
 
 def fake_copy(batch: Any, mode: Any, live: LiveBytes) -> Any:
@@ -109,8 +178,11 @@ def in_flight(schedule: str, pp: int, rank: int, n_micro: int, per_rank: int) ->
     return min(n_micro, -(-warmup // per_rank))
 
 
-def pipeline_step(strategy: PipelineStrategy, task: Any, batch: Any) -> None:
-    """One training step of this pipeline rank, as its schedule runs it, on fake tensors."""
+def pipeline_step(strategy: PipelineStrategy, task: Any, batch: Any, buffers: dict[Any, Any]) -> None:
+    """One training step of this pipeline rank, as its schedule runs it, on fake tensors. `buffers` (kept by the
+    caller from step to step) holds what a stage allocates once and keeps: a receive buffer per micro-batch for
+    its inputs (every stage but the first) and for its output's gradients (every stage but the last). The last
+    stage keeps every micro-batch's output until the step ends (the schedule returns them)."""
     stages = list(task.configure_pipeline())
     x, y = batch
     n = strategy.n_microbatches
@@ -121,25 +193,26 @@ def pipeline_step(strategy: PipelineStrategy, task: Any, batch: Any) -> None:
     last = strategy.n_stages - 1
     for p in task.parameters():
         p.grad = None
+    outputs: list[torch.Tensor] = []
     for i in strategy.stage_indices:
         module = stages[i]
         pending: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-        def backward(item: tuple[torch.Tensor, torch.Tensor]) -> None:
-            out, grad = item
-            out.backward(grad)
-
         for m in range(n):
-            inp = xs[m] if i == 0 else torch.empty_like(_meta_outputs(stages, i, xs[m]), device=x.device)
-            if i > 0:
-                inp.requires_grad_(True)
+            if i > 0 and ("in", i, m) not in buffers:
+                buffers["in", i, m] = torch.empty_like(_meta_outputs(stages, i, xs[m]), device=x.device)
+            inp = xs[m] if i == 0 else buffers["in", i, m].detach().requires_grad_(True)
             out = module(inp)
             if i == last:
-                loss = task.pipeline_loss(out, ys[m]) / n
-                pending.append((loss, torch.ones_like(loss)))
+                outputs.append(out)
+                pending.append((task.pipeline_loss(out, ys[m]) / n, torch.ones(())))
             else:
-                pending.append((out, torch.empty_like(out)))  # the gradient received from the next stage
+                if ("grad", i, m) not in buffers:
+                    buffers["grad", i, m] = torch.empty_like(out)
+                pending.append((out, buffers["grad", i, m]))
             if len(pending) >= keep:
-                backward(pending.pop(0))
+                out_, grad = pending.pop(0)
+                out_.backward(grad)
         while pending:
-            backward(pending.pop(0))
+            out_, grad = pending.pop(0)
+            out_.backward(grad)
+    del outputs

@@ -42,7 +42,7 @@ class LiveBytes(TorchDispatchMode):
 
     def track(self, t: Any) -> None:
         """Count `t`'s storage (once) until it is freed."""
-        if isinstance(t, torch.Tensor):
+        if isinstance(t, torch.Tensor) and not t.is_meta:  # (meta tensors hold no memory; fake ones would)
             self._add(_local(t).untyped_storage())
 
     def _add(self, storage: Any) -> None:
