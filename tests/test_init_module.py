@@ -54,14 +54,17 @@ def test_init_module_places_tensors_as_lightning_does(name):
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_fsdp_builds_on_meta_only_with_empty_init(precision):
+def test_fsdp_and_pipeline_build_on_meta_only_with_empty_init(precision):
     # (Lightning's FSDPStrategy refuses a CPU; its rule is its ModelParallelStrategy's, checked above)
-    t = Trainer(strategy=FSDPStrategy(), devices=1, precision=precision, **FAST)
+    from strategies.pipeline import PipelineStrategy
+
     dtype = {"64-true": torch.float64, "bf16-true": torch.bfloat16, "16-true": torch.float16}.get(
         precision, torch.float32
     )
-    assert _made(t, True) == ("meta", dtype)
-    assert _made(t, None) == _made(t, False) == ("cpu", dtype)
+    for strategy in (FSDPStrategy(), PipelineStrategy()):
+        t = Trainer(strategy=strategy, devices=1, precision=precision, **FAST)
+        assert _made(t, True) == ("meta", dtype)
+        assert _made(t, None) == _made(t, False) == ("cpu", dtype)
 
 
 def test_empty_init_skips_the_initializers_on_a_device():
