@@ -23,6 +23,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -152,7 +153,7 @@ def rung(contender: str, layers: int, d: int, limit_s: float) -> dict:
         os.remove(result)
         out.update(trained=all(r["steps"] == 2 for r in got["ranks"]), hwm_gib=[r["hwm"] / 2**30 for r in got["ranks"]])
     else:
-        lines = [ln for ln in err.splitlines() if "Error" in ln or "error" in ln]
+        lines = [ln for ln in err.splitlines() if re.search(r"\w+(Error|Exception): ", ln)]
         out.update(trained=False, why=why or (lines[-1][-300:] if lines else f"exit status {proc.returncode}"))
     return out
 
