@@ -77,7 +77,9 @@ def worker(contender: str, layers: int, d: int, out: str) -> None:
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, VOCAB, (BATCH * WORLD * 4, SEQ), generator=g)
     loader = DataLoader(TensorDataset(x, torch.roll(x, -1, dims=1)), batch_size=BATCH)
-    quiet = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    quiet = dict(
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False
+    )
     start = time.time()
     if framework == "tandem":
         from strategies.model_parallel import ModelParallelStrategy
@@ -99,7 +101,9 @@ def worker(contender: str, layers: int, d: int, out: str) -> None:
 
         strategy = {
             "ddp": lambda: DDPStrategy(),
-            "model_parallel_fsdp": lambda: ModelParallelStrategy(data_parallel_size=WORLD, tensor_parallel_size=1),
+            "model_parallel_fsdp": lambda: ModelParallelStrategy(
+                data_parallel_size=WORLD, tensor_parallel_size=1
+            ),
             "model_parallel": lambda: ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=2),
         }[name]()
         trainer = pl.Trainer(strategy=strategy, devices=WORLD, accelerator="cpu", max_steps=2, **quiet)
@@ -151,10 +155,15 @@ def rung(contender: str, layers: int, d: int, limit_s: float) -> dict:
         with open(result) as f:
             got = json.load(f)
         os.remove(result)
-        out.update(trained=all(r["steps"] == 2 for r in got["ranks"]), hwm_gib=[r["hwm"] / 2**30 for r in got["ranks"]])
+        out.update(
+            trained=all(r["steps"] == 2 for r in got["ranks"]),
+            hwm_gib=[r["hwm"] / 2**30 for r in got["ranks"]],
+        )
     else:
         lines = [ln for ln in err.splitlines() if re.search(r"\w+(Error|Exception): ", ln)]
-        out.update(trained=False, why=why or (lines[-1][-300:] if lines else f"exit status {proc.returncode}"))
+        out.update(
+            trained=False, why=why or (lines[-1][-300:] if lines else f"exit status {proc.returncode}")
+        )
     return out
 
 

@@ -352,7 +352,9 @@ def test_a_model_no_rank_holds_whole(world, tmp_path):
         for name in ("fsdp", "model_parallel"):
             assert r[f"{name}/share"] <= limit, (rank, name, r[f"{name}/share"])
         peak, shard, largest = r["start/allocated"]
-        if rank > 0:  # every rank but the reader: its shards and one whole tensor, and the broadcasts' metadata
+        if (
+            rank > 0
+        ):  # every rank but the reader: its shards and one whole tensor, and the broadcasts' metadata
             # (the names and shapes, pickled: measured 40 KB); its resident set, the same and the interpreter's
             # objects (measured 2.2 MB over)
             assert peak <= shard + largest + 2**20, (rank, peak, shard, largest)
