@@ -135,6 +135,7 @@ _LAZY = {
     "FSDPStrategy": "strategies.fsdp",
     "ModelParallelStrategy": "strategies.model_parallel",
     "PipelineStrategy": "strategies.pipeline",
+    "checkpoint_modules": "strategies.large.activation",  # activation checkpointing (docs/large_models.md)
 }
 
 
@@ -158,6 +159,7 @@ __all__ = [
     "Precision",
     "SingleDeviceStrategy",
     "Strategy",
+    "checkpoint_modules",
     "register",
     "resolve_strategy",
 ]

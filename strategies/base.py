@@ -3,7 +3,8 @@
 The loop drives every strategy through these members only (17): `name`, `root_device`, `precision`,
 `comm`, `launch`, `setup`, `compile`, `teardown`, `process_dataloader`, `batch_to_device`, `step`,
 `autocast`, `backward`, `unscale_gradients`, `optimizer_step`, `state_dict`, `load_state_dict`. Rank information and
-collectives live on `comm` (strategies/comm.py). A strategy is fully configured by its constructor; the
+collectives live on `comm` (strategies/comm.py). Before setup, `tensor_init_context` (Lightning's) says where
+and how a model is built (``Trainer.init_module``, ``configure_model``). A strategy is fully configured by its constructor; the
 Trainer only fills what the constructor left unset (`None`), see strategies/__init__.py.
 """
 
@@ -19,6 +20,8 @@ import torch
 
 from strategies.batch import move_to_device, mover
 from strategies.comm import Comm
+from strategies.large.init import has_meta, init_context, materialize, misplaced
+from strategies.large.weights import covered, load_pending
 from strategies.precision import Precision
 from tandem_core.errors import ConfigError
 
@@ -80,10 +83,22 @@ class Strategy:
         exits with their status and never returns), or return a ForkStart that runs the stage in forked
         workers (a notebook). One process: pick the device."""
 
+    def tensor_init_context(self, empty_init: bool | None = None) -> contextlib.AbstractContextManager[Any]:
+        """Lightning's: tensors made inside (``Trainer.init_module``, ``configure_model``) go to root_device in
+        the precision's parameter dtype (the "true" precisions); `empty_init=True` leaves them uninitialized.
+        The sharding strategies put them on the meta device instead (strategies/large/init.py)."""
+        dtype = (self._precision or self.precision).param_dtype
+        return init_context(self.root_device, dtype, bool(empty_init))
+
     def setup(self, task: Task) -> None:
-        """Move the task to the root device in the parameter dtype of the precision."""
+        """Move the task to the root device in the parameter dtype of the precision; what was built on the
+        meta device is materialized there first (each module's reset_parameters, or weights waiting on it)."""
         self.precision.setup(self.root_device)
-        task.to(device=self.root_device, dtype=self.precision.param_dtype)
+        if has_meta(task):
+            materialize(task, self.root_device, covered(task))
+        if misplaced(task, self.root_device, self.precision.param_dtype):
+            task.to(device=self.root_device, dtype=self.precision.param_dtype)
+        load_pending(task, sharded=False, reader=True)
 
     def compile(self, task: Task, apply: Callable[[Task], Callable[[], None]]) -> Callable[[], None]:
         """Compile the set-up task in place (after it was moved, wrapped or sharded) with `apply`

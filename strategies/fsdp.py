@@ -3,6 +3,7 @@ torch's own ``fully_shard`` (FSDP2, DTensor parameters); checkpoints through tor
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 import weakref
 from collections.abc import Callable
@@ -12,8 +13,12 @@ import torch
 
 from strategies.checkpoint.io import ShardedCheckpointIO
 from strategies.fsdp_wrap import check_supported, resolve_classes, shard_task
+from strategies.large.activation import checkpoint_modules, checkpointed, resolve_ops
+from strategies.large.init import init_context, materialize, recast, sync_replicas
+from strategies.large.weights import covered, load_pending
 from strategies.precision import Precision
 from strategies.process_group import ProcessGroupStrategy
+from strategies.syncbn import convert_sync_batchnorm
 from tandem_core.errors import CheckpointError, ConfigError, TaskError
 
 if TYPE_CHECKING:
@@ -37,6 +42,9 @@ class FSDPStrategy(ProcessGroupStrategy):
     `hybrid=True` with ``num_nodes > 1`` shards within each node and replicates across nodes (HSDP).
     Checkpoints are directories of every rank's shards; `save_full=True` writes one file gathered on
     rank 0 instead. One process falls back to unsharded training, with a notice.
+    `activation_checkpointing_policy` (Lightning's: a set of module classes) recomputes those modules'
+    activations in backward instead of keeping them; `activation_checkpointing_save_ops` (e.g. ["aten.mm"])
+    makes it selective: those ops' outputs are kept (strategies/large/activation.py).
     """
 
     name = "fsdp"
@@ -60,6 +68,8 @@ class FSDPStrategy(ProcessGroupStrategy):
         sync_batchnorm: bool | None = None,
         peer_timeout_s: float | None = 20.0,
         start_method: str = "popen",  # the base's; 'fork' (a notebook) is refused at launch: no fork start
+        activation_checkpointing_policy: Any = None,
+        activation_checkpointing_save_ops: list[Any] | None = None,
     ) -> None:
         super().__init__(
             accelerator,
@@ -78,6 +88,15 @@ class FSDPStrategy(ProcessGroupStrategy):
         self.wrap, self.min_params = list(wrap) if wrap is not None else None, min_params
         self.reshard_after_forward, self.cpu_offload, self.hybrid = reshard_after_forward, cpu_offload, hybrid
         self.checkpoint_io = _FSDPCheckpointIO(self, full=save_full)
+        if activation_checkpointing_save_ops is not None:
+            if activation_checkpointing_policy is None:
+                raise ConfigError(
+                    "FSDPStrategy(activation_checkpointing_save_ops=...) says which ops selective checkpointing "
+                    "keeps, inside the modules activation_checkpointing_policy picks: give that policy too."
+                )
+            resolve_ops(activation_checkpointing_save_ops)  # a wrong name is an error now
+        self.activation_checkpointing_policy = activation_checkpointing_policy
+        self.activation_checkpointing_save_ops = activation_checkpointing_save_ops
         self.device_mesh: DeviceMesh | None = None  # set by launch; configure_model may shard on it
         self.units: list[str] = []  # names of the modules that became FSDP units (the root is "")
         self._task: Task | None = None
@@ -126,20 +145,27 @@ class FSDPStrategy(ProcessGroupStrategy):
         check_supported(task)
         if self.wrap:
             resolve_classes(self.wrap, task)  # a wrong name is an error at any world size
-        super().setup(task)  # on the device, in the precision's parameter dtype
         self._task, self._unsynced, self._sync, self._checked = task, False, True, set()
-        if self.comm.world_size == 1:
-            if self.comm.is_global_zero:
+        from torch.distributed.fsdp import FSDPModule
+
+        if self.activation_checkpointing_policy is not None and not checkpointed(task):
+            policy, ops = self.activation_checkpointing_policy, self.activation_checkpointing_save_ops
+            checkpoint_modules(task, policy, ops)  # before sharding, as torch recommends
+        if self.comm.world_size == 1 or isinstance(task, FSDPModule):  # (a later stage: sharded by fit)
+            super().setup(task)  # on the device, in the precision's parameter dtype
+            if self.comm.world_size == 1 and self.comm.is_global_zero:
                 warnings.warn(
                     "strategy='fsdp' runs in one process: there is nothing to shard, so the task trains "
                     "unsharded (as with strategy='single'); checkpoints are still directories.",
                     stacklevel=2,
                 )
             return
-        from torch.distributed.fsdp import FSDPModule
-
-        if isinstance(task, FSDPModule):  # a later stage (test after fit) on the task fit already sharded
-            return
+        # never the whole task on the device: fully_shard moves each unit there as it shards it, and a task
+        # built on the meta device gets only its shards allocated, after sharding
+        if self.sync_batchnorm:
+            convert_sync_batchnorm(task, self.root_device)
+        self.precision.setup(self.root_device)
+        recast(task, self.precision.param_dtype)  # where it is (meta stays meta)
         self._before_sharding.update((id(p), p) for p in task.parameters())
         assert self.device_mesh is not None
         self.units = shard_task(
@@ -153,6 +179,14 @@ class FSDPStrategy(ProcessGroupStrategy):
         )
         for p in task.parameters():  # sharded by configure_model already: the same objects, not stale
             self._before_sharding.pop(id(p), None)
+        home = torch.device("cpu") if self.cpu_offload else self.root_device
+        materialize(task, home, covered(task), sharded=True, replicas=sync_replicas)
+        load_pending(task, sharded=True, reader=self.comm.is_global_zero)
+
+    def tensor_init_context(self, empty_init: bool | None = None) -> contextlib.AbstractContextManager[Any]:
+        """Lightning's: with `empty_init=True` on the meta device (setup allocates each rank's shards only,
+        after sharding); always in the precision's parameter dtype ("true" precisions)."""
+        return init_context("meta" if empty_init else None, self.precision.param_dtype)
 
     # ----- steps --------------------------------------------------------------------------------
     def backward(

@@ -75,7 +75,8 @@ def choose_units(
         for child_name, child in module.named_children():
             free += visit(f"{name}.{child_name}" if name else child_name, child)
         wanted = isinstance(module, classes) if classes else free >= min_params
-        if module is task or not wanted:
+        if module is task or not wanted or type(module).forward is nn.Module.forward:
+            # (a container without forward, a ModuleList: fully_shard cannot hook it; its parameters go up)
             return free
         if module in tied:
             skipped.append(name)

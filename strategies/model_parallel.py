@@ -15,8 +15,11 @@ import torch
 from strategies.base import call_step
 from strategies.fsdp import FSDPStrategy
 from strategies.fsdp_wrap import STEPS, check_supported
+from strategies.large.init import materialize, misplaced, sync_replicas
+from strategies.large.weights import covered, load_pending
 from strategies.precision import Precision
 from strategies.process_group import ProcessGroupStrategy, shard_loader
+from strategies.syncbn import convert_sync_batchnorm
 from tandem_core.errors import ConfigError, TaskError
 from tandem_core.hooks import overrides
 
@@ -139,7 +142,16 @@ class ModelParallelStrategy(FSDPStrategy):
                 "fully_shard(..., mesh=self.device_mesh['data_parallel'])."
             )
         check_supported(task)
-        ProcessGroupStrategy.setup(self, task)  # sync batchnorm, device and dtype
+        # configure_model split the task already: what it built on the meta device gets its shards
+        # allocated and reset here (each rank its own random stream, replicas made equal), the rest moves
+        if self.sync_batchnorm:
+            convert_sync_batchnorm(task, self.root_device)
+        self.precision.setup(self.root_device)
+        sharded = self.comm.world_size > 1
+        materialize(task, self.root_device, covered(task), sharded, sync_replicas if sharded else None)
+        if misplaced(task, self.root_device, self.precision.param_dtype):
+            task.to(device=self.root_device, dtype=self.precision.param_dtype)
+        load_pending(task, sharded=sharded, reader=self.comm.is_global_zero)
         self._task, self._unsynced, self._sync, self._checked = task, False, True, set()
         self._dtensor_loss = False
         self._check_data_parallel(task)

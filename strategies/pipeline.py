@@ -31,6 +31,8 @@ import torch.distributed as dist
 
 from strategies import group_exit
 from strategies.comm_device import to_comm
+from strategies.large.init import init_context
+from strategies.large.stages import place_stages
 from strategies.pipeline_checkpoint import PipelineCheckpointIO
 from strategies.pipeline_checks import check_batch, check_loader, check_options, check_task
 from strategies.precision import Precision
@@ -147,27 +149,19 @@ class PipelineStrategy(ProcessGroupStrategy):
                 "would use each stage's own norm instead of the model's; drop gradient_clip_val (not supported "
                 "under a pipeline yet)."
             )
-        super().setup(task)  # the whole task on the device, in the parameter dtype
         from torch.distributed import pipelining
 
         assert self.device_mesh is not None
         pp = self.pipeline_parallel_size
         self.stage_indices = [self.pp_rank + k * pp for k in range(self.stages_per_rank)]
-        local = {id(modules[i]) for i in self.stage_indices}
-        for module in modules:  # free what other ranks compute: only this rank's stages keep parameters
-            if id(module) not in local:
-                module.to("meta")
+        # only this rank's stages ever reach the device (the others go to, or stay on, the meta device)
+        self.precision.setup(self.root_device)
+        place_stages(task, modules, self.stage_indices, self.device_mesh, self.root_device, self.precision)
         pp_group = self.device_mesh["pp"].get_group()
-        stages = []
-        for i in self.stage_indices:
-            module = modules[i]
-            if self.data_parallel_size > 1:
-                from torch.distributed.fsdp import fully_shard
-
-                fully_shard(module, mesh=self.device_mesh["dp"])
-            stages.append(
-                pipelining.PipelineStage(module, i, self.n_stages, self.root_device, group=pp_group)
-            )
+        stages = [
+            pipelining.PipelineStage(modules[i], i, self.n_stages, self.root_device, group=pp_group)
+            for i in self.stage_indices
+        ]
         cls = getattr(pipelining, SCHEDULES[self.schedule_name])
         loss_fn = _loss_of(task)
         try:
@@ -182,6 +176,11 @@ class PipelineStrategy(ProcessGroupStrategy):
                 f"{pp} pipeline ranks and {self.stages_per_rank} stage(s) each: {e}"
             ) from e
         self._batch_size = None
+
+    def tensor_init_context(self, empty_init: bool | None = None) -> contextlib.AbstractContextManager[Any]:
+        """Lightning's meaning, as FSDPStrategy's: on the meta device with `empty_init=True` (each rank then
+        allocates only its stages at setup), in the precision's parameter dtype."""
+        return init_context("meta" if empty_init else None, self.precision.param_dtype)
 
     # ----- data -------------------------------------------------------------------------------------
     def process_dataloader(self, loader: Any, stage: str) -> Any:

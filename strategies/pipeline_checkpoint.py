@@ -29,7 +29,10 @@ def _plain(t: Any) -> Any:
 
 
 class PipelineCheckpointIO(CheckpointIO):
-    """Every stage's part gathered to rank 0 (every rank calls `collect`: it is a collective)."""
+    """Every stage's part gathered to rank 0 (every rank calls `collect`: it is a collective). A file is read
+    memory-mapped: each rank touches only its own stages' tensors."""
+
+    mmap = True
 
     def __init__(self, strategy: PipelineStrategy) -> None:
         self._strategy = strategy

@@ -16,7 +16,7 @@ from torch import nn
 
 from strategies.autotune import AUTO_ITERATIONS, AUTO_MIN_GAIN, TRIAL_ITERATIONS, AutoTuner
 from strategies.buckets import AutoBuckets, BucketLayout, BucketStats, assign_buckets
-from strategies.comm_device import broadcast_tensors, comm_device, to_comm
+from strategies.comm_device import broadcast_tensors, comm_device
 from strategies.timing import HostTimer, timer_for
 from strategies.unused import UsedParameters
 from tandem_core.errors import DistributedError
@@ -322,9 +322,10 @@ class Reducer:
         if self._tuner is not None:
             self._layout = self._tuner.plan(order, self._layout)
             return
-        order_t = to_comm(order, self.device, torch.int64)
-        dist.broadcast(order_t, src=self._src, group=self.process_group)
-        self._layout.build(order_t.tolist())
+        # (a list, not a tensor read back on the host: the memory plan rehearses this on fake tensors)
+        box = [order]
+        dist.broadcast_object_list(box, src=self._src, group=self.process_group, device=self.device)
+        self._layout.build(box[0])
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:

@@ -80,6 +80,10 @@ class ShardedOptimizers:
         """Bytes of optimizer state this rank holds (its share of every optimizer)."""
         return sum(state_bytes(zero.optim) for _, zero in self._twins.values())
 
+    def local_optimizers(self) -> list[torch.optim.Optimizer]:
+        """The optimizers that hold this rank's share of the state (one per task optimizer stepped so far)."""
+        return [zero.optim for _, zero in self._twins.values()]
+
 
 def _accepted(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """The optimizer's defaults that its constructor takes as keywords (AdamW's defaults hold a

@@ -312,3 +312,21 @@ def test_validation_inside_accumulation_windows_is_refused_before_training():
     ModelCheckpoint or a stop signal) would fail mid-run, so fit refuses it at the start."""
     for said in run_distributed(_validates_inside_windows, world_size=2, timeout=120):
         assert "make val_check_interval a multiple of 2" in said and said.endswith("(step 0)"), said
+
+
+def test_a_container_without_forward_is_never_a_unit():
+    # a ModuleList holding min_params between its children used to become a unit, which fully_shard refuses
+    from torch import nn
+
+    from strategies.fsdp_wrap import choose_units
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList(nn.Linear(100, 100) for _ in range(3))  # 30k parameters together
+            self.head = nn.Linear(100, 2)
+
+    net = Net()
+    units = choose_units(net, None, min_params=20_000)
+    assert net.blocks not in units and units == []
+    assert choose_units(net, None, min_params=10_000) == list(net.blocks)

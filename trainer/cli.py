@@ -4,6 +4,7 @@
     tandem fit --config runs/digits/lightning_logs/version_0/config.yaml --ckpt-path last     # resume that run
     tandem validate --config examples/configs/digits.yaml --ckpt-path runs/.../last.ckpt
     tandem fit --config examples/configs/digits.yaml --print-config                 # show, do not run
+    tandem plan --config examples/configs/digits.yaml trainer.strategy=fsdp trainer.devices=4   # memory per rank
     tandem fit --config lightning_cli.yaml --trainer.max_epochs=3 --model.lr 0.1   # LightningCLI's form
 
 Options come from the config files (merged in order), then the ``key=value`` overrides, which win.
@@ -23,7 +24,7 @@ from typing import Any
 from tandem_core.errors import ConfigError, TandemError, check_choice
 from trainer.secrets import redacted_errors
 
-COMMANDS = ("fit", "validate", "test", "predict")
+COMMANDS = ("fit", "validate", "test", "predict", "plan")
 # LightningCLI's option form of an override: --trainer.max_epochs=3, --model.lr 0.1, --optimizer Adam
 _OPTION = re.compile(
     r"--(seed_everything|trainer|model|data|optimizer|lr_scheduler|task|callbacks|logger)(\.[\w.]+)?(=.*)?$"
@@ -38,7 +39,13 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Example: tandem fit --config examples/configs/digits.yaml trainer.max_epochs=3 task.lr=0.05. "
         "Sections and options: docs/configuration.md.",
     )
-    p.add_argument("command", nargs="?", metavar="{fit,validate,test,predict}", help="what to run")
+    p.add_argument(
+        "command",
+        nargs="?",
+        metavar="{fit,validate,test,predict,plan}",
+        help="what to run (plan: each rank's predicted peak memory in a training step; exit status 3 when it "
+        "does not fit)",
+    )
     p.add_argument(
         "-c",
         "--config",
@@ -81,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_intermixed_args(argv)
     args.print_flags = print_flags
     if args.command is None:
-        parser.error("say what to run: fit, validate, test or predict")
+        parser.error("say what to run: fit, validate, test, predict or plan")
     _cwd_last()
     try:
         with redacted_errors():  # no environment value in clear in a message either (trainer/secrets.py)
@@ -153,6 +160,12 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"tandem {args.command} needs --config FILE (or key=value options); see tandem --help"
         )
+    if args.command == "plan":  # rehearsed in this process, launching nothing (trainer/plan.py)
+        from trainer.config.plan import plan_config
+
+        plan = plan_config(args.config, args.overrides)
+        print(plan.table())
+        return 3 if plan.fits is False else 0
     run = config.build(args.config, args.overrides, with_task=False)
     if run.config["task"] is None:
         raise ConfigError("the config has no task section; add task: {_target_: your.module.YourTask, ...}")

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -186,6 +187,16 @@ class Trainer(TrainerReadback, TrainerLoaders):
         parent exits inside launch); in a notebook the workers are forked and rank 0's results come back."""
         workers = self.strategy.launch()
         return stage() if workers is None else workers.run(self, task, stage)
+
+    @contextlib.contextmanager
+    def init_module(self, empty_init: bool | None = None) -> Iterator[None]:
+        """Build the model inside: ``with trainer.init_module(empty_init=True): task = MyTask()``. Tensors made
+        inside go where the strategy wants them, in the precision's dtype (the "true" precisions): on the
+        device (single, ddp, ...; uninitialized with `empty_init=True`), or with `empty_init=True` under fsdp,
+        model_parallel and pipeline on the meta device, each rank then allocating only its shards at setup
+        (each module's ``reset_parameters()``, or the weights of load_from_checkpoint / load_pretrained)."""
+        with self.strategy.tensor_init_context(empty_init=empty_init):
+            yield
 
     def save_checkpoint(self, path: str, weights_only: bool = False) -> None:
         """Write a checkpoint atomically (rank 0 writes, every rank waits)."""

@@ -211,7 +211,12 @@ def _check_resumable(ckpt: dict[str, Any], loop: dict[str, Any], bad: Any, direc
             raise bad(f"has a {type(ckpt[key]).__name__} as {key!r}, not a dict")
 
 
-def check_compatible(model: torch.nn.Module, state_dict: dict[str, Any], path: str) -> None:
+_REMEDY = "Load it into the model it was saved from, or start without ckpt_path."
+
+
+def check_compatible(
+    model: torch.nn.Module, state_dict: dict[str, Any], path: str, remedy: str = _REMEDY
+) -> None:
     """Raise CheckpointError listing what differs when the checkpoint belongs to another model."""
     own = model.state_dict()
     missing = [k for k in own if k not in state_dict]
@@ -230,9 +235,7 @@ def check_compatible(model: torch.nn.Module, state_dict: dict[str, Any], path: s
         if mismatched:
             parts.append(f"shape mismatches {mismatched[:5]}")
         raise CheckpointError(
-            f"checkpoint {path!r} was saved from a different model: "
-            + "; ".join(parts)
-            + ". Load it into the model it was saved from, or start without ckpt_path."
+            f"checkpoint {path!r} was saved from a different model: " + "; ".join(parts) + ". " + remedy
         )
 
 

@@ -24,6 +24,8 @@ from strategies.checkpoint.checks import _check_count, check_compatible, check_c
 from strategies.checkpoint.directory import (
     _existing,
     _options,
+    _read_meta,
+    _saved_weights,
     dir_payload,
     read_dir,
     restore_dir,
@@ -152,12 +154,18 @@ class ShardedCheckpointIO(CheckpointIO):
         optimizers: list[torch.optim.Optimizer] | None,
         weights: bool = True,
     ) -> None:
-        """Every rank keeps its own part of the file's whole tensors (the file is memory-mapped)."""
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+        """The file's whole weights go to the sharded task from rank 0 alone (the file is memory-mapped on every
+        rank, but only rank 0 reads its tensors: each is broadcast, and every rank keeps its shard of it, so
+        no other rank holds more than its shards and one whole tensor); the optimizer states as every rank
+        reads them from its memory map, keeping its own part."""
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        from strategies.large.weights import load_full
 
         opts = _options(full_state_dict=True)
         if weights:
-            set_model_state_dict(task, ckpt["state_dict"], options=opts)
+            reader = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+            load_full(task, ckpt["state_dict"] if reader else {}, getattr(task, "strict_loading", True))
         for opt, state in zip(optimizers or [], ckpt.get("optimizer_states", [])):
             # torch shards a whole state onto the device of this rank's own state tensors; a state without
             # any (plain SGD, an optimizer that never stepped) has only its param_groups: loaded as they are
@@ -227,3 +235,12 @@ def load(
         raise CheckpointError(f"checkpoint {path!r} could not be read ({type(e).__name__}: {e}).") from e
     check_contents(ckpt, path)
     return ckpt
+
+
+def saved_names(path: str, weights_only: bool = True) -> set[str]:
+    """The names of the weights a checkpoint (file or directory) holds, without reading the tensors (a file
+    is memory-mapped; a directory's metadata lists them)."""
+    path = _existing(path)
+    if os.path.isdir(path):
+        return set(_saved_weights(_read_meta(path)[1]))
+    return set(load(path, mmap=True, weights_only=weights_only)["state_dict"])

@@ -12,7 +12,9 @@ import torch
 
 from strategies.checkpoint.checks import FORMAT_VERSION, check_compatible, resumable
 from strategies.checkpoint.directory import _existing, _read_meta
-from strategies.checkpoint.io import checkpoint_io, load
+from strategies.checkpoint.io import checkpoint_io, load, saved_names
+from strategies.large.init import has_meta
+from strategies.large.weights import defer, expect
 from tandem_core.errors import CheckpointError, ConfigError
 from tandem_core.hooks import overrides
 from trainer.checkpoint.find import resolve_path, run_id
@@ -138,6 +140,14 @@ def prepare_restore(t: Trainer, path: str, stage: str, weights_only: bool = True
     return Restoring(path, ckpt)
 
 
+def expect_restore(t: Trainer, path: str, weights_only: bool = True) -> None:
+    """Before setup: tell a task built on the meta device which weights `path` restores right after (their
+    modules are then materialized without reset_parameters)."""
+    task = t.task
+    if task is not None and has_meta(task):
+        expect(task, saved_names(_existing(resolve_path(t, path)), weights_only))
+
+
 def restore(t: Trainer, restoring: Restoring) -> None:
     """fit, after on_fit_start (as Lightning): the optimizer, scheduler and loop states of the checkpoint."""
     path, ckpt, task = restoring.path, restoring.ckpt, t.task
@@ -224,8 +234,12 @@ def rebuild_task(
     overrides: dict[str, Any],
     weights_only: bool = True,
 ) -> Any:
-    """Task.load_from_checkpoint: cls(**saved hyperparameters, **overrides) with the saved weights."""
-    ckpt = load(path, map_location if map_location is not None else "cpu", weights_only=weights_only)
+    """Task.load_from_checkpoint: cls(**saved hyperparameters, **overrides) with the saved weights. Inside
+    ``Trainer.init_module(empty_init=True)`` under a sharding strategy the task is built on the meta device
+    and the file only memory-mapped: its weights wait on the task and go in at setup, as shards."""
+    on_meta = torch.get_default_device().type == "meta"
+    where = map_location if map_location is not None else "cpu"
+    ckpt = load(path, where, mmap=on_meta and os.path.isfile(path), weights_only=weights_only)
     hparams = ckpt.get("hyper_parameters", {})
     absent = {k: v for k, v in missing(hparams).items() if k not in overrides}
     for k in unresolved(
@@ -252,6 +266,9 @@ def rebuild_task(
         strict = task.strict_loading
     if strict:
         check_compatible(task, ckpt["state_dict"], path)
+    if has_meta(task):  # nothing to copy into yet: loaded when the strategy has materialized the task
+        defer(task, ckpt["state_dict"], strict, path)
+        return task
     task.load_state_dict(ckpt["state_dict"], strict=strict)
     if not ckpt["state_dict"]:  # as Lightning: said, not refused (a task whose weights are all built later)
         warnings.warn(

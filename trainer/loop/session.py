@@ -13,6 +13,7 @@ import torch
 
 from strategies.data.indices import track_indices
 from strategies.data.reinit import recording_init_args
+from strategies.memory.plan import check_fits
 from tandem_core.errors import TaskError
 from tandem_core.hooks import overrides
 from trainer import checkpoint
@@ -110,12 +111,10 @@ class Session:
             with t.profile(action_key(dm, "setup")):
                 dm.setup(stage=stage)  # by keyword, as Lightning calls it
         t.hooks.call("setup", stage=stage)
-        if "configure_model" in t.hooks.custom:
-            run_as(t, "configure_model", task.configure_model)
+        if "configure_model" in t.hooks.custom:  # under the strategy's init context, as in Lightning
+            with t.strategy.tensor_init_context():
+                run_as(t, "configure_model", task.configure_model)
         t.strategy.connect(task)
-        t.strategy.setup(task)
-        t.loaders, t.loader_sizes, t.loader_iterables = {}, {}, {}
-        self._check_data()
         path = self.ckpt_path
         if t._ckpt_user_managed:  # `trainer.ckpt_path = ...` (Lightning's stateful form): the argument wins
             if path is not None:
@@ -129,6 +128,11 @@ class Session:
                 path = t._ckpt_path
         if path is None and stage == "fit" and t.config.resume == "auto":
             path = t.strategy.comm.broadcast(checkpoint.find_last(t))  # every rank loads the same file
+        if path is not None:  # a task built on meta needs no reset_parameters for what the file restores
+            checkpoint.expect_restore(t, path, self.weights_only)
+        t.strategy.setup(task)
+        t.loaders, t.loader_sizes, t.loader_iterables = {}, {}, {}
+        self._check_data()
         # the weights and callback states now; for fit the optimizer and loop states after on_fit_start
         self.restoring = (
             checkpoint.prepare_restore(t, path, stage, self.weights_only) if path is not None else None
@@ -146,6 +150,8 @@ class Session:
                     "self.automatic_optimization = False call self.clip_gradients(opt, ...) before opt.step()."
                 )
             task._optimizers = [TaskOptimizer(o, t) for o in t.optimizers]
+            # a warning when the states alone cannot fit the device (strategies/memory/plan.py)
+            check_fits(t.strategy, task, t.optimizers, t.config.devices)
         if self.compiler is not None:  # after the strategy moved, wrapped or sharded the plain module
             self.uncompile = t.strategy.compile(
                 task, functools.partial(apply_compiler, compiler=self.compiler)

@@ -265,6 +265,24 @@ class Task(LightningAttributes, TaskDefaults, ExportMixin, torch.nn.Module, Hype
             )
         return rebuild_task(cls, checkpoint_path, map_location, strict, kwargs, weights_only)
 
+    def load_pretrained(self, path: str, strict: bool = True, key: str | None = "auto") -> None:
+        """Load weights from `path` (``torch.save(model.state_dict())``, or a checkpoint's "state_dict"; read as
+        plain data). A task built on the meta device (``Trainer.init_module(empty_init=True)`` under fsdp,
+        model_parallel or pipeline) gets them at setup, after sharding: only rank 0 reads the file (memory-
+        mapped) and the others receive their shards, one tensor at a time. Otherwise they load now."""
+        from strategies.checkpoint.checks import check_compatible
+        from strategies.large.init import has_meta
+        from strategies.large.weights import REMEDY, defer, read_weights
+
+        state = read_weights(path, key)
+        if strict:
+            check_compatible(self, state, path, REMEDY)
+        if has_meta(self):
+            defer(self, state, strict, path)
+            return
+        with torch.no_grad():
+            self.load_state_dict(state, strict=strict)
+
     def print(self, *args: Any, **kwargs: Any) -> None:
         """print() on global rank 0 only; through the progress bar while one draws, so that it stays intact."""
         if self.global_rank != 0:

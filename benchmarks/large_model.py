@@ -1,0 +1,238 @@
+"""The largest transformer that trains 2 steps at 4 ranks on this machine, per strategy, Tandem and Lightning
+2.6 side by side on the same model and API (``trainer.init_module(empty_init=True)``, fp32, AdamW).
+
+A ladder of GPT sizes (d=2048, 16 heads, vocab 8192; 50M parameters a block) is climbed from a rung below a
+rough estimate until a rung fails; the largest that trained is reported, as a fraction of the machine's limit
+(its memory / 16 bytes per parameter: fp32 weights, gradients and AdamW's two moments, held once). Each rung
+runs as 4 fresh processes under torchrun; a guard watches the node's available memory and kills the rung's
+process group when it falls below a floor (the machine is shared: no rung may drive it into the OOM killer).
+A rung killed by the guard, failing, or past its time limit counts as not trained.
+
+    flock /tmp/tandem-heavy.lock python benchmarks/large_model.py --only tandem:fsdp   # one contender's ladder
+    python benchmarks/large_model.py --report        # the table of all, benchmarks/results/large_model.json
+    python benchmarks/large_model.py --quick         # tiny rungs (checks that every contender runs)
+
+Contenders: tandem ddp, ddp_zero1, fsdp, model_parallel (TP 2 x FSDP 2), pipeline (4 stages, 1F1B);
+lightning ddp, model_parallel as FSDP2 (data_parallel_size=4: fully_shard in configure_model; Lightning's
+FSDPStrategy needs a GPU), model_parallel (TP 2 x FSDP 2). Lightning has no ZeRO-1 and no pipeline strategy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = os.path.join(ROOT, "benchmarks", "results", "large_model")
+D, HEADS, VOCAB, SEQ, BATCH = 2048, 16, 8192, 16, 4  # BATCH: sequences per rank per step
+LADDER = [2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 32]  # blocks
+WORLD = 4
+CONTENDERS = {  # name -> bytes per parameter the node holds (weights, grads, AdamW), to pick the first rung
+    "tandem:ddp": 16 * WORLD,
+    "tandem:ddp_zero1": 8 * WORLD + 8,
+    "tandem:fsdp": 16,
+    "tandem:model_parallel": 16,
+    "tandem:pipeline": 16,
+    "lightning:ddp": 16 * WORLD,
+    "lightning:model_parallel_fsdp": 16,
+    "lightning:model_parallel": 16,
+}
+FLOOR = 1.5 * 2**30  # the guard kills a rung when the node's available memory falls below this
+BASE = 0.7 * 2**30  # about what one process holds before its model (interpreter, torch, gloo)
+
+
+def params(layers: int, d: int = D) -> int:
+    return layers * (12 * d * d + 13 * d) + 2 * VOCAB * d + VOCAB + 2 * d
+
+
+def meminfo(field: str) -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise OSError(field)
+
+
+# ----- a rung: one worker of 4 -------------------------------------------------------------------------------
+def worker(contender: str, layers: int, d: int, out: str) -> None:
+    sys.path.insert(0, ROOT)
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, TensorDataset
+
+    warnings.simplefilter("ignore")
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    framework, name = contender.split(":")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, VOCAB, (BATCH * WORLD * 4, SEQ), generator=g)
+    loader = DataLoader(TensorDataset(x, torch.roll(x, -1, dims=1)), batch_size=BATCH)
+    quiet = dict(
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False
+    )
+    start = time.time()
+    if framework == "tandem":
+        from strategies.model_parallel import ModelParallelStrategy
+        from strategies.pipeline import PipelineStrategy
+        from tests.helpers.plan_models import GPT
+        from trainer import Trainer
+
+        strategy = {"model_parallel": lambda: ModelParallelStrategy(2, 2), "pipeline": PipelineStrategy}.get(
+            name, lambda: name
+        )()
+        trainer = Trainer(strategy=strategy, devices=WORLD, accelerator="cpu", max_steps=2, **quiet)
+        with trainer.init_module(empty_init=True):
+            model = GPT(d=d, heads=HEADS, layers=layers, vocab=VOCAB)
+    else:
+        import pytorch_lightning as pl
+        from pytorch_lightning.strategies import DDPStrategy, ModelParallelStrategy
+
+        from benchmarks.large_model_lightning import LightningGPT
+
+        strategy = {
+            "ddp": lambda: DDPStrategy(),
+            "model_parallel_fsdp": lambda: ModelParallelStrategy(
+                data_parallel_size=WORLD, tensor_parallel_size=1
+            ),
+            "model_parallel": lambda: ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=2),
+        }[name]()
+        trainer = pl.Trainer(strategy=strategy, devices=WORLD, accelerator="cpu", max_steps=2, **quiet)
+        with trainer.init_module(empty_init=True):
+            model = LightningGPT(d=d, heads=HEADS, layers=layers, vocab=VOCAB)
+    trainer.fit(model, loader)
+    hwm = 0
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                hwm = int(line.split()[1]) * 1024
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, {"hwm": hwm, "steps": int(trainer.global_step)})
+    if dist.get_rank() == 0:
+        with open(out, "w") as f:
+            json.dump({"ranks": everyone, "seconds": time.time() - start}, f)
+
+
+def rung(contender: str, layers: int, d: int, limit_s: float) -> dict:
+    """Run one rung under torchrun with the memory guard; what happened."""
+    result = os.path.join(OUT, f".rung-{os.getpid()}.json")
+    if os.path.exists(result):
+        os.remove(result)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={WORLD}", f"--master_port={port}",
+           os.path.abspath(__file__), "--worker", contender, str(layers), str(d), result]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    start, lowest, why = time.time(), meminfo("MemAvailable"), None
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    while proc.poll() is None:
+        free = meminfo("MemAvailable")
+        lowest = min(lowest, free)
+        if free < FLOOR:
+            why = f"memory guard: {free / 2**30:.2f} GiB available"
+        elif time.time() - start > limit_s:
+            why = f"past {limit_s:.0f} s"
+        if why:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            break
+        time.sleep(0.1)
+    err = proc.stderr.read() if proc.stderr else ""
+    out = {"layers": layers, "d": d, "params": params(layers, d), "seconds": time.time() - start,
+           "lowest_available_gib": lowest / 2**30}  # fmt: skip
+    if why is None and proc.returncode == 0 and os.path.exists(result):
+        with open(result) as f:
+            got = json.load(f)
+        os.remove(result)
+        out.update(
+            trained=all(r["steps"] == 2 for r in got["ranks"]),
+            hwm_gib=[r["hwm"] / 2**30 for r in got["ranks"]],
+        )
+    else:
+        lines = [ln for ln in err.splitlines() if re.search(r"\w+(Error|Exception): ", ln)]
+        out.update(
+            trained=False, why=why or (lines[-1][-300:] if lines else f"exit status {proc.returncode}")
+        )
+    return out
+
+
+def climb(contender: str, quick: bool) -> dict:
+    """The contender's ladder, from a rung below the rough estimate up to the first that fails."""
+    available = meminfo("MemAvailable")
+    total = meminfo("MemTotal")
+    if quick:
+        rungs, d, limit = [1, 2], 256, 300.0
+    else:
+        estimate = (available - FLOOR - WORLD * BASE) / CONTENDERS[contender]
+        below = [n for n in LADDER if params(n) <= 0.6 * estimate] or LADDER[:1]
+        rungs, d, limit = LADDER[LADDER.index(below[-1]) :], D, 900.0
+    tried = []
+    for layers in rungs:
+        got = rung(contender, layers, d, limit)
+        tried.append(got)
+        print(f"  {contender} {layers} blocks ({got['params'] / 1e9:.2f} B params): "
+              f"{'trained' if got['trained'] else 'failed: ' + got.get('why', '')} in {got['seconds']:.0f} s",
+              flush=True)  # fmt: skip
+        if not got["trained"]:
+            break
+    best = max((t["params"] for t in tried if t["trained"]), default=0)
+    return {"contender": contender, "largest_params": best, "machine_limit_params": total / 16,
+            "fraction": best / (total / 16), "available_at_start_gib": available / 2**30, "rungs": tried,
+            "first_rung_failed": bool(tried) and not tried[0]["trained"]}  # fmt: skip
+
+
+def report() -> None:
+    rows = []
+    for path in sorted(glob.glob(os.path.join(OUT, "*.json"))):
+        with open(path) as f:
+            rows.append(json.load(f))
+    limit = rows[0]["machine_limit_params"] if rows else 0
+    print(f"largest GPT (d={D}) that trains 2 steps at {WORLD} ranks; machine limit {limit / 1e9:.2f} B parameters "
+          "(MemTotal / 16 bytes)")  # fmt: skip
+    print(f"{'contender':<32} {'largest (B params)':>18} {'of limit':>9} {'free at start GiB':>18}")
+    for r in rows:
+        note = " (its smallest rung failed)" if r["first_rung_failed"] else ""
+        print(f"{r['contender']:<32} {r['largest_params'] / 1e9:>18.2f} {r['fraction']:>9.2f} "
+              f"{r['available_at_start_gib']:>18.1f}{note}")  # fmt: skip
+    with open(os.path.join(ROOT, "benchmarks", "results", "large_model.json"), "w") as f:
+        json.dump({"model": {"d": D, "heads": HEADS, "vocab": VOCAB, "seq": SEQ, "batch_per_rank": BATCH},
+                   "results": rows}, f, indent=1)  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", action="append", help="contender(s) to climb, e.g. tandem:fsdp (default: all)")
+    ap.add_argument("--quick", action="store_true", help="two tiny rungs per contender, nothing written")
+    ap.add_argument("--report", action="store_true", help="print and write the table of the ladders climbed")
+    ap.add_argument("--worker", nargs=4, metavar=("CONTENDER", "LAYERS", "D", "OUT"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        contender, layers, d, out = args.worker
+        worker(contender, int(layers), int(d), out)
+        return
+    if args.report:
+        report()
+        return
+    os.makedirs(OUT, exist_ok=True)
+    for contender in args.only or list(CONTENDERS):
+        if contender not in CONTENDERS:
+            raise SystemExit(f"unknown contender {contender!r}; one of {', '.join(CONTENDERS)}")
+        got = climb(contender, args.quick)
+        if not args.quick:
+            with open(os.path.join(OUT, contender.replace(":", "_") + ".json"), "w") as f:
+                json.dump(got, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

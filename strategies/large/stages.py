@@ -1,0 +1,58 @@
+"""A pipeline rank's part of the task: its own stages on its device (fully sharded over the data-parallel ranks
+when there are several), every other stage on the meta device, and never the whole task anywhere."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from torch import nn
+
+from strategies.checkpoint.checks import check_compatible
+from strategies.large.init import materialize, move_materialized, recast, sync_replicas
+from strategies.large.weights import REMEDY, broadcast_into, covered, take
+
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from strategies.precision import Precision
+
+
+def place_stages(
+    task: nn.Module,
+    modules: list[nn.Module],
+    indices: list[int],
+    mesh: DeviceMesh,
+    device: torch.device,
+    precision: Precision,
+) -> None:
+    """Stages `indices` of `modules` (the task's configure_pipeline()) on `device` in the precision's dtype,
+    sharded over mesh["dp"] when it has several ranks; the others on meta. What was built on meta is
+    materialized here (each rank only its stages' shards); weights waiting on the task are loaded."""
+    import torch.distributed as dist
+
+    local = [modules[i] for i in indices]
+    mine = {id(m) for m in local}
+    for module in modules:  # free what other ranks compute: only this rank's stages keep parameters
+        if id(module) not in mine and not all(t.is_meta for t in [*module.parameters(), *module.buffers()]):
+            module.to("meta")
+    dp = mesh["dp"]
+    sharded = dp.size() > 1
+    dtype = precision.param_dtype
+    names = {id(m): n for n, m in task.named_modules()}
+    wanted = covered(task)
+    for module in local:
+        recast(module, dtype)  # where it is (meta stays meta)
+        if sharded:
+            from torch.distributed.fsdp import fully_shard
+
+            fully_shard(module, mesh=dp)
+        replicas = (lambda m: sync_replicas(m, dp.get_group())) if sharded else None
+        materialize(module, device, wanted, sharded, replicas, qualnames=names)
+    move_materialized(task, device, dtype)
+    found = take(task)
+    if found is not None:
+        if found.strict:
+            check_compatible(task, found.state_dict, found.source, REMEDY)
+        state = found.state_dict if dist.get_rank() == 0 else {}
+        broadcast_into(task, state, found.strict, device if device.type == "cuda" else None)
