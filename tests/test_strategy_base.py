@@ -19,7 +19,9 @@ def test_the_base_contract_has_at_most_17_public_members():  # 17th: compile (wh
     # plus Lightning's connect/lightning_module: they only record the task (Lightning users' tests call them)
     settings = {"accelerator", "use_distributed_sampler"}  # constructor settings the Trainer may fill
     settings |= {"connect", "lightning_module"}
-    settings |= {"checkpoint_io"}  # Lightning's checkpoint-IO plugin: a setting (Trainer(plugins=[...]) assigns it)
+    settings |= {
+        "checkpoint_io"
+    }  # Lightning's checkpoint-IO plugin: a setting (Trainer(plugins=[...]) assigns it)
     public = sorted(n for n in dir(Strategy()) if not n.startswith("_") and n not in settings)
     assert len(public) <= 17, public
     assert {"comm", "backward", "step", "autocast", "optimizer_step", "launch", "setup", "compile"} <= set(
