@@ -113,6 +113,7 @@ class TorchCheckpointIO(CheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str, storage_options: Any = None) -> None:
         """torch.save `checkpoint` to `path` atomically (a crash leaves the previous file)."""
         if self.file_io is not None:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)  # (as the default write does)
             return self.file_io.save_checkpoint(checkpoint, path, storage_options)
         if storage_options is not None:
             raise TypeError(
