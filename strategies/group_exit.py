@@ -79,12 +79,21 @@ def _is_gloo(group: Any) -> bool:
         return True
 
 
+# modules whose functions take `group=dist.group.WORLD` as a default argument, evaluated when first imported:
+# imported after a group exists, they hold it (the pipeline's ShardedGradScaler is imported at setup)
+_DEFAULTS_HOLDERS = ("torch.distributed.nn.functional", "torch.distributed.fsdp.sharded_grad_scaler")
+
+
 def _release_default_arguments() -> list[Any]:
-    """The groups that torch.distributed.nn.functional's default arguments held, now set to None."""
-    functional = sys.modules.get("torch.distributed.nn.functional")
+    """The groups that default arguments of torch's functions held (_DEFAULTS_HOLDERS), now set to None."""
     dist = sys.modules["torch.distributed"]
     released: list[Any] = []
-    for fn in list(vars(functional).values()) if functional is not None else ():
+    functions = []
+    for name in _DEFAULTS_HOLDERS:
+        module = sys.modules.get(name)
+        for value in list(vars(module).values()) if module is not None else ():
+            functions += list(vars(value).values()) if isinstance(value, type) else [value]
+    for fn in functions:
         defaults = getattr(fn, "__defaults__", None)
         if isinstance(defaults, tuple) and any(issubclass(type(d), dist.ProcessGroup) for d in defaults):
             released += [d for d in defaults if issubclass(type(d), dist.ProcessGroup)]

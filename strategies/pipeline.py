@@ -144,7 +144,14 @@ class PipelineStrategy(ProcessGroupStrategy):
     # ----- life cycle -------------------------------------------------------------------------------
     def setup(self, task: Task) -> None:
         modules = check_task(task, self.n_stages, self.pipeline_parallel_size, self.stages_per_rank)
-        super().setup(task)  # the whole task on the device, in the parameter dtype
+        if any(p.is_meta for p in task.parameters()):  # set up before (fit, then validate): other ranks'
+            self.precision.setup(self.root_device)  # stages are on the meta device, the rest goes as usual
+            dtype = self.precision.param_dtype
+            task._apply(
+                lambda t: t if t.is_meta else t.to(self.root_device, dtype if t.is_floating_point() else None)
+            )
+        else:
+            super().setup(task)  # the whole task on the device, in the parameter dtype
         from torch.distributed import pipelining
 
         assert self.device_mesh is not None
@@ -194,7 +201,7 @@ class PipelineStrategy(ProcessGroupStrategy):
             from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
             state = precision.scaler.state_dict()
-            precision.scaler = ShardedGradScaler(self.root_device.type, process_group=dist.group.WORLD)
+            precision.scaler = ShardedGradScaler(self.root_device.type, process_group=None)  # (None: the world)
             precision.scaler.scale(torch.ones((), device=self.root_device))  # its scale exists on every rank
             if state.get("scale") is not None:
                 precision.scaler.load_state_dict(state)
@@ -322,9 +329,11 @@ class PipelineStrategy(ProcessGroupStrategy):
                 task.forward = own
 
     def teardown(self) -> None:
+        """Remove the autocast hooks and drop the schedule (its stages hold the process group and their
+        receive buffers); the next stage's setup builds them again."""
         for h in self._cast_hooks:
             h.remove()
-        self._cast_hooks = []
+        self._cast_hooks, self.schedule = [], None
         super().teardown()
 
 

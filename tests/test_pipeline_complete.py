@@ -23,14 +23,20 @@ CLIP = 0.05  # well below the gradients' norm (about 0.5 to 2): every step is cl
 class EvalNet(PipeNet):
     """PipeNet with evaluation steps that call self(x), and records of gradients, dtypes and weights."""
 
-    def __init__(self, n_stages: int = 2, opt: str = "adam", poison: int | None = None) -> None:
+    def __init__(
+        self, n_stages: int = 2, opt: str = "adam", poison: int | None = None, scale: float = 1.0
+    ) -> None:
         super().__init__(n_stages, opt)
         self.poison = poison  # at this batch, an inf enters the head's weight gradient (the last stage only)
+        self.scale = scale  # of the loss: 1e-3 keeps fp16's gradients finite at the scaler's first scale
         self.grads: list[dict] = []
         self.clipped: list[dict] = []
         self.weights: list[dict] = []
         self.dtypes: set[tuple[str, str]] = set()
         self.scales: list[float] = []
+
+    def pipeline_loss(self, output, target):
+        return super().pipeline_loss(output, target) * self.scale
 
     def validation_step(self, batch, batch_idx):
         x, y = batch
@@ -47,8 +53,15 @@ class EvalNet(PipeNet):
         for name, m in self.named_modules():
             if isinstance(m, (torch.nn.Linear, Block)) and not next(m.parameters()).is_meta:
                 m.register_forward_hook(self._record(name))
+        self._hooks = []
         if self.poison is not None and not self.head.weight.is_meta:
-            self.head.weight.register_hook(lambda g: g * math.inf if self._poisoned else g)
+            self._hooks.append(
+                self.head.weight.register_hook(lambda g: g * math.inf if self._poisoned else g)
+            )
+
+    def on_train_end(self):
+        for h in self._hooks:  # (a hook holding the task on its parameter is a cycle gc cannot see)
+            h.remove()
 
     def _record(self, name):
         def hook(module, args, output):
@@ -91,7 +104,8 @@ def _loader(n=48, dtype=torch.float64, batch=BATCH):
 
 
 def _run(strategy, devices, n_stages, precision="64-true", poison=None, evaluate=False, **kw):
-    task, losses = EvalNet(n_stages, poison=poison), Losses()
+    low = precision in ("bf16-mixed", "16-mixed", "32-true")  # compared with each other, at a small loss
+    task, losses = EvalNet(n_stages, poison=poison, scale=1e-3 if low else 1.0), Losses()
     trainer = Trainer(
         strategy=strategy,
         devices=devices,
