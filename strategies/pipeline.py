@@ -201,7 +201,9 @@ class PipelineStrategy(ProcessGroupStrategy):
             from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
             state = precision.scaler.state_dict()
-            precision.scaler = ShardedGradScaler(self.root_device.type, process_group=None)  # (None: the world)
+            precision.scaler = ShardedGradScaler(
+                self.root_device.type, process_group=None
+            )  # (None: the world)
             precision.scaler.scale(torch.ones((), device=self.root_device))  # its scale exists on every rank
             if state.get("scale") is not None:
                 precision.scaler.load_state_dict(state)
