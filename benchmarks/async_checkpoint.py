@@ -39,7 +39,7 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 WIDTH, LAYERS, BATCH = 4096, 6, 16
 
 
-def _child(contender: str, steps: int, every: int, out: str, workdir: str) -> None:
+def _child(contender: str, steps: int, every: int, out: str, workdir: str, width: int) -> None:
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -50,7 +50,7 @@ def _child(contender: str, steps: int, every: int, out: str, workdir: str) -> No
     class Big(Task):
         def __init__(self) -> None:
             super().__init__()
-            self.layers = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)])
+            self.layers = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(LAYERS)])
 
         def training_step(self, batch, batch_idx):
             (x,) = batch
@@ -80,7 +80,7 @@ def _child(contender: str, steps: int, every: int, out: str, workdir: str) -> No
     fsdp = contender.startswith("fsdp")
     kind = contender.removeprefix("fsdp_")
     torch.manual_seed(0)
-    data = TensorDataset(torch.randn(BATCH * steps * (2 if fsdp else 1), WIDTH))
+    data = TensorDataset(torch.randn(BATCH * steps * (2 if fsdp else 1), width))
     trainer = Trainer(
         max_steps=steps,
         accelerator="cpu",
@@ -105,7 +105,7 @@ def _child(contender: str, steps: int, every: int, out: str, workdir: str) -> No
             "saves": len(clock.saves),
             "in_call_s": clock.saves,
             "fit_s": fit_end - t0,
-            "params": LAYERS * (WIDTH * WIDTH + WIDTH),
+            "params": LAYERS * (width * width + width),
         }
         with open(out, "w") as f:
             json.dump(result, f)
@@ -124,7 +124,7 @@ def _run(contender: str, args: argparse.Namespace) -> dict:
         "--workdir",
         workdir,
     ]
-    cmd += ["--steps", str(args.steps), "--every", str(args.every)]
+    cmd += ["--steps", str(args.steps), "--every", str(args.every), "--width", str(args.width)]
     try:
         subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "2"})
         with open(out) as f:
@@ -139,13 +139,16 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=13)
     p.add_argument("--every", type=int, default=3)
     p.add_argument("--fsdp", action="store_true", help="also fsdp at 2 processes (sharded directories)")
+    p.add_argument(
+        "--width", type=int, default=WIDTH, help="of the layers (4096: 403 MB; smaller for a smoke run)"
+    )
     p.add_argument("--dir", default=None, help="where checkpoints are written (default: the system's temp)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)
     p.add_argument("--workdir", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        _child(args.child, args.steps, args.every, args.out, args.workdir)
+        _child(args.child, args.steps, args.every, args.out, args.workdir, args.width)
         return
     groups = [["none", "sync", "async"]] + ([["fsdp_none", "fsdp_sync", "fsdp_async"]] if args.fsdp else [])
     runs: dict[str, list[dict]] = {}
@@ -193,6 +196,8 @@ def main() -> None:
             f"{later if later is None else round(later, 2)!s:>17}{row['end_wait_s']:>12.2f}"
         )
     os.makedirs(RESULTS, exist_ok=True)
+    if args.width != WIDTH:  # a smoke run: no result file
+        return
     name = "async_checkpoint_fsdp.json" if args.fsdp else "async_checkpoint.json"
     with open(os.path.join(RESULTS, name), "w") as f:
         json.dump({"args": vars(args), "runs": runs, "rows": rows, "params": params}, f, indent=1)

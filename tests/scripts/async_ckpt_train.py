@@ -1,10 +1,12 @@
 """Trains with AsyncCheckpointIO, a ModelCheckpoint every step (top 2 by step, and last.ckpt) and
 resume="auto", so that a test can SIGKILL it at random moments of its background saves and check what is left.
 
-    python tests/scripts/async_ckpt_train.py ROOT MAX_STEPS [--sync] [--dir DIRECTORY]
+    python tests/scripts/async_ckpt_train.py ROOT MAX_STEPS [--sync] [--fsdp]
 
-Prints "resumed <step>" when fit starts (the step it resumed at, 0 for a fresh start), "saving <step>" when a
-save starts and "step <step>" after each step; writes the final weights to ROOT/final.pt when it ends.
+With --fsdp: strategy="fsdp" at 2 processes (started by the script itself), checkpoints are directories of
+shards written with dcp.async_save. Rank 0 prints "resumed <step>" when fit starts (the step it resumed at, 0
+for a fresh start), "saving <step>" when a save starts and "step <step>" after each step; the final weights
+(whole) go to ROOT/final.pt when it ends.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ class Net(Task):
         return torch.nn.functional.mse_loss(self.net(x), y)
 
     def on_save_checkpoint(self, checkpoint):
-        print(f"saving {checkpoint['global_step']}", flush=True)
+        if self.global_rank == 0:
+            print(f"saving {checkpoint['global_step']}", flush=True)
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters(), lr=1e-4)
@@ -46,10 +49,12 @@ class Net(Task):
 
 class Report(Callback):
     def on_train_start(self, trainer, task):
-        print(f"resumed {trainer.global_step}", flush=True)
+        if trainer.is_global_zero:
+            print(f"resumed {trainer.global_step}", flush=True)
 
     def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx):
-        print(f"step {trainer.global_step}", flush=True)
+        if trainer.is_global_zero:
+            print(f"step {trainer.global_step}", flush=True)
         time.sleep(0.05)
 
 
@@ -62,9 +67,12 @@ def main() -> None:
         dirpath=os.path.join(root, "ckpt"), every_n_train_steps=1, save_top_k=2, monitor="step", mode="max",
         save_last=True,
     )  # fmt: skip
+    fsdp = "--fsdp" in sys.argv
     trainer = Trainer(
         max_steps=max_steps,
         accelerator="cpu",
+        strategy="fsdp" if fsdp else "single",
+        devices=2 if fsdp else 1,
         default_root_dir=root,
         callbacks=[ckpt, Report()],
         plugins=None if "--sync" in sys.argv else [AsyncCheckpointIO()],
@@ -75,8 +83,12 @@ def main() -> None:
     )
     task = Net()
     trainer.fit(task, DataLoader(data, batch_size=8))
-    torch.save({k: v.clone() for k, v in task.state_dict().items()}, os.path.join(root, "final.pt"))
-    print("done", flush=True)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    whole = get_model_state_dict(task, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if trainer.is_global_zero:
+        torch.save({k: v.clone() for k, v in whole.items()}, os.path.join(root, "final.pt"))
+        print("done", flush=True)
 
 
 if __name__ == "__main__":
