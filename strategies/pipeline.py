@@ -279,7 +279,8 @@ class PipelineStrategy(ProcessGroupStrategy):
         for p, _ in self._grads:
             p.grad = None
         loss = (
-            torch.stack([v.float() for v in self._losses]).mean().to(torch.float64)
+            # the micro-batches' losses (the schedule's first step also computes one while inferring shapes)
+            torch.stack([v.float() for v in self._losses[-self.n_microbatches :]]).mean().to(torch.float64)
             if last
             else torch.zeros((), dtype=torch.float64, device=self.comm.device)
         )

@@ -295,3 +295,6 @@ def finish(t: Trainer, error: BaseException | None) -> None:
         if error is None:
             raise
         print(f"[tandem] {e}", file=sys.stderr)
+        return
+    if error is None and t.world_size > 1 and getattr(io, "writes_directory", False):
+        t.strategy.comm.barrier("checkpoints published")  # rank 0 renames them into place: seen by every rank
