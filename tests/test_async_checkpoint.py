@@ -164,6 +164,11 @@ def test_checkpoint_plugins_attach_as_in_lightning(tmp_path):
     outer = AsyncCheckpointIO(AsyncCheckpointIO())
     Trainer(plugins=[outer], **FAST)
     assert type(outer.checkpoint_io.checkpoint_io) is TorchCheckpointIO
+    assert outer._base_checkpoint_io_configured and outer.checkpoint_io._base_checkpoint_io_configured
+    for io in (AsyncCheckpointIO(), AsyncCheckpointIO(TorchCheckpointIO())):  # the default file IO or none:
+        strategy = FSDPStrategy()  # FSDP's own form is written (directories of shards)
+        strategy.checkpoint_io = io
+        assert io.writes_directory and strategy.checkpoint_io is io
 
     class Counting(CheckpointIO):  # a user's own plugin: the strategy's file operations go through it
         calls: list[str] = []

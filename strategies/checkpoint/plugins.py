@@ -51,13 +51,14 @@ def attach(strategy: Any, io: CheckpointIO) -> None:
     form = form or TorchCheckpointIO()
     own["_checkpoint_form"] = form
     if isinstance(io, AsyncCheckpointIO):
-        innermost = io.innermost
-        base = innermost.checkpoint_io
-        if base is None or type(base) is TorchCheckpointIO and base.file_io is None:
-            innermost.checkpoint_io = form  # Lightning's default filled in: here the strategy's own form
+        base = io.innermost.checkpoint_io
+        if base is None:  # Lightning's default filled in (its setter reaches the innermost): the form
+            io.checkpoint_io = form
+        elif type(base) is TorchCheckpointIO and base.file_io is None:  # the default, given: the form instead
+            io.innermost.form = form
         elif base is not form:
             _file_io(strategy, form, base)
-            innermost.form = form
+            io.innermost.form = form
     elif not (type(io) is TorchCheckpointIO and io.file_io is None):  # (the default adds nothing)
         _file_io(strategy, form, io)
     own["_checkpoint_io"] = io
