@@ -209,3 +209,34 @@ def test_an_evaluation_step_using_another_ranks_module_is_explained():
     err = meta_error("validation_step", NotImplementedError("Cannot copy out of meta tensor; no data!"))
     assert err is not None and "self(x)" in str(err) and "validation_step" in str(err)
     assert meta_error("validation_step", RuntimeError("shape mismatch")) is None
+
+
+def test_clipping_by_a_partitioned_norm_in_one_process_is_torchs(tmp_path):
+    import torch.distributed as dist
+
+    from strategies.clipping import clip_grad_norm_partitioned
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    g = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(5, 3, generator=g, dtype=torch.float64)) for _ in range(3)]
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g, dtype=torch.float64)
+    copies = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    for c, p in zip(copies, params):
+        c.grad = p.grad.clone()
+    expected = torch.nn.utils.clip_grad_norm_(copies, 0.5)
+    total = clip_grad_norm_partitioned(params, 0.5, dist.group.WORLD)
+    assert abs(float(total) - float(expected)) <= 1e-15 * float(expected) and float(expected) > 0.5
+    assert all(float((p.grad - c.grad).abs().max()) <= 1e-15 for p, c in zip(params, copies))
+
+
+def test_stage_outputs_cross_ranks_with_their_shapes_and_dtypes():
+    from strategies.pipeline_eval import _cat, _header, _parse, _split
+
+    tensors = (torch.zeros(3, 4, 5, dtype=torch.bfloat16), torch.ones(3, dtype=torch.int64))
+    specs, is_tuple = _parse(_header(tensors, True).tolist())
+    assert specs == [(torch.bfloat16, [3, 4, 5]), (torch.int64, [3])] and is_tuple
+    x, y = torch.arange(10.0).reshape(5, 2), torch.tensor(2.0)
+    chunks = _split((x, y), 5, 4)  # 5 rows into 4 micro-batches: 2, 1, 1, 1; a 0-dim argument goes whole
+    assert [c[0].shape[0] for c in chunks] == [2, 1, 1, 1] and all(c[1] is y for c in chunks)
+    assert torch.equal(_cat([c[0] for c in chunks]), x)
