@@ -280,7 +280,7 @@ class PipelineStrategy(ProcessGroupStrategy):
             p.grad = None
         loss = (
             # the micro-batches' losses (the schedule's first step also computes one while inferring shapes)
-            torch.stack([v.float() for v in self._losses[-self.n_microbatches :]]).mean().to(torch.float64)
+            torch.stack([v.to(torch.float64) for v in self._losses[-self.n_microbatches :]]).mean()
             if last
             else torch.zeros((), dtype=torch.float64, device=self.comm.device)
         )
