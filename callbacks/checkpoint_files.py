@@ -8,6 +8,7 @@ import shutil
 from typing import TYPE_CHECKING, Any
 
 from callbacks import checkpoint_state
+from tandem_core.fileio import wait_written
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -16,6 +17,9 @@ if TYPE_CHECKING:
 def link_last(trainer: Trainer, target: str, link: str) -> None:
     """save_last="link": `link` becomes a relative symbolic link to `target` (a copy where links fail)."""
     if trainer.is_global_zero and os.path.abspath(target) != os.path.abspath(link):
+        wait_written(
+            target
+        )  # a link to a file still being written (AsyncCheckpointIO) could dangle after a kill
         if os.path.islink(link) or os.path.isfile(link):
             os.remove(link)
         elif os.path.isdir(link):
@@ -45,4 +49,5 @@ def remove_file(cb: Any, trainer: Trainer, path: str) -> None:
         if os.path.islink(path):
             os.remove(path)
             return
-        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)  # a directory: sharded (FSDP)
+        # through the strategy's checkpoint plugin (Lightning's remove_checkpoint): a file or a sharded directory
+        trainer.strategy.checkpoint_io.remove_checkpoint(path)

@@ -26,6 +26,7 @@ from strategies.precision import Precision
 from tandem_core.errors import ConfigError
 
 if TYPE_CHECKING:
+    from strategies.checkpoint.io import CheckpointIO
     from strategies.fork import ForkStart
     from trainer.task.base import Task
 
@@ -150,6 +151,21 @@ class Strategy:
         return (self._precision or self.precision).step(optimizer, closure, **kwargs)
 
     # ----- checkpoints --------------------------------------------------------------------------
+    @property
+    def checkpoint_io(self) -> CheckpointIO:
+        """Lightning's checkpoint-IO plugin: how this strategy's checkpoints are written and read (its own
+        form, TorchCheckpointIO by default, or what was assigned here or passed in Trainer(plugins=[...]);
+        strategies/checkpoint/plugins.py)."""
+        from strategies.checkpoint.io import plugin_of
+
+        return plugin_of(self)
+
+    @checkpoint_io.setter
+    def checkpoint_io(self, io: CheckpointIO) -> None:
+        from strategies.checkpoint.plugins import attach
+
+        attach(self, io)
+
     def state_dict(self) -> dict[str, Any]:
         """The strategy's own state for a checkpoint (e.g. the precision's loss scaler)."""
         return {"precision": self.precision.state_dict()}

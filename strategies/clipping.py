@@ -10,23 +10,34 @@ group of their own), each group's norm is taken by torch's ``get_total_norm`` an
 group is clipped by ``clip_grads_with_norm_`` with the one global norm. The global norm then equals the norm
 of the same gradients in one process. With a single group (a plain model, or FSDP's one mesh) torch's own
 functions run, unchanged.
+
+Where the ranks hold disjoint parts of the model (pipeline stages: `strategy.grad_norm_group`), each rank sums
+the p-th powers of its own gradients (their local shards under FSDP) in float64, one all-reduce over that group
+adds them up, and every rank clips its gradients by the one global norm, as torch's clip_grad_norm_ would in
+one process holding them all.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
 from tandem_core.errors import ConfigError
 
 
-def clip_gradients(optimizer: torch.optim.Optimizer, clip_val: float, algorithm: str | None = "norm") -> None:
-    """Clip the gradients of the optimizer's parameters by total norm (also for None) or by value."""
+def clip_gradients(
+    optimizer: torch.optim.Optimizer, clip_val: float, algorithm: str | None = "norm", norm_group: Any = None
+) -> None:
+    """Clip the gradients of the optimizer's parameters by total norm (also for None) or by value;
+    `norm_group`: the process group over which the ranks hold disjoint parts of the model (pipeline)."""
     algorithm = algorithm or "norm"
     params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-    if algorithm == "norm":
+    if algorithm == "norm" and norm_group is not None:
+        clip_grad_norm_partitioned(params, clip_val, norm_group)
+    elif algorithm == "norm":
         clip_grad_norm(params, clip_val)  # torch's, or by mesh on TP / 2-D models
     elif algorithm == "value":
         clip_grad_value(params, clip_val)
@@ -71,6 +82,39 @@ def clip_grad_norm(params: Iterable[torch.Tensor], max_norm: float, norm_type: f
     for g in groups:
         device = g[0].grad.device  # type: ignore[union-attr]
         torch.nn.utils.clip_grads_with_norm_(g, max_norm, total.to(device))
+    return total
+
+
+def clip_grad_norm_partitioned(
+    params: Iterable[torch.Tensor], max_norm: float, group: Any, norm_type: float = 2.0
+) -> torch.Tensor:
+    """Clip `params`' gradients by the norm of all ranks' gradients in `group` together (each rank holds its
+    own part of the model); one all-reduce; returns that norm (float64)."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    grads = [
+        p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params if p.grad is not None
+    ]
+    device = grads[0].device if grads else torch.device("cpu")
+    p = float(norm_type)
+    if math.isinf(p):
+        local = max(
+            (g.detach().abs().max().double() for g in grads), default=torch.zeros((), dtype=torch.float64)
+        )
+        total = local.to(device).reshape(1)
+        dist.all_reduce(total, op=dist.ReduceOp.MAX, group=group)
+    else:
+        total = torch.zeros(1, dtype=torch.float64, device=device)
+        for g in grads:
+            total += g.detach().double().abs().pow(p).sum()
+        dist.all_reduce(total, group=group)
+        total = total.pow(1.0 / p)
+    total = total[0]
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)  # torch's clip_grads_with_norm_
+    with torch.no_grad():
+        for g in grads:
+            g.mul_(coef.to(g.device))
     return total
 
 

@@ -102,20 +102,22 @@ def _is_gloo(group: Any) -> bool:
 
 
 def _release_default_arguments() -> list[Any]:
-    """The groups that the default arguments of torch.distributed's functions held, now set to None (the
-    default group, which is what those functions document): torch.distributed.nn.functional's, and
-    ZeroRedundancyOptimizer's `_broadcast_object` (imported when strategy='ddp_zero1' builds its first twin)."""
+    """The groups that the default arguments of torch.distributed's functions and methods held, now set to None
+    (the default group, which is what those functions document): torch.distributed.nn.functional's,
+    ZeroRedundancyOptimizer's `_broadcast_object` (imported when strategy='ddp_zero1' builds its first twin),
+    ShardedGradScaler's methods (imported at the pipeline's setup)."""
     dist = sys.modules["torch.distributed"]
     released: list[Any] = []
+    functions: list[Any] = []
     modules = [m for name, m in list(sys.modules.items()) if name.startswith("torch.distributed.") and m]
     for module in modules:
-        for fn in list(vars(module).values()):
-            defaults = fn.__defaults__ if type(fn) is types.FunctionType else None
-            if isinstance(defaults, tuple) and any(issubclass(type(d), dist.ProcessGroup) for d in defaults):
-                released += [d for d in defaults if issubclass(type(d), dist.ProcessGroup)]
-                fn.__defaults__ = tuple(
-                    None if issubclass(type(d), dist.ProcessGroup) else d for d in defaults
-                )
+        for value in list(vars(module).values()):
+            functions += list(vars(value).values()) if isinstance(value, type) else [value]
+    for fn in functions:
+        defaults = fn.__defaults__ if type(fn) is types.FunctionType else None
+        if isinstance(defaults, tuple) and any(issubclass(type(d), dist.ProcessGroup) for d in defaults):
+            released += [d for d in defaults if issubclass(type(d), dist.ProcessGroup)]
+            fn.__defaults__ = tuple(None if issubclass(type(d), dist.ProcessGroup) else d for d in defaults)
     return released
 
 

@@ -17,11 +17,18 @@ is not run)::
 Batches are ``(input, target)``: the input goes to the first stage, the target to the last. The step's loss
 (the mean over the micro-batches, from the last stage; with data_parallel_size > 1 averaged over the
 replicas, so the global batch's mean) is broadcast to every rank and is the step's output: log it in ``on_train_batch_end(outputs, ...)`` (``outputs["loss"]``).
+
+Precision as under every strategy: each stage's forward and ``pipeline_loss`` run under the precision's autocast
+(bf16-mixed, 16-mixed), and under 16-mixed the loss is scaled, the gradients unscaled and a step with inf/nan
+gradients skipped on every rank alike (torch's ShardedGradScaler over the whole group). Validation, test and
+predict steps run through the stages, forward only (strategies/pipeline_eval.py): in them ``self(x)`` is the
+whole model's forward. Gradient clipping by norm uses the global norm over every stage (strategies/clipping.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -29,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from strategies import group_exit
+from strategies import group_exit, pipeline_eval
 from strategies.comm_device import to_comm
 from strategies.large.init import init_context
 from strategies.large.stages import place_stages
@@ -93,6 +100,9 @@ class PipelineStrategy(ProcessGroupStrategy):
         self.stage_indices: list[int] = []
         self.checkpoint_io = PipelineCheckpointIO(self)
         self._grads: list[tuple[torch.Tensor, torch.Tensor]] = []  # from step to backward
+        self._losses: list[torch.Tensor] = []  # this step's micro-batch losses, unscaled
+        self.stage_modules: dict[int, torch.nn.Module] = {}  # this rank's stages by index
+        self._cast_hooks: list[Any] = []
         self._batch_size: int | None = None  # of the first training batch: every later one must match
         group_exit.on_close(self._release)  # its stages hold the pipeline's group (strategies/group_exit.py)
 
@@ -142,13 +152,6 @@ class PipelineStrategy(ProcessGroupStrategy):
     # ----- life cycle -------------------------------------------------------------------------------
     def setup(self, task: Task) -> None:
         modules = check_task(task, self.n_stages, self.pipeline_parallel_size, self.stages_per_rank)
-        config = getattr(getattr(task, "_trainer", None), "config", None)
-        if getattr(config, "gradient_clip_val", None) and self.pipeline_parallel_size > 1:
-            raise ConfigError(
-                "PipelineStrategy with gradient_clip_val: each rank holds only its stages' gradients, so clipping "
-                "would use each stage's own norm instead of the model's; drop gradient_clip_val (not supported "
-                "under a pipeline yet)."
-            )
         from torch.distributed import pipelining
 
         assert self.device_mesh is not None
@@ -162,8 +165,10 @@ class PipelineStrategy(ProcessGroupStrategy):
             pipelining.PipelineStage(modules[i], i, self.n_stages, self.root_device, group=pp_group)
             for i in self.stage_indices
         ]
+        self.stage_modules = {i: modules[i] for i in self.stage_indices}
+        self._setup_precision()
         cls = getattr(pipelining, SCHEDULES[self.schedule_name])
-        loss_fn = _loss_of(task)
+        loss_fn = self._loss_of(task)
         try:
             self.schedule = (
                 cls(stages, self.n_microbatches, loss_fn=loss_fn, scale_grads=True)
@@ -181,6 +186,58 @@ class PipelineStrategy(ProcessGroupStrategy):
         """Lightning's meaning, as FSDPStrategy's: on the meta device with `empty_init=True` (each rank then
         allocates only its stages at setup), in the precision's parameter dtype."""
         return init_context("meta" if empty_init else None, self.precision.param_dtype)
+
+    def _setup_precision(self) -> None:
+        """Each local stage's forward under the precision's autocast (entered and left by forward hooks, so
+        that the schedule's backward runs outside it, as everywhere); under 16-mixed a gradient scaler whose
+        inf/nan check is all-reduced over every rank (each holds only its stages' gradients)."""
+        for h in self._cast_hooks:
+            h.remove()
+        self._cast_hooks = []
+        precision = self.precision
+        if precision.scaler is not None:
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            state = precision.scaler.state_dict()
+            precision.scaler = ShardedGradScaler(
+                self.root_device.type, process_group=None
+            )  # (None: the world)
+            precision.scaler.scale(torch.ones((), device=self.root_device))  # its scale exists on every rank
+            if state.get("scale") is not None:
+                precision.scaler.load_state_dict(state)
+        if not precision.casts:
+            return
+        open_: dict[int, list[Any]] = {}
+
+        def enter(module: torch.nn.Module, args: Any) -> None:
+            ctx = precision.autocast()
+            ctx.__enter__()
+            open_.setdefault(id(module), []).append(ctx)
+
+        def leave(module: torch.nn.Module, args: Any, output: Any) -> None:
+            open_[id(module)].pop().__exit__(None, None, None)
+
+        for module in self.stage_modules.values():
+            self._cast_hooks.append(module.register_forward_pre_hook(enter))
+            self._cast_hooks.append(module.register_forward_hook(leave, always_call=True))
+
+    def _loss_of(self, task: Task) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """The schedule's loss: `pipeline_loss` under autocast, recorded unscaled, returned scaled (16-mixed)."""
+        precision = self.precision
+
+        def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            with precision.autocast():
+                loss = task.pipeline_loss(output, target)  # type: ignore[attr-defined]
+            self._losses.append(loss.detach())
+            return precision.scale(loss)
+
+        return loss_fn
+
+    @property
+    def grad_norm_group(self) -> Any:
+        """The ranks whose gradients together are the model's (each holds its stages', FSDP shards of them
+        under pipeline x FSDP): all of them. Clipping by norm sums the squared norms over it."""
+        return dist.group.WORLD
 
     # ----- data -------------------------------------------------------------------------------------
     def process_dataloader(self, loader: Any, stage: str) -> Any:
@@ -200,10 +257,7 @@ class PipelineStrategy(ProcessGroupStrategy):
         self, task: Task, hook: str, batch: Any, batch_idx: int, dataloader_idx: int | None = None
     ) -> Any:
         if hook != "training_step":
-            raise TaskError(
-                f"PipelineStrategy runs training only ({hook} needs the whole model on one rank); train with "
-                "it, then evaluate the checkpoint under strategy='single' or 'ddp' (set limit_val_batches=0)."
-            )
+            return self._evaluate(task, hook, batch, batch_idx, dataloader_idx)
         if not task.automatic_optimization:
             raise ConfigError(
                 "PipelineStrategy runs the task's optimizer itself: use automatic optimization."
@@ -211,9 +265,9 @@ class PipelineStrategy(ProcessGroupStrategy):
         x, y = _split(batch)
         self._batch_size = check_batch(x, self._batch_size, self.n_microbatches)
         first, last = 0 in self.stage_indices, self.n_stages - 1 in self.stage_indices
-        losses: list[torch.Tensor] = []
+        self._losses = []
         args = (x,) if first else ()
-        kwargs: dict[str, Any] = {"target": y, "losses": losses} if last else {}
+        kwargs: dict[str, Any] = {"target": y} if last else {}
         for p in task.parameters():  # the last step's gradients: the loop zeroes them only after this
             p.grad = None
         self.comm.run("pipeline step", lambda: self.schedule.step(*args, **kwargs))
@@ -223,7 +277,11 @@ class PipelineStrategy(ProcessGroupStrategy):
         for p, _ in self._grads:
             p.grad = None
         loss = (
-            to_comm(torch.stack([v.detach() for v in losses]).mean(), self.comm.device, torch.float64)
+            # the micro-batches' losses (the schedule's first step also computes one while inferring shapes)
+            to_comm(
+                torch.stack([v.to(torch.float64) for v in self._losses[-self.n_microbatches :]]).mean(),
+                self.comm.device,
+            )
             if last
             else torch.zeros((), dtype=torch.float64, device=self.comm.device)
         )
@@ -252,14 +310,35 @@ class PipelineStrategy(ProcessGroupStrategy):
             )
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Nothing around the whole step: the schedule runs backward too; each stage's forward and the loss
+        enter the precision's autocast themselves (`_setup_precision`)."""
         return contextlib.nullcontext()
 
+    def _evaluate(self, task: Task, hook: str, batch: Any, batch_idx: int, dataloader_idx: int | None) -> Any:
+        """An evaluation step with `self(x)` running through the stages (strategies/pipeline_eval.py)."""
+        own = task.__dict__.get("forward")
+        task.forward = functools.partial(pipeline_eval.forward, self)  # type: ignore[method-assign]
+        try:
+            with self.precision.autocast():
+                return super().step(task, hook, batch, batch_idx, dataloader_idx)
+        except (NotImplementedError, RuntimeError) as e:
+            error = pipeline_eval.meta_error(hook, e)
+            if error is None:
+                raise
+            raise error from e
+        finally:
+            if own is None:
+                del task.forward
+            else:
+                task.forward = own
 
-def _loss_of(task: Task) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return task.pipeline_loss(output, target)  # type: ignore[attr-defined]
-
-    return loss_fn
+    def teardown(self) -> None:
+        """Remove the autocast hooks and drop the schedule (its stages hold the process group and their
+        receive buffers); the next stage's setup builds them again."""
+        for h in self._cast_hooks:
+            h.remove()
+        self._cast_hooks, self.schedule = [], None
+        super().teardown()
 
 
 def _split(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from strategies.checkpoint.io import CheckpointIO
+from strategies.checkpoint.io import TorchCheckpointIO
 
 if TYPE_CHECKING:
     from strategies.pipeline import PipelineStrategy
@@ -28,7 +28,7 @@ def _plain(t: Any) -> Any:
     return None if t.is_meta else t.detach().cpu()
 
 
-class PipelineCheckpointIO(CheckpointIO):
+class PipelineCheckpointIO(TorchCheckpointIO):
     """Every stage's part gathered to rank 0 (every rank calls `collect`: it is a collective). A file is read
     memory-mapped: each rank touches only its own stages' tensors."""
 

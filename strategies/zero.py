@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from strategies import group_exit
-from strategies.checkpoint.io import CheckpointIO
+from strategies.checkpoint.io import TorchCheckpointIO
 from tandem_core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ def state_bytes(optimizer: torch.optim.Optimizer) -> int:
     )
 
 
-class ZeroCheckpointIO(CheckpointIO):
+class ZeroCheckpointIO(TorchCheckpointIO):
     """One file, as the default, with every optimizer state consolidated on rank 0 in the task optimizer's
     own form (`consolidate_state_dict(to=0)`, a collective: every rank calls `collect`). Restoring gives each
     rank the state of the parameters its ZeRO twin owns at the current world size."""

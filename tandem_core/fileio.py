@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import threading
 from collections.abc import Callable
-from typing import BinaryIO
+from concurrent.futures import Future, wait
+from typing import Any, BinaryIO
 
 from tandem_core.errors import ConfigError
 
@@ -66,3 +68,49 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | str | Callable[[Bin
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+# ----- writes still in flight in this process (AsyncCheckpointIO): readers wait for them ---------------------
+_PENDING: dict[str, Future[Any]] = {}
+_PENDING_LOCK = threading.Lock()
+
+
+def writing(path: str | os.PathLike[str], done: Future[Any]) -> None:
+    """Record that `path` is being written in the background until `done` completes (success or not):
+    `wait_written(path)` blocks until then."""
+    key = os.path.abspath(os.fspath(path))
+    with _PENDING_LOCK:
+        _PENDING[key] = done
+
+    def forget(_: Future[Any]) -> None:
+        with _PENDING_LOCK:
+            if _PENDING.get(key) is done:
+                del _PENDING[key]
+
+    done.add_done_callback(forget)
+
+
+def wait_written(path: str | os.PathLike[str]) -> None:
+    """Block until no background write of `path` started in this process is in flight, so that a reader
+    (a load, an upload, a link) sees the whole file; its error, if any, is the writer's to report."""
+    with _PENDING_LOCK:
+        done = _PENDING.get(os.path.abspath(os.fspath(path)))
+    if done is not None:
+        wait([done])
+
+
+def remove_stale_temps(path: str | os.PathLike[str]) -> None:
+    """Delete the temporary files `atomic_write` leaves beside `path` when its process is killed mid-write
+    (``.tmp-<name>-*``); only this name's, never another file's."""
+    path = os.fspath(path)
+    directory, name = os.path.dirname(os.path.abspath(path)), os.path.basename(path)
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return
+    for entry in entries:
+        if entry.startswith(f".tmp-{name}-"):
+            try:
+                os.unlink(os.path.join(directory, entry))
+            except OSError:
+                pass

@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader
 
 from strategies.checkpoint.checks import FORMAT_VERSION
 from strategies.checkpoint.io import ShardedCheckpointIO, load
+from strategies.checkpoint.plugins import use_form
 from tandem_core.errors import CheckpointError
 from trainer import Trainer
 
@@ -45,7 +46,7 @@ def genuine(tmp_path) -> str:
 def sharded(tmp_path) -> str:
     """A directory checkpoint of a 2-step run, as FSDPStrategy writes one (one process here)."""
     trainer = Trainer(max_steps=2, default_root_dir=str(tmp_path), **FAST)
-    trainer.strategy.checkpoint_io = ShardedCheckpointIO()
+    use_form(trainer.strategy, ShardedCheckpointIO())
     trainer.fit(Net(), DataLoader(CountingData(), batch_size=5))
     path = str(tmp_path / "dir.ckpt")
     trainer.save_checkpoint(path)

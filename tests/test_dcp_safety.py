@@ -22,7 +22,8 @@ from torch.utils.data import DataLoader
 
 from strategies.checkpoint import dcp_read
 from strategies.checkpoint.directory import dir_payload
-from strategies.checkpoint.io import CheckpointIO, ShardedCheckpointIO, load
+from strategies.checkpoint.io import ShardedCheckpointIO, TorchCheckpointIO, load
+from strategies.checkpoint.plugins import use_form
 from tandem_core.errors import CheckpointError
 from trainer import Trainer
 
@@ -49,7 +50,7 @@ def saved(tmp_path) -> tuple[str, Net, Trainer]:
     """A directory checkpoint of a 3-step Adam run, written as FSDPStrategy writes one (one process here)."""
     task = Net(optimizer="adam")
     trainer = Trainer(max_steps=3, default_root_dir=str(tmp_path), **FAST)
-    trainer.strategy.checkpoint_io = ShardedCheckpointIO()
+    use_form(trainer.strategy, ShardedCheckpointIO())
     trainer.fit(task, _data())
     path = str(tmp_path / "dir.ckpt")
     trainer.save_checkpoint(path)
@@ -85,7 +86,7 @@ def test_a_genuine_directory_reads_back_what_was_saved(saved, tmp_path):
     optimizer = fresh.configure_optimizers()["optimizer"]
     for group in optimizer.param_groups:  # so that only reading the saved non-tensor items restores them
         group.update(lr=0.5, betas=(0.1, 0.2), eps=0.3)
-    CheckpointIO().restore(path, fresh, [optimizer])
+    TorchCheckpointIO().restore(path, fresh, [optimizer])
     want, got = trainer.optimizers[0].state_dict(), optimizer.state_dict()
     assert got["param_groups"] == want["param_groups"]  # lr, betas (a tuple), eps, ...: the non-tensor items
     for i, state in want["state"].items():
@@ -99,7 +100,7 @@ def test_a_genuine_directory_reads_back_what_was_saved(saved, tmp_path):
 
 def test_resuming_from_the_directory_matches_resuming_from_a_file(saved, tmp_path):
     path, _, trainer = saved
-    trainer.strategy.checkpoint_io = CheckpointIO()
+    use_form(trainer.strategy, TorchCheckpointIO())
     trainer.save_checkpoint(str(tmp_path / "file.ckpt"))
     resumed = {}
     for name in ("dir.ckpt", "file.ckpt"):

@@ -10,6 +10,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import Callback
 from strategies import resolve_strategy
+from strategies.checkpoint.io import TorchCheckpointIO
 from strategies.ddp import DDPStrategy
 from strategies.zero import state_bytes
 from tandem_core.errors import ConfigError
@@ -141,7 +142,10 @@ def test_zero1_equals_the_plain_optimizer_shards_its_state_and_resumes_at_anothe
 def test_zero_option_and_alias():
     s = resolve_strategy("ddp_zero1", {"accelerator": "cpu", "devices": 2})
     assert isinstance(s, DDPStrategy) and s.zero == 1
-    assert DDPStrategy().zero == 0 and not hasattr(DDPStrategy(), "checkpoint_io")
+    assert (
+        DDPStrategy().zero == 0 and type(DDPStrategy().checkpoint_io) is TorchCheckpointIO
+    )  # the default file
+    assert type(s.checkpoint_io).__name__ == "ZeroCheckpointIO"
     with pytest.raises(ConfigError, match="zero"):
         DDPStrategy(zero=2)
     with pytest.raises(ConfigError, match="16-mixed"):

@@ -197,11 +197,24 @@ LIMIT = must(batches, "an int >= 0 (batches), a float in [0, 1] (fraction) or a 
 FLAG = must(lambda v: isinstance(v, bool), "true or false")
 
 
-def check_plugins(name: str, value: Any) -> None:
-    """None, or SLURMEnvironment (trainer.plugins.environments); every other plugin is refused by name."""
-    from trainer.plugins.environments import SLURMEnvironment
+def checkpoint_plugins(value: Any) -> list[Any]:
+    """The checkpoint-IO plugins (strategies/checkpoint/plugins.py) among Trainer(plugins=...)."""
+    from strategies.checkpoint.io import CheckpointIO
 
     items = [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
+    return [item for item in items if isinstance(item, CheckpointIO)]
+
+
+def check_plugins(name: str, value: Any) -> None:
+    """None, SLURMEnvironment (trainer.plugins.environments) and one checkpoint-IO plugin; every other plugin
+    is refused by name."""
+    from trainer.plugins.environments import SLURMEnvironment
+
+    io = checkpoint_plugins(value)
+    if len(io) > 1:
+        raise OptionError(name, f"{name} may hold one checkpoint-IO plugin, got {len(io)}")
+    items = [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
+    items = [item for item in items if not any(item is i for i in io)]
     for item in items:
         if not isinstance(item, SLURMEnvironment):
             kind = type(item).__name__ if not isinstance(item, str) else repr(item)

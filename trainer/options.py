@@ -264,7 +264,8 @@ class TrainerConfig:
     )
     plugins: Any = option(
         None,
-        "[SLURMEnvironment(auto_requeue=..., requeue_signal=...)] or None; other plugins are refused",
+        "[SLURMEnvironment(auto_requeue=..., requeue_signal=...)] and/or one checkpoint-IO plugin "
+        "(AsyncCheckpointIO(), TorchCheckpointIO() or a CheckpointIO subclass), or None; other plugins are refused",
         check_plugins,
     )
 

@@ -32,6 +32,7 @@ from trainer.loop import fit as loop
 from trainer.loop.hooks import Hooks
 from trainer.loop.session import Session, set_torch_flags
 from trainer.loop.state import LoopState
+from trainer.option_checks import checkpoint_plugins
 from trainer.options import TrainerConfig
 from trainer.profiler import make_profiler
 from trainer.readback import TrainerReadback
@@ -71,6 +72,8 @@ class Trainer(TrainerReadback, TrainerLoaders):
         self.default_root_dir = os.path.abspath(cfg.default_root_dir or os.getcwd())
         set_torch_flags(cfg.deterministic, cfg.benchmark)  # as Lightning does when a Trainer is built
         self.strategy: Strategy = resolve_strategy(cfg.strategy, vars(cfg), set(options))
+        for io in checkpoint_plugins(cfg.plugins):  # Lightning's connector: strategy.checkpoint_io = plugin
+            self.strategy.checkpoint_io = io
         self.loggers: list[Logger] = self._make_loggers(cfg.logger)
         if given.fast_dev_run and self._make_loggers(given.logger):  # Lightning's stand-in: calls do nothing
             self.loggers = [DummyLogger()]

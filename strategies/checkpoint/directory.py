@@ -37,18 +37,32 @@ def write_dir(tensors: dict[str, Any], meta: dict[str, Any], path: str, comm: Co
     import torch.distributed.checkpoint as dcp
 
     path = os.path.abspath(path)
+    tmp = temp_dir(path, comm)
+    comm.barrier("save_checkpoint")
+    dcp.save(tensors, checkpoint_id=tmp)
+    comm.barrier("save_checkpoint")
+    if comm.is_global_zero:
+        publish_dir(tmp, meta, path)
+    comm.barrier("save_checkpoint")
+
+
+def temp_dir(path: str, comm: Comm) -> str:
+    """The temporary name a directory checkpoint of `path` is written under, the same on every rank; rank 0
+    deletes what saves of `path` that crashed left (never the new name)."""
+    path = os.path.abspath(path)
     tmp = comm.broadcast(f"{path}.tmp-{uuid.uuid4().hex[:12]}")  # one name for every rank
     if comm.is_global_zero:
         for stale in glob.glob(glob.escape(path) + ".tmp-*"):  # left by a save that crashed
-            shutil.rmtree(stale, ignore_errors=True)
-    comm.barrier("save_checkpoint")
-    dcp.save(tensors, checkpoint_id=tmp)
-    if comm.is_global_zero:
-        atomic_save(meta, os.path.join(tmp, META))
-    comm.barrier("save_checkpoint")
-    if comm.is_global_zero:
-        _swap_in(tmp, path)
-    comm.barrier("save_checkpoint")
+            if stale != tmp:
+                shutil.rmtree(stale, ignore_errors=True)
+    return tmp
+
+
+def publish_dir(tmp: str, meta: dict[str, Any], path: str) -> None:
+    """Rank 0, once every rank's shards and DCP's metadata are in `tmp`: add `meta` (tandem.pt) and rename
+    `tmp` to `path`, so that `path` is only ever a complete checkpoint."""
+    atomic_save(meta, os.path.join(tmp, META))
+    _swap_in(tmp, path)
 
 
 def _swap_in(tmp: str, path: str) -> None:

@@ -1,6 +1,8 @@
-"""How weights and optimizer states get into and out of a checkpoint, in its two forms.
+"""How weights and optimizer states get into and out of a checkpoint, in its two forms, and Lightning's
+checkpoint-IO plugin interface (``CheckpointIO``: save, load and remove one checkpoint).
 
-- **A file**: one ``torch.save`` of the whole checkpoint dict, written atomically by rank 0 (the default).
+- **A file**: one ``torch.save`` of the whole checkpoint dict, written atomically by rank 0 (the default,
+  ``TorchCheckpointIO``).
 - **A directory** written with torch.distributed.checkpoint (DCP): every rank writes its own shards of the
   weights and optimizer states, rank 0 adds ``tandem.pt`` with everything else. It is written under a
   temporary name and renamed into place only after every rank has finished; the previous checkpoint of
@@ -9,13 +11,20 @@
 Every strategy reads both, as plain data only: files with torch.load(weights_only=True), directories
 through strategies/checkpoint/dcp_read.py. Loading a directory reshards: DCP gives each rank the parts of the saved tensors
 that its own tensors (sharded or whole) cover, so a run saved by N processes resumes on any other number.
-A strategy chooses how it writes through a `checkpoint_io` attribute (FSDPStrategy has one); the others
-use `CheckpointIO()`.
+
+A form is a ``TorchCheckpointIO``: besides Lightning's three file operations it says what a checkpoint holds
+(``collect``), who writes which part (``write``) and how it is read back (``restore``). A strategy keeps its
+form in ``strategy.checkpoint_io`` (FSDP's writes directories, ZeRO-1's and the pipeline's gather to rank 0);
+a user's own ``CheckpointIO`` (plugins=[...]) takes over the file operations of that form, and
+``AsyncCheckpointIO`` (strategies/checkpoint/async_io.py) writes it in the background
+(strategies/checkpoint/plugins.py attaches either).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -34,21 +43,106 @@ from strategies.checkpoint.directory import (
 )
 from strategies.checkpoint.files import atomic_save, read
 from tandem_core.errors import CheckpointError
+from tandem_core.fileio import wait_written
 
 if TYPE_CHECKING:
     from strategies.comm import Comm
 
 
-def checkpoint_io(strategy: Any) -> CheckpointIO:
-    """The strategy's way of writing checkpoints, or the default single file."""
-    return getattr(strategy, "checkpoint_io", None) or CheckpointIO()
+class CheckpointIO(ABC):
+    """Lightning's checkpoint-IO plugin: how one checkpoint (a dict) is saved to, loaded from and removed at
+    a path. Subclass it and pass ``Trainer(plugins=[MyIO()])`` (or set ``strategy.checkpoint_io``) to write
+    checkpoints your own way; the strategy still decides what the dict holds. Example::
+
+        class Copying(CheckpointIO):
+            def save_checkpoint(self, checkpoint, path, storage_options=None):
+                TorchCheckpointIO().save_checkpoint(checkpoint, path); shutil.copy(path, "/backup/")
+            def load_checkpoint(self, path, map_location=None, weights_only=None):
+                return TorchCheckpointIO().load_checkpoint(path, map_location, weights_only)
+            def remove_checkpoint(self, path):
+                TorchCheckpointIO().remove_checkpoint(path)
+    """
+
+    @abstractmethod
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str, storage_options: Any = None) -> None:
+        """Write `checkpoint` to `path` (called on rank 0 only)."""
+
+    @abstractmethod
+    def load_checkpoint(
+        self, path: str, map_location: Any = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        """Read the checkpoint at `path` (weights_only=None: Tandem's default, plain data only)."""
+
+    @abstractmethod
+    def remove_checkpoint(self, path: str) -> None:
+        """Delete the checkpoint at `path` (a file, or a directory of shards)."""
+
+    def teardown(self) -> None:  # noqa: B027 (optional, as in Lightning: a plugin may have nothing to finish)
+        """Called when a stage ends (finish what is still being written)."""
 
 
-class CheckpointIO:
-    """One file written by rank 0 with the task's and the optimizers' own ``state_dict()``."""
+def checkpoint_io(strategy: Any) -> TorchCheckpointIO:
+    """What writes and reads the strategy's checkpoints: an AsyncCheckpointIO assigned to it (it stands in
+    for the form it writes), else its form (the default single file unless the strategy set its own, with a
+    user's CheckpointIO doing its file operations); strategies/checkpoint/plugins.py attaches them."""
+    own = strategy.__dict__
+    public = own.get("_checkpoint_io")
+    if public is not None and callable(getattr(type(public), "write", None)):  # AsyncCheckpointIO
+        return public  # type: ignore[no-any-return]
+    form = own.get("_checkpoint_form")
+    if form is None:
+        form = own["_checkpoint_form"] = TorchCheckpointIO()
+    return form  # type: ignore[no-any-return]
+
+
+def plugin_of(strategy: Any) -> CheckpointIO:
+    """`strategy.checkpoint_io` as Lightning reads it: what was assigned, else the form."""
+    return strategy.__dict__.get("_checkpoint_io") or checkpoint_io(strategy)
+
+
+class TorchCheckpointIO(CheckpointIO):
+    """One file written by rank 0 with the task's and the optimizers' own ``state_dict()``: ``torch.save``
+    to a temporary file renamed into place, read back with ``torch.load(weights_only=True)`` after the
+    file's records were checked. Lightning's default checkpoint-IO plugin, and the default form."""
 
     mmap = False  # read files memory-mapped (each rank then keeps only what it copies out)
     saves_window_grads = True  # False: no checkpoint can be taken inside an accumulation window
+    writes_directory = False  # True: every rank writes its shards with DCP (not one file)
+    #: a user's CheckpointIO that does this form's file operations (strategies/checkpoint/plugins.py)
+    file_io: CheckpointIO | None = None
+
+    # ----- Lightning's plugin interface: one file ------------------------------------------------------
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str, storage_options: Any = None) -> None:
+        """torch.save `checkpoint` to `path` atomically (a crash leaves the previous file)."""
+        if self.file_io is not None:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)  # (as the default write does)
+            return self.file_io.save_checkpoint(checkpoint, path, storage_options)
+        if storage_options is not None:
+            raise TypeError(
+                f"{type(self).__name__}.save_checkpoint takes no storage_options; write a CheckpointIO "
+                "subclass that uses them."
+            )
+        atomic_save(checkpoint, path)
+        return None
+
+    def load_checkpoint(
+        self, path: str, map_location: Any = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        """A checkpoint file or directory as plain data (see `load`); weights_only=None means True."""
+        if self.file_io is not None and not os.path.isdir(path):
+            return self.file_io.load_checkpoint(path, weights_only=weights_only)
+        return load(path, map_location or "cpu", self.mmap, weights_only is not False)
+
+    def remove_checkpoint(self, path: str) -> None:
+        """Delete the checkpoint file, or a directory checkpoint with its shards."""
+        if self.file_io is not None and not os.path.isdir(path):
+            self.file_io.remove_checkpoint(path)
+        elif os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.remove(path)
+
+    # ----- the form ------------------------------------------------------------------------------------
 
     def collect(
         self, task: torch.nn.Module, optimizers: list[torch.optim.Optimizer] | None
@@ -62,7 +156,7 @@ class CheckpointIO:
     def write(self, ckpt: dict[str, Any], path: str, comm: Comm) -> None:
         """Write `ckpt` to `path`; every rank calls this and returns once it is on disk."""
         if comm.is_global_zero:
-            atomic_save(ckpt, path)
+            self.save_checkpoint(ckpt, path)
         comm.barrier("save_checkpoint")
 
     def restore(
@@ -80,7 +174,7 @@ class CheckpointIO:
         if os.path.isdir(path):
             return restore_dir(path, task, optimizers, weights)
         if ckpt is None:
-            ckpt = load(path, mmap=self.mmap)
+            ckpt = self.load_checkpoint(path)
         if weights and getattr(task, "strict_loading", True):  # strict_loading=False: partial weights
             check_compatible(task, ckpt["state_dict"], path)
         if optimizers is not None and resumable(ckpt):
@@ -110,7 +204,7 @@ class CheckpointIO:
             p.grad = None if g is None else g.to(p.device)
 
 
-class ShardedCheckpointIO(CheckpointIO):
+class ShardedCheckpointIO(TorchCheckpointIO):
     """States as torch.distributed.checkpoint.state_dict sees them, for sharded parameters: a directory of
     every rank's shards (the default), or with `full=True` one file of the states gathered to rank 0, in the
     same form as the default file (optimizer states keyed by parameter index), readable without a group."""
@@ -119,6 +213,10 @@ class ShardedCheckpointIO(CheckpointIO):
 
     def __init__(self, full: bool = False) -> None:
         self.full = full
+
+    @property
+    def writes_directory(self) -> bool:  # type: ignore[override]
+        return not self.full
 
     def collect(
         self, task: torch.nn.Module, optimizers: list[torch.optim.Optimizer] | None
@@ -220,6 +318,7 @@ def load(
     """Read a checkpoint written by Trainer.save_checkpoint: a file, or a directory (its weights gathered
     whole into this process; its optimizer states are read only when resuming, by `restore`). Plain data
     only (torch.load's weights_only) unless weights_only=False is asked for a trusted file."""
+    wait_written(os.fspath(path))  # a save of it still in flight in this process (AsyncCheckpointIO)
     path = _existing(os.fspath(path))
     if os.path.isdir(path):
         return read_dir(path)

@@ -8,6 +8,7 @@ from trainer.checkpoint.run import (
     Restoring,
     check_window_saves,
     expect_restore,
+    finish,
     prepare_restore,
     rebuild_task,
     restore,
@@ -15,7 +16,8 @@ from trainer.checkpoint.run import (
 )
 
 __all__ = [
-    "Restoring", "atomic_save", "check_compatible", "check_window_saves", "expect_restore", "find_last", "load", "prepare_restore",
+    "Restoring", "atomic_save", "check_compatible", "check_window_saves", "expect_restore", "find_last", "finish",
+    "load", "prepare_restore",
     "rebuild_task",
     "resolve_path", "restore", "run_id", "save", "stop_path",
 ]  # fmt: skip

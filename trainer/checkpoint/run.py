@@ -4,6 +4,7 @@ how the states are written and read is strategies/checkpoint/io.py (one file) an
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,7 @@ from strategies.checkpoint.io import checkpoint_io, load, saved_names
 from strategies.large.init import has_meta
 from strategies.large.weights import defer, expect
 from tandem_core.errors import CheckpointError, ConfigError
+from tandem_core.fileio import wait_written
 from tandem_core.hooks import overrides
 from trainer.checkpoint.find import resolve_path, run_id
 from trainer.checkpoint.format import decode_for, encode, missing, rebuilt_form
@@ -106,11 +108,13 @@ def prepare_restore(t: Trainer, path: str, stage: str, weights_only: bool = True
     (which may rename or drop keys of checkpoint["state_dict"]), then the weights, the DataModule's state,
     the callbacks' on_load_checkpoint and their states (a finetuning callback rebuilds its parameter groups
     from them in on_fit_start)."""
-    path = _existing(resolve_path(t, path))
+    path = resolve_path(t, path)
+    wait_written(path)  # a checkpoint this process is still writing in the background (AsyncCheckpointIO)
+    path = _existing(path)
     check_same_file_everywhere(t, path)
     task, io = t.task, checkpoint_io(t.strategy)
     assert task is not None
-    ckpt = _read_meta(path)[0] if os.path.isdir(path) else load(path, mmap=io.mmap, weights_only=weights_only)
+    ckpt = _read_meta(path)[0] if os.path.isdir(path) else io.load_checkpoint(path, weights_only=weights_only)
     if overrides(task, "on_load_checkpoint"):
         task.on_load_checkpoint(ckpt)
     loaded = io.restore(path, task, None, ckpt)
@@ -293,3 +297,21 @@ def check_window_saves(t: Trainer, val_every: int) -> None:
             f"but validation every {val_every} training batches falls inside windows of "
             f"accumulate_grad_batches={k}: make val_check_interval a multiple of {k}."
         )
+
+
+def finish(t: Trainer, error: BaseException | None) -> None:
+    """A stage ends: the strategy's checkpoint plugin finishes what it still writes (AsyncCheckpointIO waits for
+    its last save). Its failure is raised, naming the file; when the stage failed already, it is printed on
+    stderr instead, so that the stage's own error stays the one raised."""
+    io = getattr(t.strategy, "checkpoint_io", None)
+    if io is None:
+        return
+    try:
+        io.teardown()
+    except CheckpointError as e:
+        if error is None:
+            raise
+        print(f"[tandem] {e}", file=sys.stderr)
+        return
+    if error is None and t.world_size > 1 and getattr(io, "writes_directory", False):
+        t.strategy.comm.barrier("checkpoints published")  # rank 0 renames them into place: seen by every rank

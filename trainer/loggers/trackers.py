@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tandem_core.errors import ConfigError
+from tandem_core.fileio import wait_written
 from tandem_core.rank_zero import _global_rank
 
 
@@ -74,6 +75,10 @@ class ModelUploads:
         if getattr(cb, "best_model_path", ""):
             scores[cb.best_model_path] = getattr(cb, "best_model_score", None)
         scores.update(getattr(cb, "best_k_models", {}) or {})
+        for (
+            path
+        ) in scores:  # a file still being written in the background (AsyncCheckpointIO) is uploaded whole
+            wait_written(path)
         # only files this run wrote: a path restored from a checkpoint's state is never uploaded
         found = sorted((os.path.getmtime(p), p) for p in scores if os.path.exists(p) and _own(cb, p))
         for mtime, path in found:

@@ -318,7 +318,8 @@ def _clip(trainer: Trainer, optimizer: torch.optim.Optimizer) -> None:
             gradient_clip_algorithm=cfg.gradient_clip_algorithm,
         )
     elif cfg.gradient_clip_val:
-        clip_gradients(optimizer, cfg.gradient_clip_val, cfg.gradient_clip_algorithm)
+        group = getattr(trainer.strategy, "grad_norm_group", None)  # a pipeline's stages: the global norm
+        clip_gradients(optimizer, cfg.gradient_clip_val, cfg.gradient_clip_algorithm, group)
 
 
 class TaskOptimizer:

@@ -303,7 +303,10 @@ class Session:
                 if not stopped:
                     t.state.status = TrainerStatus.FINISHED
                 shutdown_workers([loader for loaders in t.loaders.values() for loader in loaders])
-                t.strategy.teardown()
+                try:
+                    t.strategy.teardown()
+                finally:
+                    checkpoint.finish(t, error)
 
 
 def _defined(owner: Any, name: str) -> Any:

@@ -183,6 +183,7 @@ def stop_on_signal(t: Trainer, val_start_rng: dict[str, Any] | None = None) -> N
             _before_validation(t, val_start_rng)
         path = checkpoint.stop_path(t)
         checkpoint.save(t, path)
+        checkpoint.finish(t, None)  # written in the background (AsyncCheckpointIO)? complete before a requeue
         where = f"; checkpoint saved to {path}"
     if t.is_global_zero:
         print(

@@ -119,7 +119,10 @@ class TaskDefaults:
                 f"gradient_clip_algorithm must be 'norm' or 'value', got {gradient_clip_algorithm!r}"
             )
         if gradient_clip_val:
-            clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+            group = getattr(
+                getattr(trainer, "strategy", None), "grad_norm_group", None
+            )  # pipeline: global norm
+            clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm, group)
 
     @default
     def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:

@@ -1,0 +1,207 @@
+"""How long training stalls per checkpoint: AsyncCheckpointIO against a synchronous save, side by side in one run.
+
+The same task (an MLP of 6 Linear(4096, 4096) layers: 100.7M parameters, 403 MB in fp32; AdamW, so a
+checkpoint holds 1.2 GB with the optimizer's moments) trains through the Trainer for `--steps` steps with a
+ModelCheckpoint every `--every` steps (save_top_k=1: each save also deletes the previous file), in fresh
+processes, contenders in alternating order over `--rounds` rounds:
+
+- ``none``: no checkpoints (the baseline),
+- ``sync``: the default TorchCheckpointIO (torch.save to a temporary file, fsync, rename),
+- ``async``: ``plugins=[AsyncCheckpointIO()]``,
+and with ``--fsdp`` the same under ``strategy="fsdp", devices=2`` (sharded directories: DCP's save against
+``dcp.async_save``): ``fsdp_none``, ``fsdp_sync``, ``fsdp_async``.
+
+The stall per checkpoint is (training time with checkpoints - training time without) / checkpoints, where the
+training time runs from the end of the first step to the end of the last one, so that a background write's
+cost to the steps it overlaps is included; the wait for the last write at the end of fit is reported apart
+("end wait"). The first async save also allocates the host buffers the later ones copy into: its stall is
+shown separately (the in-call time of each save, from a timing callback around ModelCheckpoint).
+
+Prints a table and writes benchmarks/results/async_checkpoint.json. Run it alone (under the shared lock):
+    python benchmarks/async_checkpoint.py [--rounds 2] [--steps 13] [--every 3] [--fsdp]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+WIDTH, LAYERS, BATCH = 4096, 6, 16
+
+
+def _child(contender: str, steps: int, every: int, out: str, workdir: str, width: int) -> None:
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from callbacks import Callback, ModelCheckpoint
+    from trainer import Task, Trainer
+    from trainer.plugins import AsyncCheckpointIO
+
+    class Big(Task):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(LAYERS)])
+
+        def training_step(self, batch, batch_idx):
+            (x,) = batch
+            return self.layers(x).square().mean()
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-5)
+
+    class Clock(Callback):
+        def __init__(self) -> None:
+            self.ends: list[float] = []
+            self.saves: list[float] = []
+
+        def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx):
+            self.ends.append(time.perf_counter())
+
+    clock = Clock()
+    ckpt = ModelCheckpoint(dirpath=os.path.join(workdir, "ckpt"), every_n_train_steps=every, save_top_k=1)
+    save = ckpt._write  # the time each save keeps the training loop waiting, measured around the call
+
+    def timed(trainer, path):
+        t0 = time.perf_counter()
+        save(trainer, path)
+        clock.saves.append(time.perf_counter() - t0)
+
+    ckpt._write = timed
+    fsdp = contender.startswith("fsdp")
+    kind = contender.removeprefix("fsdp_")
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(BATCH * steps * (2 if fsdp else 1), width))
+    trainer = Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        strategy="fsdp" if fsdp else "single",
+        devices=2 if fsdp else 1,
+        callbacks=[clock] + ([ckpt] if kind != "none" else []),
+        plugins=[AsyncCheckpointIO()] if kind == "async" else None,
+        enable_checkpointing=kind != "none",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=workdir,
+    )
+    t0 = time.perf_counter()
+    trainer.fit(Big(), DataLoader(data, batch_size=BATCH))
+    fit_end = time.perf_counter()
+    if trainer.is_global_zero:
+        result = {
+            "train_s": clock.ends[-1] - clock.ends[0],
+            "end_wait_s": fit_end - clock.ends[-1],
+            "saves": len(clock.saves),
+            "in_call_s": clock.saves,
+            "fit_s": fit_end - t0,
+            "params": LAYERS * (width * width + width),
+        }
+        with open(out, "w") as f:
+            json.dump(result, f)
+
+
+def _run(contender: str, args: argparse.Namespace) -> dict:
+    workdir = tempfile.mkdtemp(prefix=f"tandem-async-bench-{contender}-", dir=args.dir)
+    out = os.path.join(workdir, "result.json")
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        contender,
+        "--out",
+        out,
+        "--workdir",
+        workdir,
+    ]
+    cmd += ["--steps", str(args.steps), "--every", str(args.every), "--width", str(args.width)]
+    try:
+        subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "2"})
+        with open(out) as f:
+            return json.load(f)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--steps", type=int, default=13)
+    p.add_argument("--every", type=int, default=3)
+    p.add_argument("--fsdp", action="store_true", help="also fsdp at 2 processes (sharded directories)")
+    p.add_argument(
+        "--width", type=int, default=WIDTH, help="of the layers (4096: 403 MB; smaller for a smoke run)"
+    )
+    p.add_argument("--dir", default=None, help="where checkpoints are written (default: the system's temp)")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--workdir", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        _child(args.child, args.steps, args.every, args.out, args.workdir, args.width)
+        return
+    groups = [["none", "sync", "async"]] + ([["fsdp_none", "fsdp_sync", "fsdp_async"]] if args.fsdp else [])
+    runs: dict[str, list[dict]] = {}
+    for r in range(args.rounds):
+        for group in groups:
+            for contender in group if r % 2 == 0 else reversed(group):
+                runs.setdefault(contender, []).append(_run(contender, args))
+                print(f"round {r}: {contender}: {runs[contender][-1]['train_s']:.2f} s", flush=True)
+    rows = []
+    for group in groups:
+        base = statistics.median(x["train_s"] for x in runs[group[0]])
+        stalls = {}
+        for contender in group[1:]:
+            per = [(x["train_s"] - base) / x["saves"] for x in runs[contender]]
+            first = [x["in_call_s"][0] for x in runs[contender]]
+            later = [s for x in runs[contender] for s in x["in_call_s"][1:]]
+            stalls[contender] = statistics.median(per)
+            rows.append(
+                {
+                    "contender": contender,
+                    "stall_per_checkpoint_s": statistics.median(per),
+                    "per_round": per,
+                    "in_call_first_s": statistics.median(first),
+                    "in_call_later_s": statistics.median(later) if later else None,
+                    "end_wait_s": statistics.median(x["end_wait_s"] for x in runs[contender]),
+                    "saves": runs[contender][0]["saves"],
+                }
+            )
+        sync, asy = stalls[group[1]], stalls[group[2]]
+        rows.append({"contender": f"{group[2]} / {group[1]}", "ratio": asy / sync if sync > 0 else None})
+    params = runs["none"][0]["params"] if "none" in runs else None
+    print(
+        f"\nmodel: {params} parameters, {params * 4 / 1e6:.0f} MB fp32; AdamW; {args.steps} steps, every {args.every}"
+    )
+    print(
+        f"{'contender':<24}{'stall/ckpt s':>14}{'in-call 1st s':>15}{'in-call later s':>17}{'end wait s':>12}"
+    )
+    for row in rows:
+        if "ratio" in row:
+            print(f"{row['contender']:<24}{row['ratio']:>14.3f}")
+            continue
+        later = row["in_call_later_s"]
+        print(
+            f"{row['contender']:<24}{row['stall_per_checkpoint_s']:>14.2f}{row['in_call_first_s']:>15.2f}"
+            f"{later if later is None else round(later, 2)!s:>17}{row['end_wait_s']:>12.2f}"
+        )
+    os.makedirs(RESULTS, exist_ok=True)
+    if args.width != WIDTH:  # a smoke run: no result file
+        return
+    name = "async_checkpoint_fsdp.json" if args.fsdp else "async_checkpoint.json"
+    with open(os.path.join(RESULTS, name), "w") as f:
+        json.dump({"args": vars(args), "runs": runs, "rows": rows, "params": params}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
