@@ -10,7 +10,9 @@ import torch
 from strategies import group_exit  # noqa: F401 (registers the closing of process groups at exit)
 from strategies.base import Strategy
 from strategies.comm import Comm
+from strategies.environments.detect import detect as detect_environment
 from strategies.parallel import ParallelStrategy
+from strategies.plugins import apply_plugins
 from strategies.precision import Precision
 from strategies.single import SingleDeviceStrategy
 from tandem_core.errors import ConfigError
@@ -92,7 +94,8 @@ def resolve_strategy(
     rest from the Trainer; a value set on both sides that differs is a ConfigError naming both.
     """
     if isinstance(strategy, str):  # (trainer/options.py checked the name)
-        strategy = _by_name(strategy, options)
+        strategy = _by_name(strategy.lower(), options)
+    apply_plugins(strategy, options.get("plugins"), options, given)
     for name in FILLED:
         value = options.get(name, DEFAULTS[name])
         if name == "devices" and value == "auto":  # "auto" fills an unset count but never conflicts
@@ -104,6 +107,10 @@ def resolve_strategy(
                 f"{type(strategy).__name__} runs in one process on one device but {name}={options[name]!r}; "
                 "use strategy='ddp' (or 'dp' for several devices in one process)."
             )
+    if getattr(strategy, "cluster_environment", False) is None:  # a parallel strategy: from the variables
+        strategy.cluster_environment = detect_environment()
+    if hasattr(strategy, "set_world_ranks"):
+        strategy.set_world_ranks()
     strategy.use_distributed_sampler = options.get("use_distributed_sampler", True)
     strategy._overfit_batches = options.get("overfit_batches", 0)  # distributed samplers do not shuffle then
     strategy.root_device  # noqa: B018 (a missing accelerator is a ConfigError now, not at fit)

@@ -43,7 +43,7 @@ class Strategy:
         self, accelerator: str | None = None, precision: Precision | str | int | None = None
     ) -> None:
         self.accelerator = accelerator  # None: the Trainer's accelerator (default "auto")
-        self._precision = None if precision is None else Precision.of(precision)
+        self._precision = None if precision is None else self._precision_plugin(precision)
         self._root_device: torch.device | None = None  # chosen on first use, from the accelerator
         self.use_distributed_sampler = True
         self._overfit_batches: int | float = 0  # (set by resolve_strategy) samplers do not shuffle then
@@ -61,7 +61,7 @@ class Strategy:
     def precision(self) -> Precision:
         """The precision plugin (autocast, loss scaling, parameter dtype)."""
         if self._precision is None:
-            self._precision = Precision("32-true")
+            self._precision = self._precision_plugin("32-true")
         return self._precision
 
     @property
@@ -82,8 +82,14 @@ class Strategy:
 
     def setup(self, task: Task) -> None:
         """Move the task to the root device in the parameter dtype of the precision."""
-        self.precision.setup(self.root_device)
-        task.to(device=self.root_device, dtype=self.precision.param_dtype)
+        precision = self.precision
+        precision.setup(self.root_device)
+        task.to(device=self.root_device)
+        if precision.convert_module(task) is not task:  # Lightning's hook; the Trainer holds this task
+            raise ConfigError(
+                f"{type(precision).__name__}.convert_module must convert the module in place and return it "
+                "(Tandem trains the task object you passed); return `module.to(...)`, not a new module"
+            )
 
     def compile(self, task: Task, apply: Callable[[Task], Callable[[], None]]) -> Callable[[], None]:
         """Compile the set-up task in place (after it was moved, wrapped or sharded) with `apply`
@@ -144,12 +150,16 @@ class Strategy:
         self.precision.load_state_dict(state.get("precision", {}))
 
     # ----- filled in by the Trainer (strategies/__init__.py), never after setup --------------------
+    def _precision_plugin(self, precision: Precision | str | int) -> Precision:
+        """The plugin for a precision name (Lightning's class for it; FSDPStrategy's is FSDPPrecision)."""
+        return Precision.of(precision)
+
     def _fill(self, name: str, value: Any, given: bool) -> None:
         """Take the Trainer's `value` for option `name` where the constructor left it unset; a value the
         user gave to both that differs is a ConfigError naming both."""
         attr = "_precision" if name == "precision" else name
         if name == "precision":
-            value = Precision.of(value)
+            value = self._precision_plugin(value)
         own = getattr(self, attr)
         if own is None:
             setattr(self, attr, value)
@@ -163,9 +173,14 @@ class Strategy:
 # ----- derived from the contract, for the training loop's hot path (looked up once per epoch) ----------
 def batch_mover(strategy: Strategy) -> Callable[[Any], Any]:
     """`move(batch)`: the strategy's batch_to_device, its device and dtype looked up once."""
+    precision = strategy.precision
     if type(strategy).batch_to_device is not Strategy.batch_to_device:  # a subclass moves its own way
-        return strategy.batch_to_device
-    return mover(strategy.root_device, strategy.precision.param_dtype)
+        move = strategy.batch_to_device
+    else:
+        move = mover(strategy.root_device, precision.param_dtype)
+    if type(precision).convert_input is Precision.convert_input:  # (the mover casts to param_dtype)
+        return move
+    return lambda batch: precision.convert_input(move(batch))  # a precision plugin's own conversion
 
 
 def step_runner(strategy: Strategy, task: Task, hook: str) -> Callable[[Any, int], Any]:
@@ -196,7 +211,8 @@ def is_plain(strategy: Strategy) -> bool:
     `loss.backward()`, nothing, and `optimizer.step(closure)`: Strategy's methods, in a precision without a
     scaler. The training loop then calls torch directly."""
     cls = type(strategy)
-    return strategy.precision.scaler is None and all(
+    precision = strategy.precision
+    return (precision.scaler is None and type(precision).optimizer_step is Precision.optimizer_step) and all(
         getattr(cls, name) is getattr(Strategy, name)
         for name in ("backward", "unscale_gradients", "optimizer_step")
     )

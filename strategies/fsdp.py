@@ -13,6 +13,7 @@ import torch
 from strategies.checkpoint.io import ShardedCheckpointIO
 from strategies.fsdp_wrap import check_supported, resolve_classes, shard_task
 from strategies.precision import Precision
+from strategies.precision_plugins import fsdp_param_dtype
 from strategies.process_group import ProcessGroupStrategy
 from tandem_core.errors import CheckpointError, ConfigError, TaskError
 
@@ -111,6 +112,12 @@ class FSDPStrategy(ProcessGroupStrategy):
             )
             self.device_mesh = init_device_mesh(self.root_device.type, shape, mesh_dim_names=names)
 
+    def _precision_plugin(self, precision: Precision | str | int) -> Precision:
+        """Lightning's FSDPPrecision for a precision name."""
+        from strategies.precision_plugins import plugin_for
+
+        return precision if isinstance(precision, Precision) else plugin_for(precision, fsdp=True)
+
     def setup(self, task: Task) -> None:
         precision = self.precision.name
         if precision == "16-mixed":
@@ -148,7 +155,7 @@ class FSDPStrategy(ProcessGroupStrategy):
             wrap=self.wrap,
             min_params=self.min_params,
             reshard_after_forward=self.reshard_after_forward,
-            param_dtype=torch.bfloat16 if precision == "bf16-mixed" else None,
+            param_dtype=fsdp_param_dtype(precision),
             cpu_offload=self.cpu_offload,
         )
         for p in task.parameters():  # sharded by configure_model already: the same objects, not stale

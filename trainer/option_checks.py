@@ -139,6 +139,8 @@ def check_strategy(name: str, value: Any) -> None:
 
     if isinstance(value, Strategy):
         return
+    if isinstance(value, str):  # Lightning's names are case-insensitive ("DDP")
+        value = value.lower()
     if isinstance(value, str) and value in REFUSED:
         raise OptionError(name, REFUSED[value])
     if not isinstance(value, str):
@@ -198,18 +200,11 @@ FLAG = must(lambda v: isinstance(v, bool), "true or false")
 
 
 def check_plugins(name: str, value: Any) -> None:
-    """None, or SLURMEnvironment (trainer.plugins.environments); every other plugin is refused by name."""
-    from trainer.plugins.environments import SLURMEnvironment
+    """None, a plugin or a list of plugins of Lightning's kinds (strategies/plugins.py: precision, checkpoint IO,
+    cluster environment, layer sync), at most one of each; anything else is refused naming the kinds."""
+    from strategies.plugins import sort_plugins
 
-    items = [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
-    for item in items:
-        if not isinstance(item, SLURMEnvironment):
-            kind = type(item).__name__ if not isinstance(item, str) else repr(item)
-            raise OptionError(
-                name,
-                f"{name} must be None or [SLURMEnvironment(...)] (trainer.plugins.environments); {kind} is not "
-                "supported: set precision=..., strategy=... or num_nodes=... instead (torchrun's and SLURM's "
-                "variables are read without a plugin)",
-            )
-    if len(items) > 1:
-        raise OptionError(name, f"{name} must hold one SLURMEnvironment, got {len(items)}")
+    try:
+        sort_plugins(value)
+    except ConfigError as e:
+        raise OptionError(name, str(e)) from None
