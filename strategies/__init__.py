@@ -24,8 +24,14 @@ STRATEGIES: dict[str, tuple[str, dict[str, Any]]] = {
     "dp": ("strategies.data_parallel:DataParallelStrategy", {}),
     "ddp": ("strategies.ddp:DDPStrategy", {}),
     "ddp_accumulate": ("strategies.ddp:DDPStrategy", {}),  # config alias: use with accumulate_grad_batches=k
-    "ddp_find_unused_parameters_true": ("strategies.ddp:DDPStrategy", {"find_unused_parameters": True}),
-    "ddp_find_unused_parameters_false": ("strategies.ddp:DDPStrategy", {"find_unused_parameters": False}),
+    "ddp_find_unused_parameters_true": (
+        "strategies.ddp:DDPStrategy",
+        {"find_unused_parameters": True, "start_method": "popen"},
+    ),
+    "ddp_find_unused_parameters_false": (
+        "strategies.ddp:DDPStrategy",
+        {"find_unused_parameters": False, "start_method": "popen"},
+    ),
     "ddp_zero1": ("strategies.ddp:DDPStrategy", {"zero": 1}),  # ZeRO-1: optimizer states sharded
     "pipeline": ("strategies.pipeline:PipelineStrategy", {}),
     "fsdp": ("strategies.fsdp:FSDPStrategy", {}),
@@ -40,6 +46,8 @@ for _name, _method in (("fork", "fork"), ("notebook", "fork"), ("spawn", "spawn"
             "strategies.ddp:DDPStrategy",
             {"start_method": _method, "find_unused_parameters": _unused},
         )
+#: the names whose workers are forked from this process (they need an OS that can fork)
+FORK_NAMES = tuple(n for n, (_, kw) in STRATEGIES.items() if kw.get("start_method") == "fork")
 _DEEPSPEED = (
     "DeepSpeed is not part of Tandem; use strategy='fsdp', which shards parameters, gradients and optimizer "
     "states as ZeRO stage 3 does ('fsdp_cpu_offload' or FSDPStrategy(cpu_offload=True) for the offload variants)"
@@ -74,14 +82,16 @@ DEFAULTS = {  # TrainerConfig's defaults (kept equal by tests/test_strategy_base
 
 
 def register(name: str, target: str, **kwargs: Any) -> None:
-    """Make a strategy available by name in Trainer(strategy=...) and in config files."""
+    """Make a strategy available by name in Trainer(strategy=...) and in config files (Lightning's way:
+    ``StrategyRegistry.register(name, cls, **init_params)``, strategies/registry.py)."""
     STRATEGIES[name] = (target, kwargs)
 
 
 def _load(name: str) -> tuple[type[Strategy], dict[str, Any]]:
+    from strategies.registry import strategy_class
+
     target, kwargs = STRATEGIES[name]
-    module, _, cls = target.partition(":")
-    return getattr(importlib.import_module(module), cls), kwargs
+    return strategy_class(target), kwargs
 
 
 def resolve_strategy(
@@ -142,6 +152,7 @@ _LAZY = {
     "FSDPStrategy": "strategies.fsdp",
     "ModelParallelStrategy": "strategies.model_parallel",
     "PipelineStrategy": "strategies.pipeline",
+    "StrategyRegistry": "strategies.registry",
 }
 
 
@@ -153,6 +164,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "FORK_NAMES",
     "REFUSED",
     "STRATEGIES",
     "Comm",
@@ -165,6 +177,7 @@ __all__ = [
     "Precision",
     "SingleDeviceStrategy",
     "Strategy",
+    "StrategyRegistry",
     "register",
     "resolve_strategy",
 ]

@@ -40,10 +40,25 @@ class Strategy:
     name = "base"
 
     def __init__(
-        self, accelerator: str | None = None, precision: Precision | str | int | None = None
+        self,
+        accelerator: str | None = None,
+        precision: Precision | str | int | None = None,
+        *,
+        precision_plugin: Precision | None = None,
+        checkpoint_io: Any = None,
     ) -> None:
-        self.accelerator = accelerator  # None: the Trainer's accelerator (default "auto")
+        from strategies.accelerators import by_name
+
+        self.accelerator = by_name(accelerator)  # None: the Trainer's (an Accelerator object: its name)
+        if precision is not None and precision_plugin is not None:
+            raise ConfigError(
+                f"{type(self).__name__}(precision=..., precision_plugin=...): give the precision once (the plugin "
+                "is Lightning's keyword for it)"
+            )
+        precision = precision_plugin if precision_plugin is not None else precision
         self._precision = None if precision is None else self._precision_plugin(precision)
+        if checkpoint_io is not None:  # Lightning's keyword (strategies/plugins.py: the CheckpointIO kind)
+            self.checkpoint_io, self._checkpoint_io_given = checkpoint_io, True
         self._root_device: torch.device | None = None  # chosen on first use, from the accelerator
         self.use_distributed_sampler = True
         self._overfit_batches: int | float = 0  # (set by resolve_strategy) samplers do not shuffle then
@@ -63,6 +78,15 @@ class Strategy:
         if self._precision is None:
             self._precision = self._precision_plugin("32-true")
         return self._precision
+
+    @property
+    def precision_plugin(self) -> Precision:
+        """Lightning's name for `precision` (the precision plugin); settable before setup."""
+        return self.precision
+
+    @precision_plugin.setter
+    def precision_plugin(self, plugin: Precision) -> None:
+        self._precision = plugin
 
     @property
     def lightning_module(self) -> Task | None:
@@ -148,6 +172,16 @@ class Strategy:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what state_dict returned."""
         self.precision.load_state_dict(state.get("precision", {}))
+
+    def _own_checkpoint_io(self, io: Any) -> None:
+        """A strategy that writes its checkpoints its own way (sharded states) sets `io`; a checkpoint_io given
+        to its constructor could not replace it."""
+        if getattr(self, "_checkpoint_io_given", False):
+            raise ConfigError(
+                f"{type(self).__name__} writes its checkpoints its own way ({type(io).__name__}); "
+                "checkpoint_io=... cannot replace it: drop it"
+            )
+        self.checkpoint_io = io
 
     # ----- filled in by the Trainer (strategies/__init__.py), never after setup --------------------
     def _precision_plugin(self, precision: Precision | str | int) -> Precision:
@@ -262,6 +296,8 @@ def _count_positional(fn: Callable[..., Any]) -> int:
 def _same(name: str, own: Any, value: Any) -> bool:
     if isinstance(own, Precision):
         return own.name == value.name
+    if name == "accelerator":  # "gpu" is Lightning's other name for "cuda"
+        return {"gpu": "cuda"}.get(own, own) == {"gpu": "cuda"}.get(value, value)
     if name == "devices" and isinstance(own, (list, tuple)) and isinstance(value, int):
         return len(own) == value
     return own == value

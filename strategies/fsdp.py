@@ -61,6 +61,11 @@ class FSDPStrategy(ProcessGroupStrategy):
         sync_batchnorm: bool | None = None,
         peer_timeout_s: float | None = 20.0,
         start_method: str = "popen",  # the base's; 'fork' (a notebook) is refused at launch: no fork start
+        *,
+        cluster_environment: Any = None,
+        precision_plugin: Precision | None = None,
+        checkpoint_io: Any = None,
+        parallel_devices: list[torch.device] | None = None,
     ) -> None:
         super().__init__(
             accelerator,
@@ -73,12 +78,16 @@ class FSDPStrategy(ProcessGroupStrategy):
             sync_batchnorm,
             peer_timeout_s,
             start_method,
+            cluster_environment=cluster_environment,
+            precision_plugin=precision_plugin,
+            checkpoint_io=checkpoint_io,
+            parallel_devices=parallel_devices,
         )
         if min_params < 1:
             raise ConfigError(f"FSDPStrategy(min_params={min_params}) must be at least 1.")
         self.wrap, self.min_params = list(wrap) if wrap is not None else None, min_params
         self.reshard_after_forward, self.cpu_offload, self.hybrid = reshard_after_forward, cpu_offload, hybrid
-        self.checkpoint_io = _FSDPCheckpointIO(self, full=save_full)
+        self._own_checkpoint_io(_FSDPCheckpointIO(self, full=save_full))
         self.device_mesh: DeviceMesh | None = None  # set by launch; configure_model may shard on it
         self.units: list[str] = []  # names of the modules that became FSDP units (the root is "")
         self._task: Task | None = None

@@ -87,7 +87,7 @@ class PipelineStrategy(ProcessGroupStrategy):
         self.device_mesh: DeviceMesh | None = None
         self.schedule: Any = None
         self.stage_indices: list[int] = []
-        self.checkpoint_io = PipelineCheckpointIO(self)
+        self._own_checkpoint_io(PipelineCheckpointIO(self))
         self._grads: list[tuple[torch.Tensor, torch.Tensor]] = []  # from step to backward
         self._batch_size: int | None = None  # of the first training batch: every later one must match
 

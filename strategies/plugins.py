@@ -59,15 +59,15 @@ def sort_plugins(plugins: Any) -> dict[str, Any]:
             what = repr(item) if isinstance(item, str) else type(item).__name__
             names = ", ".join(k.name for k in KINDS)
             raise ConfigError(
-                f"plugins: {what} is not a plugin of a kind Tandem takes (one of: {names}); set precision=..., "
-                "strategy=... or sync_batchnorm=... for the rest"
+                f"plugins must be plugins of Lightning's kinds ({names}); {what} is of none of them: set "
+                "precision=..., strategy=... or sync_batchnorm=... for the rest"
             )
         counts[kind.name] += 1
         found[kind.name] = item
     twice = [name for name, n in counts.items() if n > 1]
     if twice:
         raise ConfigError(
-            f"plugins: received multiple values for {', '.join(twice)} in `plugins`; give at most one of each kind"
+            f"plugins must hold at most one plugin of each kind; received multiple values for {', '.join(twice)}"
         )
     return found
 

@@ -204,6 +204,8 @@ class Precision:
 
     def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
         """The module with its floating parameters and buffers in this precision's dtype ("-true" precisions)."""
+        if self.name == "64-true":  # floating tensors only (a complex buffer keeps its dtype), as Lightning's
+            return module.double()
         dtype = self.param_dtype
         return module.to(dtype=dtype) if dtype is not None else module
 

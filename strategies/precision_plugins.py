@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from strategies.precision import _ALIASES, Precision
-from tandem_core.errors import ConfigError
+from tandem_core.errors import ConfigError, TaskError
 
 __all__ = [
     "BitsandbytesPrecision",
@@ -82,7 +82,7 @@ class MixedPrecision(Precision):
     ) -> None:
         """As Precision's; refused for an optimizer that unscales inside its own step (a fused one)."""
         if clip_val > 0 and getattr(optimizer, "_step_supports_amp_scaling", False):
-            raise ConfigError(
+            raise TaskError(
                 f"gradient clipping under precision={self.name!r} cannot be done with "
                 f"{type(optimizer).__qualname__}: it unscales the gradients inside its own step (a fused "
                 "optimizer?), after clipping would have to run; use a non-fused optimizer or no clipping"

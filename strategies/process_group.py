@@ -89,9 +89,25 @@ class ProcessGroupStrategy(ParallelStrategy):
         sync_batchnorm: bool | None = None,
         peer_timeout_s: float | None = 20.0,
         start_method: str = "popen",
+        *,
         cluster_environment: ClusterEnvironment | None = None,
+        precision_plugin: Precision | None = None,
+        checkpoint_io: Any = None,
+        parallel_devices: list[torch.device] | None = None,
     ) -> None:
-        super().__init__(accelerator, precision)
+        if parallel_devices:  # Lightning's keyword: one device per process on this node
+            kinds = {torch.device(d).type for d in parallel_devices}
+            if len(kinds) != 1:
+                raise ConfigError(f"parallel_devices must all be of one device type, got {parallel_devices}")
+            kind = kinds.pop()
+            if accelerator is not None and {"gpu": "cuda"}.get(str(accelerator), accelerator) != kind:
+                raise ConfigError(
+                    f"parallel_devices on {kind} but accelerator={accelerator!r}: choose one device type"
+                )
+            accelerator, devices = kind, devices if devices is not None else len(parallel_devices)
+        super().__init__(
+            accelerator, precision, precision_plugin=precision_plugin, checkpoint_io=checkpoint_io
+        )
         check_start_method(start_method)
         self.start_method = start_method
         self.devices, self.num_nodes, self.sync_batchnorm = (
@@ -125,6 +141,12 @@ class ProcessGroupStrategy(ParallelStrategy):
             devices, nodes = self._world
             env.set_global_rank(env.node_rank() * devices + env.local_rank())
             env.set_world_size(devices * nodes)
+
+    @property
+    def launcher(self) -> launch.Launcher:
+        """How this strategy starts its workers: a notebook forks them (popen and fork), spawn pickles them."""
+        forks = self.fork_start and self.start_method in ("popen", "fork")
+        return launch.Launcher(self.start_method, forks)
 
     @property
     def num_processes(self) -> int:

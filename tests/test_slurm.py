@@ -121,7 +121,7 @@ def test_objects_of_no_plugin_kind_and_two_environments_are_refused():
     class MixedPrecision:  # not Lightning's (trainer.plugins.MixedPrecision): a class of no plugin kind
         pass
 
-    with pytest.raises(OptionError, match="MixedPrecision is not a plugin of a kind"):
+    with pytest.raises(OptionError, match="MixedPrecision is of none of them"):
         Trainer(plugins=[SLURMEnvironment(), MixedPrecision()])
     with pytest.raises(OptionError, match="multiple values for ClusterEnvironment"):
         Trainer(plugins=[SLURMEnvironment(), SLURMEnvironment()])

@@ -28,6 +28,10 @@ class OptionError(ConfigError):
         return text[len(self.option) + 1 :] if text.startswith(f"{self.option} ") else text
 
 
+class OptionTypeError(OptionError, TypeError):
+    """A Trainer option's value has a type the option never takes (a TypeError, where Lightning raises one)."""
+
+
 # ----- checks ---------------------------------------------------------------------------------------
 def is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
@@ -80,6 +84,21 @@ def check_accelerator(name: str, value: Any) -> None:
             name, f"{name} must be a name ('auto', 'cpu', 'cuda', 'gpu', 'mps'), got {type(value).__name__}"
         )
     choice(ACCELERATORS)(name, value)
+
+
+def check_devices(name: str, value: Any) -> None:
+    """A count, -1, 'auto', a string of a count or indices, or a list of indices (trainer/devices.py); a list
+    holding other than ints, or a value of another type, is a TypeError (as Lightning's)."""
+    from trainer.devices import valid_form
+
+    if valid_form(value):
+        return
+    what = "an int >= 1, -1, 'auto', a string like '2' or '0,1', or a list of indices"
+    wrong_type = isinstance(value, bool) or not isinstance(value, (int, str, list, tuple))
+    if isinstance(value, (list, tuple)):
+        wrong_type = not all(isinstance(d, int) and not isinstance(d, bool) for d in value)
+    kind = OptionTypeError if wrong_type else OptionError
+    raise kind(name, f"{name} must be {what}, got {value!r}")
 
 
 def check_precision(name: str, value: Any) -> None:

@@ -66,9 +66,9 @@ TANDEM: dict[str, dict[str, str]] = {
         "DummyExperiment": "trainer.loggers.dummy",
         "ExperimentWriter": "trainer.loggers.csv_logs",
     },
-    "strategies": {"*": "strategies"},
+    "strategies": {"*": "strategies", "_DDP_FORK_ALIASES": "strategies:FORK_NAMES"},  # (a list of names)
     "accelerators": {"*": "strategies.accelerators"},
-    "plugins": {"*": "trainer.plugins"},
+    "plugins": {"*": "trainer.plugins"},  # precision/, environments/, layer_sync: every name in trainer.plugins
     "profilers": {"*": "trainer.profiler"},
     "tuner": {"Tuner": "trainer.tuner"},
     "demos": {"*": "trainer.demos"},
@@ -81,6 +81,20 @@ TANDEM: dict[str, dict[str, str]] = {
 # lightning.fabric under the Tandem run: only the user-facing names Lightning's tests import through it
 TANDEM_FABRIC: dict[str, dict[str, str]] = {
     "": {"seed_everything": "trainer.seed"},
+    # fabric's cluster environments are the very classes lightning.pytorch.plugins.environments exports
+    "plugins": {
+        name: "trainer.plugins"
+        for name in (
+            "ClusterEnvironment",
+            "KubeflowEnvironment",
+            "LightningEnvironment",
+            "LSFEnvironment",
+            "MPIEnvironment",
+            "SLURMEnvironment",
+            "TorchElasticEnvironment",
+            "XLAEnvironment",
+        )
+    },
     "utilities": {
         "seed_everything": "trainer.seed",
         "rank_zero_only": "tandem_core.rank_zero",

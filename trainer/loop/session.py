@@ -109,8 +109,9 @@ class Session:
             with t.profile(action_key(dm, "setup")):
                 dm.setup(stage=stage)  # by keyword, as Lightning calls it
         t.hooks.call("setup", stage=stage)
-        if "configure_model" in t.hooks.custom:
-            run_as(t, "configure_model", task.configure_model)
+        if "configure_model" in t.hooks.custom:  # its layers built in the precision's dtype ("-true")
+            with t.strategy.precision.module_init_context():
+                run_as(t, "configure_model", task.configure_model)
         t.strategy.connect(task)
         t.strategy.setup(task)
         t.loaders, t.loader_sizes, t.loader_iterables = {}, {}, {}
