@@ -11,7 +11,9 @@ has one of (``DDPStrategy(precision=...)`` and ``plugins=[MixedPrecision(...)]``
 from __future__ import annotations
 
 import collections
+import functools
 import importlib
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +42,11 @@ KINDS = (
     Kind("ClusterEnvironment", "strategies.environments.base:ClusterEnvironment", "cluster_environment"),
     Kind("LayerSync", "strategies.layer_sync:LayerSync", "layer_sync"),
 )
+
+
+def plugin_type() -> Any:
+    """The type a plugin is (a Union of the kinds' base classes): what a config's ``trainer.plugins`` may build."""
+    return functools.reduce(operator.or_, [k.cls() for k in KINDS])
 
 
 def kind_of(plugin: Any) -> Kind | None:
