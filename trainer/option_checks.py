@@ -124,17 +124,19 @@ def check_val_interval(name: str, value: Any) -> None:
 
 
 def check_profiler(name: str, value: Any) -> None:
-    from trainer.profiler import PROFILERS, REFUSED, PassThroughProfiler, SimpleProfiler
+    from trainer.profiler import PROFILERS, REFUSED, Profiler
 
-    if value is None or isinstance(value, (SimpleProfiler, PassThroughProfiler)):
+    if value is None or isinstance(value, Profiler):
         return
-    if isinstance(value, str) and value in REFUSED:
-        raise OptionError(name, REFUSED[value])
+    if isinstance(value, str) and value.lower() in REFUSED:
+        raise OptionError(name, REFUSED[value.lower()])
     if not isinstance(value, str):
         raise OptionError(
-            name, f"{name} must be a name or a profiler of trainer/profiler.py, got {type(value).__name__}"
+            name,
+            f"{name} must be a name or a Profiler (trainer/profiler.py, or your subclass of it), got "
+            f"{type(value).__name__}",
         )
-    choice(PROFILERS)(name, value)
+    choice(PROFILERS)(name, value.lower())
 
 
 def check_model_registry(name: str, value: Any) -> None:

@@ -69,7 +69,7 @@ TANDEM: dict[str, dict[str, str]] = {
     "strategies": {"*": "strategies", "_DDP_FORK_ALIASES": "strategies:FORK_NAMES"},  # (a list of names)
     "accelerators": {"*": "strategies.accelerators"},
     "plugins": {"*": "trainer.plugins"},  # precision/, environments/, layer_sync: every name in trainer.plugins
-    "profilers": {"*": "trainer.profiler"},
+    "profilers": {"*": "trainer.profilers"},
     "tuner": {"Tuner": "trainer.tuner"},
     "demos": {"*": "trainer.demos"},
     "utilities": {
