@@ -68,14 +68,29 @@ TANDEM: dict[str, dict[str, str]] = {
     },
     "strategies": {"*": "strategies", "_DDP_FORK_ALIASES": "strategies:FORK_NAMES"},  # (a list of names)
     "accelerators": {"*": "strategies.accelerators"},
-    "plugins": {"*": "trainer.plugins"},  # precision/, environments/, layer_sync: every name in trainer.plugins
+    "plugins": {
+        "*": "trainer.plugins"
+    },  # precision/, environments/, layer_sync: every name in trainer.plugins
     "profilers": {"*": "trainer.profilers"},
     "tuner": {"Tuner": "trainer.tuner"},
     "demos": {"*": "trainer.demos"},
     "utilities": {
         "*": "trainer.utilities",
         **_UTILITIES,
-        "summarize": "callbacks.summary.table",
+        # utilities.model_summary (the utility, not the callback of the same name)
+        **{
+            name: "trainer.utilities.model_summary"
+            for name in (
+                "ModelSummary",
+                "summarize",
+                "get_human_readable_count",
+                "get_formatted_model_size",
+                "parse_batch_shape",
+                "UNKNOWN_SIZE",
+                "NOT_APPLICABLE",
+                "LEFTOVER_PARAMS_NAME",
+            )
+        },
     },
 }
 # lightning.fabric under the Tandem run: only the user-facing names Lightning's tests import through it
