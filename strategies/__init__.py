@@ -22,7 +22,7 @@ STRATEGIES: dict[str, tuple[str, dict[str, Any]]] = {
     "single": ("strategies.single:SingleDeviceStrategy", {}),
     "single_device": ("strategies.single:SingleDeviceStrategy", {}),  # Lightning's name
     "dp": ("strategies.data_parallel:DataParallelStrategy", {}),
-    "ddp": ("strategies.ddp:DDPStrategy", {}),
+    "ddp": ("strategies.ddp:DDPStrategy", {"start_method": "popen"}),
     "ddp_accumulate": ("strategies.ddp:DDPStrategy", {}),  # config alias: use with accumulate_grad_batches=k
     "ddp_find_unused_parameters_true": (
         "strategies.ddp:DDPStrategy",

@@ -73,6 +73,7 @@ class Trainer(TrainerReadback, TrainerLoaders):
         # (an option passed as None is Lightning's default: not "given", so it conflicts with nothing)
         passed = {name for name, value in options.items() if value is not None}
         self.strategy: Strategy = resolve_strategy(cfg.strategy, vars(cfg), passed)
+        notes.warn_unused_gpu(self.strategy)
         self.loggers: list[Logger] = self._make_loggers(cfg.logger)
         if given.fast_dev_run and self._make_loggers(given.logger):  # Lightning's stand-in: calls do nothing
             self.loggers = [DummyLogger()]

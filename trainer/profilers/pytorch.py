@@ -65,6 +65,7 @@ class PyTorchProfiler(SimpleProfiler):
         self._torch: Any = None
         self.function_events: Any = None  # torch.profiler's events of the last stage
         self._module_names: RegisterRecordFunction | None = None
+        self._ranges: dict[str, Any] = {}  # the record_function ranges started by `start`
 
     def attach(self, trainer: Any) -> None:
         """A stage starts: torch.profiler runs until the report (`summary`)."""
@@ -74,10 +75,18 @@ class PyTorchProfiler(SimpleProfiler):
         self._torch.__enter__()
 
     def start(self, action_name: str) -> None:
-        """Time `action_name`; used on its own (no Trainer), the first start begins torch.profiler."""
+        """Time `action_name` as a torch.profiler range; used on its own (no Trainer), the first start begins
+        torch.profiler."""
+        import torch.profiler
+
         if self._torch is None:
             self.attach(None)
         super().start(action_name)
+        self._ranges[action_name] = torch.profiler.record_function(f"[pl][profile]{action_name}").__enter__()
+
+    def stop(self, action_name: str) -> None:
+        super().stop(action_name)
+        self._ranges.pop(action_name).__exit__(None, None, None)
 
     @contextlib.contextmanager
     def section(self, name: str) -> Iterator[None]:
