@@ -82,7 +82,6 @@ class CPUAccelerator(Accelerator):
     def auto_device_count() -> int:
         return 1
 
-
     def get_device_stats(self, device: Any = None) -> dict[str, Any]:
         """psutil's memory, CPU and swap use of this machine (whatever `device` says)."""
         return cpu_stats()

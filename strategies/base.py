@@ -186,7 +186,9 @@ class Strategy:
     # ----- filled in by the Trainer (strategies/__init__.py), never after setup --------------------
     def _precision_plugin(self, precision: Precision | str | int) -> Precision:
         """The plugin for a precision name (Lightning's class for it; FSDPStrategy's is FSDPPrecision)."""
-        return Precision.of(precision)
+        from strategies.precision_plugins import plugin_for
+
+        return precision if isinstance(precision, Precision) else plugin_for(precision)
 
     def _fill(self, name: str, value: Any, given: bool) -> None:
         """Take the Trainer's `value` for option `name` where the constructor left it unset; a value the

@@ -90,7 +90,7 @@ class Precision:
     (``lightning.pytorch.plugins.Precision``) by its methods too (``forward_context``, ``convert_module``,
     ``convert_input``, ``module_init_context``, ``clip_gradients``, ``optimizer_step``, ...). The classes Lightning
     names for each setting (MixedPrecision, HalfPrecision, DoublePrecision, FSDPPrecision) are in
-    strategies/precision_plugins.py; ``Precision.of(name)`` builds the one a name asks for.
+    strategies/precision_plugins.py; ``plugin_for(name)`` there builds the one a name asks for.
 
     Example: ``Precision("16-mixed").setup(torch.device("cpu"))`` then use ``autocast()``, ``backward``,
     ``unscale`` and ``step``.
@@ -105,15 +105,6 @@ class Precision:
         self.device: Any = torch.device("cpu")
         self.scaler: torch.amp.GradScaler | None = None
         self._autocast: Callable[[], Any] = contextlib.nullcontext
-
-    @classmethod
-    def of(cls, precision: Precision | str | int) -> Precision:
-        """The given Precision, or Lightning's class for a name ("bf16-mixed" -> MixedPrecision, 64 -> ...)."""
-        if isinstance(precision, Precision):
-            return precision
-        from strategies.precision_plugins import plugin_for
-
-        return plugin_for(precision)
 
     @property
     def precision(self) -> str:

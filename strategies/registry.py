@@ -23,7 +23,7 @@ _DESCRIPTIONS: dict[str, str] = {}
 
 
 def _table() -> dict[str, tuple[Any, dict[str, Any]]]:
-    from strategies import STRATEGIES
+    from strategies.names import STRATEGIES
 
     return STRATEGIES
 
@@ -76,7 +76,9 @@ class _StrategyRegistry(Mapping[str, dict[str, Any]]):
 
         def do_register(cls: type) -> type:
             if not (isinstance(cls, type) and issubclass(cls, Strategy)):
-                raise ConfigError(f"StrategyRegistry.register({name!r}, ...): {cls!r} is not a Strategy class")
+                raise ConfigError(
+                    f"StrategyRegistry.register({name!r}, ...): {cls!r} is not a Strategy class"
+                )
             _table()[name] = (cls, dict(init_params))
             if description is not None:
                 _DESCRIPTIONS[name] = description

@@ -327,12 +327,15 @@ def test_a_layer_sync_plugin_is_applied_for_fit_and_reverted_as_in_lightning(tmp
         log = calls.setdefault(side, [])
 
         class Recording(module.LayerSync):
+            def __init__(self, log: list[str]) -> None:
+                self.log = log
+
             def apply(self, model):
-                log.append(f"apply {type(model.norm).__name__}")
+                self.log.append(f"apply {type(model.norm).__name__}")
                 return model
 
             def revert(self, model):
-                log.append("revert")
+                self.log.append("revert")
                 return model
 
         class Net(base):
@@ -347,7 +350,7 @@ def test_a_layer_sync_plugin_is_applied_for_fit_and_reverted_as_in_lightning(tmp
                 return torch.optim.SGD(self.parameters(), lr=0.1)
 
         data = DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4)
-        trainer = make(accelerator="cpu", devices=1, strategy="ddp", plugins=[Recording()], max_steps=1,
+        trainer = make(accelerator="cpu", devices=1, strategy="ddp", plugins=[Recording(log)], max_steps=1,
                        default_root_dir=tmp_path / side, **QUIET)  # fmt: skip
         trainer.fit(Net(), data)
     assert calls["tandem"] == calls["lightning"] == ["apply BatchNorm1d", "revert"]

@@ -87,7 +87,9 @@ def test_each_stage_writes_lightnings_report_file(tmp_path, kind, dirpath):
         listed[side] = sorted(f for f in os.listdir(where) if f.endswith(".txt"))
         for name in listed[side]:
             assert "Profiler Report" in (where / name).read_text(), (side, name)
-        fit_in_test[side] = "training_step" in (where / "test-perf.txt").read_text()  # a stage's report holds all
+        fit_in_test[side] = (
+            "training_step" in (where / "test-perf.txt").read_text()
+        )  # a stage's report holds all
     assert listed["tandem"] == listed["lightning"] == ["fit-perf.txt", "test-perf.txt", "validate-perf.txt"]
     assert fit_in_test["tandem"] == fit_in_test["lightning"]
 
@@ -136,7 +138,9 @@ def test_a_subclass_of_profiler_times_the_loop_through_start_and_stop(tmp_path):
 
     profiler = Counting()
     Trainer(default_root_dir=tmp_path, max_steps=2, profiler=profiler, **QUIET).fit(_net(Task), _data())
-    assert {"[_TrainingEpochLoop].train_dataloader_next", "training_step", "backward"} <= set(profiler.started)
+    assert {"[_TrainingEpochLoop].train_dataloader_next", "training_step", "backward"} <= set(
+        profiler.started
+    )
 
 
 def test_pytorch_profiler_arguments_as_lightnings(tmp_path):

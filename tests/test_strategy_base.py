@@ -18,7 +18,7 @@ from trainer import Task, Trainer
 def test_the_base_contract_has_at_most_17_public_members():  # 17th: compile (where compilation happens is the strategy's)
     # plus Lightning's connect/lightning_module: they only record the task (Lightning users' tests call them)
     settings = {"accelerator", "use_distributed_sampler"}  # constructor settings the Trainer may fill
-    settings |= {"connect", "lightning_module", "precision_plugin"}  # precision_plugin: Lightning's name of precision
+    settings |= {"connect", "lightning_module", "precision_plugin"}  # (precision_plugin: Lightning's name)
     public = sorted(n for n in dir(Strategy()) if not n.startswith("_") and n not in settings)
     assert len(public) <= 17, public
     assert {"comm", "backward", "step", "autocast", "optimizer_step", "launch", "setup", "compile"} <= set(
