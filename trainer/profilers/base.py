@@ -144,4 +144,5 @@ class Profiler(ABC):
         return state
 
     def __del__(self) -> None:
-        self.teardown(self._stage)
+        if getattr(self, "_output", None) is not None:  # (not after a constructor that raised)
+            self.teardown(self._stage)
