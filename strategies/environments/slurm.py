@@ -84,10 +84,12 @@ class SLURMEnvironment(ClusterEnvironment):
 
     @staticmethod
     def job_name() -> str | None:
+        """The job's name (SLURM_JOB_NAME)."""
         return os.environ.get("SLURM_JOB_NAME")
 
     @staticmethod
     def job_id() -> int | None:
+        """The job's number, None outside a job or in an interactive one."""
         job = os.environ.get("SLURM_JOB_ID")
         return int(job) if job is not None and job.isdigit() and not slurm.interactive() else None
 
@@ -116,6 +118,7 @@ class SLURMEnvironment(ClusterEnvironment):
 
     @staticmethod
     def resolve_root_node_address(nodes: str) -> str:
+        """The first host of a SLURM node list ('node[01-04],gpu2' -> 'node01')."""
         return slurm.first_host(nodes)
 
     def export_variables(self) -> None:
