@@ -98,7 +98,14 @@ class PyTorchProfiler(SimpleProfiler):
         ):  # Lightning's names
             yield
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()  # torch.profiler, its open ranges and hooks stay with this object
+        state.update(_torch=None, _ranges={}, _module_names=None)
+        return state
+
     def summary(self) -> str:
+        for name in list(self._ranges):  # an action still open (started, never stopped) ends with the report
+            self._ranges.pop(name).__exit__(None, None, None)
         if self._module_names is not None:
             self._module_names.__exit__(None, None, None)
             self._module_names = None
