@@ -5,34 +5,13 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from callbacks.base import Callback
+from strategies.accelerators import cpu_stats, device_stats
 from tandem_core.errors import ConfigError, MissingExtraError
 
 if TYPE_CHECKING:
     from trainer.task.base import Task
     from trainer.trainer import Trainer
-
-
-def cpu_stats() -> dict[str, float]:
-    """psutil's view of the machine: memory, CPU and swap use in percent."""
-    import psutil
-
-    return {
-        "cpu_vm_percent": psutil.virtual_memory().percent,
-        "cpu_percent": psutil.cpu_percent(),
-        "cpu_swap_percent": psutil.swap_memory().percent,
-    }
-
-
-def device_stats(device: torch.device) -> dict[str, Any]:
-    """torch.cuda.memory_stats on a GPU (allocated, reserved, peaks, ...), psutil's figures on the CPU."""
-    if device.type == "cuda":
-        return dict(torch.cuda.memory_stats(device))
-    if device.type == "mps":
-        return {"mps.current_allocated_bytes": torch.mps.current_allocated_memory()}
-    return cpu_stats()
 
 
 class DeviceStatsMonitor(Callback):

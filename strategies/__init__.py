@@ -10,55 +10,14 @@ import torch
 from strategies import group_exit  # noqa: F401 (registers the closing of process groups at exit)
 from strategies.base import Strategy
 from strategies.comm import Comm
+from strategies.environments.detect import detect as detect_environment
+from strategies.names import FORK_NAMES, REFUSED, STRATEGIES
 from strategies.parallel import ParallelStrategy
+from strategies.plugins import apply_plugins
 from strategies.precision import Precision
 from strategies.single import SingleDeviceStrategy
 from tandem_core.errors import ConfigError
 
-# name -> ("module:Class", constructor arguments); imported on demand so that `import trainer` stays fast.
-STRATEGIES: dict[str, tuple[str, dict[str, Any]]] = {
-    "single": ("strategies.single:SingleDeviceStrategy", {}),
-    "single_device": ("strategies.single:SingleDeviceStrategy", {}),  # Lightning's name
-    "dp": ("strategies.data_parallel:DataParallelStrategy", {}),
-    "ddp": ("strategies.ddp:DDPStrategy", {}),
-    "ddp_accumulate": ("strategies.ddp:DDPStrategy", {}),  # config alias: use with accumulate_grad_batches=k
-    "ddp_find_unused_parameters_true": ("strategies.ddp:DDPStrategy", {"find_unused_parameters": True}),
-    "ddp_find_unused_parameters_false": ("strategies.ddp:DDPStrategy", {"find_unused_parameters": False}),
-    "ddp_zero1": ("strategies.ddp:DDPStrategy", {"zero": 1}),  # ZeRO-1: optimizer states sharded
-    "pipeline": ("strategies.pipeline:PipelineStrategy", {}),
-    "fsdp": ("strategies.fsdp:FSDPStrategy", {}),
-    "fsdp_cpu_offload": ("strategies.fsdp:FSDPStrategy", {"cpu_offload": True}),
-    "model_parallel": ("strategies.model_parallel:ModelParallelStrategy", {}),
-}
-# Lightning's DDP start methods: fork (notebooks) and spawn start the workers from this process (strategies/fork.py)
-for _name, _method in (("fork", "fork"), ("notebook", "fork"), ("spawn", "spawn")):
-    STRATEGIES[f"ddp_{_name}"] = ("strategies.ddp:DDPStrategy", {"start_method": _method})
-    for _unused in (True, False):
-        STRATEGIES[f"ddp_{_name}_find_unused_parameters_{str(_unused).lower()}"] = (
-            "strategies.ddp:DDPStrategy",
-            {"start_method": _method, "find_unused_parameters": _unused},
-        )
-_DEEPSPEED = (
-    "DeepSpeed is not part of Tandem; use strategy='fsdp', which shards parameters, gradients and optimizer "
-    "states as ZeRO stage 3 does ('fsdp_cpu_offload' or FSDPStrategy(cpu_offload=True) for the offload variants)"
-)
-_XLA = "TPUs/XLA are not supported by Tandem; run on CUDA or the CPU with strategy='ddp' (or 'single')"
-#: Lightning's strategy names that Tandem refuses, with what to use instead
-REFUSED: dict[str, str] = {
-    **{
-        name: f"strategy={name!r}: {_DEEPSPEED}"
-        for name in (
-            "deepspeed",
-            "deepspeed_stage_1",
-            "deepspeed_stage_2",
-            "deepspeed_stage_2_offload",
-            "deepspeed_stage_3",
-            "deepspeed_stage_3_offload",
-            "deepspeed_stage_3_offload_nvme",
-        )
-    },
-    **{name: f"strategy={name!r}: {_XLA}" for name in ("single_tpu", "single_xla", "xla", "xla_debug")},
-}
 #: Trainer options a strategy takes when its constructor left them unset
 FILLED = ("accelerator", "precision", "devices", "num_nodes", "sync_batchnorm")
 DEFAULTS = {  # TrainerConfig's defaults (kept equal by tests/test_strategy_base.py; importing trainer.options
@@ -72,14 +31,16 @@ DEFAULTS = {  # TrainerConfig's defaults (kept equal by tests/test_strategy_base
 
 
 def register(name: str, target: str, **kwargs: Any) -> None:
-    """Make a strategy available by name in Trainer(strategy=...) and in config files."""
+    """Make a strategy available by name in Trainer(strategy=...) and in config files (Lightning's way:
+    ``StrategyRegistry.register(name, cls, **init_params)``, strategies/registry.py)."""
     STRATEGIES[name] = (target, kwargs)
 
 
 def _load(name: str) -> tuple[type[Strategy], dict[str, Any]]:
+    from strategies.registry import strategy_class
+
     target, kwargs = STRATEGIES[name]
-    module, _, cls = target.partition(":")
-    return getattr(importlib.import_module(module), cls), kwargs
+    return strategy_class(target), kwargs
 
 
 def resolve_strategy(
@@ -92,7 +53,8 @@ def resolve_strategy(
     rest from the Trainer; a value set on both sides that differs is a ConfigError naming both.
     """
     if isinstance(strategy, str):  # (trainer/options.py checked the name)
-        strategy = _by_name(strategy, options)
+        strategy = _by_name(strategy.lower(), options)
+    apply_plugins(strategy, options.get("plugins"), options, given)
     for name in FILLED:
         value = options.get(name, DEFAULTS[name])
         if name == "devices" and value == "auto":  # "auto" fills an unset count but never conflicts
@@ -104,6 +66,10 @@ def resolve_strategy(
                 f"{type(strategy).__name__} runs in one process on one device but {name}={options[name]!r}; "
                 "use strategy='ddp' (or 'dp' for several devices in one process)."
             )
+    if getattr(strategy, "cluster_environment", False) is None:  # a parallel strategy: from the variables
+        strategy.cluster_environment = detect_environment()
+    if hasattr(strategy, "set_world_ranks"):
+        strategy.set_world_ranks()
     strategy.use_distributed_sampler = options.get("use_distributed_sampler", True)
     strategy._overfit_batches = options.get("overfit_batches", 0)  # distributed samplers do not shuffle then
     strategy.root_device  # noqa: B018 (a missing accelerator is a ConfigError now, not at fit)
@@ -136,6 +102,7 @@ _LAZY = {
     "ModelParallelStrategy": "strategies.model_parallel",
     "PipelineStrategy": "strategies.pipeline",
     "checkpoint_modules": "strategies.large.activation",  # activation checkpointing (docs/large_models.md)
+    "StrategyRegistry": "strategies.registry",
 }
 
 
@@ -147,6 +114,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "FORK_NAMES",
     "REFUSED",
     "STRATEGIES",
     "Comm",
@@ -160,6 +128,7 @@ __all__ = [
     "SingleDeviceStrategy",
     "Strategy",
     "checkpoint_modules",
+    "StrategyRegistry",
     "register",
     "resolve_strategy",
 ]

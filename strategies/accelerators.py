@@ -63,10 +63,8 @@ class Accelerator:
         """Release what the accelerator holds (nothing: the strategy owns the run's resources)."""
 
     def get_device_stats(self, device: Any) -> dict[str, Any]:
-        """Memory statistics of `device` (CUDA's allocator; empty elsewhere)."""
-        if torch.device(device).type == "cuda":
-            return dict(torch.cuda.memory_stats(device))
-        return {}
+        """Statistics of `device` (what DeviceStatsMonitor logs): CUDA's allocator, MPS's, psutil's on the CPU."""
+        return device_stats(torch.device(device))
 
 
 class CPUAccelerator(Accelerator):
@@ -83,6 +81,10 @@ class CPUAccelerator(Accelerator):
     @staticmethod
     def auto_device_count() -> int:
         return 1
+
+    def get_device_stats(self, device: Any = None) -> dict[str, Any]:
+        """psutil's memory, CPU and swap use of this machine (whatever `device` says)."""
+        return cpu_stats()
 
 
 class CUDAAccelerator(Accelerator):
@@ -137,6 +139,32 @@ class XLAAccelerator(Accelerator):
     @staticmethod
     def auto_device_count() -> int:
         return 0
+
+
+def cpu_stats() -> dict[str, float]:
+    """psutil's view of the machine: memory, CPU and swap use in percent."""
+    import psutil
+
+    return {
+        "cpu_vm_percent": psutil.virtual_memory().percent,
+        "cpu_percent": psutil.cpu_percent(),
+        "cpu_swap_percent": psutil.swap_memory().percent,
+    }
+
+
+def device_stats(device: torch.device) -> dict[str, Any]:
+    """torch.cuda.memory_stats on a GPU (allocated, reserved, peaks, ...), psutil's figures on the CPU."""
+    if device.type == "cuda":
+        return dict(torch.cuda.memory_stats(device))
+    if device.type == "mps":
+        return {"mps.current_allocated_bytes": torch.mps.current_allocated_memory()}
+    return cpu_stats()
+
+
+def for_device(device: torch.device) -> Accelerator:
+    """The Accelerator object of a device's kind (``trainer.accelerator``)."""
+    kinds: dict[str, type[Accelerator]] = {"cuda": CUDAAccelerator, "mps": MPSAccelerator}
+    return kinds.get(device.type, CPUAccelerator)()
 
 
 def by_name(accelerator: Any) -> Any:

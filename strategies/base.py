@@ -44,10 +44,25 @@ class Strategy:
     name = "base"
 
     def __init__(
-        self, accelerator: str | None = None, precision: Precision | str | int | None = None
+        self,
+        accelerator: str | None = None,
+        precision: Precision | str | int | None = None,
+        *,
+        precision_plugin: Precision | None = None,
+        checkpoint_io: Any = None,
     ) -> None:
-        self.accelerator = accelerator  # None: the Trainer's accelerator (default "auto")
-        self._precision = None if precision is None else Precision.of(precision)
+        from strategies.accelerators import by_name
+
+        self.accelerator = by_name(accelerator)  # None: the Trainer's (an Accelerator object: its name)
+        if precision is not None and precision_plugin is not None:
+            raise ConfigError(
+                f"{type(self).__name__}(precision=..., precision_plugin=...): give the precision once (the plugin "
+                "is Lightning's keyword for it)"
+            )
+        precision = precision_plugin if precision_plugin is not None else precision
+        self._precision = None if precision is None else self._precision_plugin(precision)
+        if checkpoint_io is not None:  # Lightning's keyword (strategies/plugins.py: the CheckpointIO kind)
+            self.checkpoint_io, self._checkpoint_io_given = checkpoint_io, True
         self._root_device: torch.device | None = None  # chosen on first use, from the accelerator
         self.use_distributed_sampler = True
         self._overfit_batches: int | float = 0  # (set by resolve_strategy) samplers do not shuffle then
@@ -65,8 +80,17 @@ class Strategy:
     def precision(self) -> Precision:
         """The precision plugin (autocast, loss scaling, parameter dtype)."""
         if self._precision is None:
-            self._precision = Precision("32-true")
+            self._precision = self._precision_plugin("32-true")
         return self._precision
+
+    @property
+    def precision_plugin(self) -> Precision:
+        """Lightning's name for `precision` (the precision plugin); settable before setup."""
+        return self.precision
+
+    @precision_plugin.setter
+    def precision_plugin(self, plugin: Precision) -> None:
+        self._precision = plugin
 
     @property
     def lightning_module(self) -> Task | None:
@@ -94,11 +118,17 @@ class Strategy:
     def setup(self, task: Task) -> None:
         """Move the task to the root device in the parameter dtype of the precision; what was built on the
         meta device is materialized there first (each module's reset_parameters, or weights waiting on it)."""
-        self.precision.setup(self.root_device)
+        precision = self.precision
+        precision.setup(self.root_device)
         if has_meta(task):
             materialize(task, self.root_device, covered(task))
-        if misplaced(task, self.root_device, self.precision.param_dtype):
-            task.to(device=self.root_device, dtype=self.precision.param_dtype)
+        if misplaced(task, self.root_device, None):
+            task.to(device=self.root_device)
+        if precision.convert_module(task) is not task:  # Lightning's hook; the Trainer holds this task
+            raise ConfigError(
+                f"{type(precision).__name__}.convert_module must convert the module in place and return it "
+                "(Tandem trains the task object you passed); return `module.to(...)`, not a new module"
+            )
         load_pending(task, sharded=False, reader=True)
 
     def compile(self, task: Task, apply: Callable[[Task], Callable[[], None]]) -> Callable[[], None]:
@@ -174,13 +204,35 @@ class Strategy:
         """Restore what state_dict returned."""
         self.precision.load_state_dict(state.get("precision", {}))
 
+    def _own_checkpoint_io(self, form: Any) -> None:
+        """A strategy that writes its checkpoints its own way (sharded states, gathered files) sets its `form`;
+        a checkpoint_io given to its constructor joins it as an assignment would (strategies/checkpoint/plugins.py:
+        AsyncCheckpointIO writes the form in the background; a CheckpointIO that cannot write it is refused)."""
+        from strategies.checkpoint.plugins import use_form
+
+        own = self.__dict__
+        given = (
+            own.get("_checkpoint_io") or own.get("_checkpoint_form")
+            if own.get("_checkpoint_io_given")
+            else None
+        )
+        use_form(self, form)
+        if given is not None:
+            self.checkpoint_io = given
+
     # ----- filled in by the Trainer (strategies/__init__.py), never after setup --------------------
+    def _precision_plugin(self, precision: Precision | str | int) -> Precision:
+        """The plugin for a precision name (Lightning's class for it; FSDPStrategy's is FSDPPrecision)."""
+        from strategies.precision_plugins import plugin_for
+
+        return precision if isinstance(precision, Precision) else plugin_for(precision)
+
     def _fill(self, name: str, value: Any, given: bool) -> None:
         """Take the Trainer's `value` for option `name` where the constructor left it unset; a value the
         user gave to both that differs is a ConfigError naming both."""
         attr = "_precision" if name == "precision" else name
         if name == "precision":
-            value = Precision.of(value)
+            value = self._precision_plugin(value)
         own = getattr(self, attr)
         if own is None:
             setattr(self, attr, value)
@@ -194,9 +246,14 @@ class Strategy:
 # ----- derived from the contract, for the training loop's hot path (looked up once per epoch) ----------
 def batch_mover(strategy: Strategy) -> Callable[[Any], Any]:
     """`move(batch)`: the strategy's batch_to_device, its device and dtype looked up once."""
+    precision = strategy.precision
     if type(strategy).batch_to_device is not Strategy.batch_to_device:  # a subclass moves its own way
-        return strategy.batch_to_device
-    return mover(strategy.root_device, strategy.precision.param_dtype)
+        move = strategy.batch_to_device
+    else:
+        move = mover(strategy.root_device, precision.param_dtype)
+    if type(precision).convert_input is Precision.convert_input:  # (the mover casts to param_dtype)
+        return move
+    return lambda batch: precision.convert_input(move(batch))  # a precision plugin's own conversion
 
 
 def step_runner(strategy: Strategy, task: Task, hook: str) -> Callable[[Any, int], Any]:
@@ -227,7 +284,8 @@ def is_plain(strategy: Strategy) -> bool:
     `loss.backward()`, nothing, and `optimizer.step(closure)`: Strategy's methods, in a precision without a
     scaler. The training loop then calls torch directly."""
     cls = type(strategy)
-    return strategy.precision.scaler is None and all(
+    precision = strategy.precision
+    return (precision.scaler is None and type(precision).optimizer_step is Precision.optimizer_step) and all(
         getattr(cls, name) is getattr(Strategy, name)
         for name in ("backward", "unscale_gradients", "optimizer_step")
     )
@@ -277,6 +335,8 @@ def _count_positional(fn: Callable[..., Any]) -> int:
 def _same(name: str, own: Any, value: Any) -> bool:
     if isinstance(own, Precision):
         return own.name == value.name
+    if name == "accelerator":  # "gpu" is Lightning's other name for "cuda"
+        return {"gpu": "cuda"}.get(own, own) == {"gpu": "cuda"}.get(value, value)
     if name == "devices" and isinstance(own, (list, tuple)) and isinstance(value, int):
         return len(own) == value
     return own == value

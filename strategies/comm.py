@@ -128,19 +128,37 @@ class ProcessGroupComm(Comm):
         self.device = torch.device("cpu")
         self._step_join = False  # per-batch agreement on "every rank still has a batch" (unknown lengths)
         self._agreements: dict[str, Pipelined] = {}  # "stop", "join": made at first use, reused
+        # the strategy's cluster environment (strategies/environments/): before this process joins the group
+        # (RANK not yet set), the ranks of a process that a scheduler started come from it
+        self.environment: Any = None
+
+    def _scheduled(self) -> Any:
+        """The environment when it answers for this process: a scheduler started it and RANK is not set yet."""
+        env = self.environment
+        if env is not None and "RANK" not in os.environ and env.creates_processes_externally:
+            return env
+        return None
 
     @property
     def world_size(self) -> int:
+        env = self._scheduled()
+        if env is not None:
+            return env.world_size()
         planned = self._planned_world() if self._planned_world is not None else 1
         return int(os.environ.get("WORLD_SIZE", planned))
 
     @property
     def rank(self) -> int:
-        return int(os.environ.get("RANK", 0))
+        rank = os.environ.get("RANK")
+        if rank is not None:
+            return int(rank)
+        env = self._scheduled()
+        return env.global_rank() if env is not None else 0
 
     @property
     def local_rank(self) -> int:
-        return int(os.environ.get("LOCAL_RANK", 0))
+        env = self._scheduled()
+        return env.local_rank() if env is not None else int(os.environ.get("LOCAL_RANK", 0))
 
     def run(self, op: str, fn: Callable[..., Any], *args: Any) -> Any:
         """Run a collective; a timeout or a lost peer becomes a DistributedError naming rank and operation."""

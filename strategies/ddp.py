@@ -60,6 +60,11 @@ class DDPStrategy(ProcessGroupStrategy):
         peer_timeout_s: float | None = 20.0,
         start_method: str = "popen",
         zero: int = 0,
+        *,
+        cluster_environment: Any = None,
+        precision_plugin: Precision | None = None,
+        checkpoint_io: Any = None,
+        parallel_devices: list[torch.device] | None = None,
     ) -> None:
         super().__init__(
             accelerator,
@@ -72,6 +77,10 @@ class DDPStrategy(ProcessGroupStrategy):
             sync_batchnorm,
             peer_timeout_s,
             start_method,
+            cluster_environment=cluster_environment,
+            precision_plugin=precision_plugin,
+            checkpoint_io=checkpoint_io,
+            parallel_devices=parallel_devices,
         )
         check_choice("comm_hook", str(comm_hook), ("None", "fp16", "bf16"))
         if zero not in (0, 1):
@@ -84,7 +93,7 @@ class DDPStrategy(ProcessGroupStrategy):
             from strategies.zero import ShardedOptimizers, ZeroCheckpointIO
 
             self.sharded_optimizers = ShardedOptimizers()
-            self.checkpoint_io = ZeroCheckpointIO(self.sharded_optimizers, self.comm)
+            self._own_checkpoint_io(ZeroCheckpointIO(self.sharded_optimizers, self.comm))
         if isinstance(bucket_cap_mb, str):  # "auto": the Reducer measures and picks (strategies/costmodel.py)
             check_choice("bucket_cap_mb", bucket_cap_mb, ("auto",))
         self.bucket_cap_mb, self.find_unused_parameters = bucket_cap_mb, find_unused_parameters

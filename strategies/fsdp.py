@@ -17,6 +17,7 @@ from strategies.large.activation import checkpoint_modules, checkpointed, resolv
 from strategies.large.init import init_context, materialize, recast, sync_replicas
 from strategies.large.weights import covered, load_pending
 from strategies.precision import Precision
+from strategies.precision_plugins import fsdp_param_dtype
 from strategies.process_group import ProcessGroupStrategy
 from strategies.syncbn import convert_sync_batchnorm
 from tandem_core.errors import CheckpointError, ConfigError, TaskError
@@ -70,6 +71,11 @@ class FSDPStrategy(ProcessGroupStrategy):
         start_method: str = "popen",  # the base's; 'fork' (a notebook) is refused at launch: no fork start
         activation_checkpointing_policy: Any = None,
         activation_checkpointing_save_ops: list[Any] | None = None,
+        *,
+        cluster_environment: Any = None,
+        precision_plugin: Precision | None = None,
+        checkpoint_io: Any = None,
+        parallel_devices: list[torch.device] | None = None,
     ) -> None:
         super().__init__(
             accelerator,
@@ -82,12 +88,16 @@ class FSDPStrategy(ProcessGroupStrategy):
             sync_batchnorm,
             peer_timeout_s,
             start_method,
+            cluster_environment=cluster_environment,
+            precision_plugin=precision_plugin,
+            checkpoint_io=checkpoint_io,
+            parallel_devices=parallel_devices,
         )
         if min_params < 1:
             raise ConfigError(f"FSDPStrategy(min_params={min_params}) must be at least 1.")
         self.wrap, self.min_params = list(wrap) if wrap is not None else None, min_params
         self.reshard_after_forward, self.cpu_offload, self.hybrid = reshard_after_forward, cpu_offload, hybrid
-        self.checkpoint_io = _FSDPCheckpointIO(self, full=save_full)
+        self._own_checkpoint_io(_FSDPCheckpointIO(self, full=save_full))
         if activation_checkpointing_save_ops is not None:
             if activation_checkpointing_policy is None:
                 raise ConfigError(
@@ -129,6 +139,12 @@ class FSDPStrategy(ProcessGroupStrategy):
                 else ((devices * nodes,), ("shard",))
             )
             self.device_mesh = init_device_mesh(self.root_device.type, shape, mesh_dim_names=names)
+
+    def _precision_plugin(self, precision: Precision | str | int) -> Precision:
+        """Lightning's FSDPPrecision for a precision name."""
+        from strategies.precision_plugins import plugin_for
+
+        return precision if isinstance(precision, Precision) else plugin_for(precision, fsdp=True)
 
     def setup(self, task: Task) -> None:
         precision = self.precision.name
@@ -174,7 +190,7 @@ class FSDPStrategy(ProcessGroupStrategy):
             wrap=self.wrap,
             min_params=self.min_params,
             reshard_after_forward=self.reshard_after_forward,
-            param_dtype=torch.bfloat16 if precision == "bf16-mixed" else None,
+            param_dtype=fsdp_param_dtype(precision),
             cpu_offload=self.cpu_offload,
         )
         for p in task.parameters():  # sharded by configure_model already: the same objects, not stale

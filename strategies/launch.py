@@ -10,12 +10,23 @@ import signal
 import socket
 import sys
 import uuid
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from strategies import slurm
 from tandem_core.errors import ConfigError
 
 _RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """How a strategy starts its workers (Lightning's ``strategy.launcher``): `start_method` is 'popen' (the
+    script re-run once per device; forked instead in a notebook), 'fork', 'spawn' or 'forkserver';
+    `is_interactive_compatible` says whether it runs from a notebook."""
+
+    start_method: str
+    is_interactive_compatible: bool
 
 
 def adopt_slurm_env() -> bool:

@@ -98,7 +98,7 @@ class PipelineStrategy(ProcessGroupStrategy):
         self.device_mesh: DeviceMesh | None = None
         self.schedule: Any = None
         self.stage_indices: list[int] = []
-        self.checkpoint_io = PipelineCheckpointIO(self)
+        self._own_checkpoint_io(PipelineCheckpointIO(self))
         self._grads: list[tuple[torch.Tensor, torch.Tensor]] = []  # from step to backward
         self._losses: list[torch.Tensor] = []  # this step's micro-batch losses, unscaled
         self.stage_modules: dict[int, torch.nn.Module] = {}  # this rank's stages by index

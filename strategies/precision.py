@@ -49,6 +49,18 @@ _COMPUTE_DTYPES = {
     "16-mixed": torch.float16,
     **_TRUE_DTYPES,
 }
+_MIXED_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+
+
+def _context(name: str, device_type: str) -> Callable[[], Any]:
+    """What builds the forward context of precision `name` on a device of `device_type`."""
+    if name in _MIXED_DTYPES:
+        dtype = _MIXED_DTYPES[name]
+        return lambda: torch.autocast(device_type, dtype=dtype)
+    if name in ("bf16-true", "16-true", "64-true"):  # Lightning's HalfPrecision/DoublePrecision
+        dtype = _TRUE_DTYPES[name]
+        return lambda: default_dtype(dtype)
+    return contextlib.nullcontext
 
 
 @contextlib.contextmanager
@@ -60,6 +72,12 @@ def default_dtype(dtype: torch.dtype) -> Any:
         yield
     finally:
         torch.set_default_dtype(before)
+
+
+def _cast_floats(data: Any, dtype: torch.dtype) -> Any:
+    from strategies.batch import apply_to_tensors
+
+    return apply_to_tensors(data, lambda t: t.to(dtype) if t.is_floating_point() else t)
 
 
 def needs_closure(optimizer: torch.optim.Optimizer) -> bool:
@@ -74,7 +92,11 @@ def needs_closure(optimizer: torch.optim.Optimizer) -> bool:
 
 
 class Precision:
-    """Autocast, loss scaling and parameter dtype for one precision setting.
+    """Autocast, loss scaling and parameter dtype for one precision setting; Lightning's precision plugin
+    (``lightning.pytorch.plugins.Precision``) by its methods too (``forward_context``, ``convert_module``,
+    ``convert_input``, ``module_init_context``, ``clip_gradients``, ``optimizer_step``, ...). The classes Lightning
+    names for each setting (MixedPrecision, HalfPrecision, DoublePrecision, FSDPPrecision) are in
+    strategies/precision_plugins.py; ``plugin_for(name)`` there builds the one a name asks for.
 
     Example: ``Precision("16-mixed").setup(torch.device("cpu"))`` then use ``autocast()``, ``backward``,
     ``unscale`` and ``step``.
@@ -86,14 +108,14 @@ class Precision:
             raise ConfigError(REFUSED[name])
         check_choice("precision", name, PRECISIONS)
         self.name = _ALIASES[name]
-        self.device = torch.device("cpu")
+        self.device: Any = torch.device("cpu")
         self.scaler: torch.amp.GradScaler | None = None
         self._autocast: Callable[[], Any] = contextlib.nullcontext
 
-    @classmethod
-    def of(cls, precision: Precision | str | int) -> Precision:
-        """The given Precision, or a new one for a name ("bf16-mixed", 16, ...)."""
-        return precision if isinstance(precision, Precision) else cls(precision)
+    @property
+    def precision(self) -> str:
+        """The setting's full name ("32-true", "bf16-mixed", ...): Lightning's ``Precision.precision``."""
+        return self.name
 
     def __eq__(self, other: object) -> bool:
         """Equal to another Precision or a name of the same setting: ``trainer.precision == "16-mixed"``."""
@@ -107,7 +129,7 @@ class Precision:
         return hash(self.name)
 
     def __repr__(self) -> str:
-        return f"Precision({self.name!r})"
+        return f"{type(self).__name__}({self.name!r})"
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -122,28 +144,27 @@ class Precision:
 
     def setup(self, device: torch.device) -> None:
         """Check the device can run this precision and build the autocast context and scaler."""
-        self.device = device
+        self.device = device.type if isinstance(self.device, str) else device
         if self.name == "bf16-mixed":
             if device.type == "cuda" and not torch.cuda.is_bf16_supported():
                 raise ConfigError(
                     f"precision='bf16-mixed' needs a GPU with bfloat16 support; {torch.cuda.get_device_name(device)}"
                     " has none. Use precision='16-mixed' or '32-true'."
                 )
-            self._autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16)
         elif self.name == "16-mixed":
             if device.type not in ("cuda", "cpu", "mps"):
                 raise ConfigError(f"precision='16-mixed' is not supported on {device.type}; use '32-true'.")
-            self._autocast = lambda: torch.autocast(device.type, dtype=torch.float16)
-            if self.scaler is None:
-                self.scaler = torch.amp.GradScaler(device.type)
-        elif self.name in ("bf16-true", "16-true"):  # Lightning's HalfPrecision: steps run with this default
-            if self.name == "bf16-true" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-                raise ConfigError(
-                    f"precision='bf16-true' needs a GPU with bfloat16 support; {torch.cuda.get_device_name(device)}"
-                    " has none. Use precision='16-true' or '32-true'."
-                )
-            dtype = _TRUE_DTYPES[self.name]
-            self._autocast = lambda: default_dtype(dtype)
+            if self.scaler is None or getattr(self, "_default_scaler", "") not in ("", device.type):
+                self.scaler = torch.amp.GradScaler(device.type)  # (one made for another device replaced)
+        elif self.name == "bf16-true" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise ConfigError(
+                f"precision='bf16-true' needs a GPU with bfloat16 support; {torch.cuda.get_device_name(device)}"
+                " has none. Use precision='16-true' or '32-true'."
+            )
+        if type(self).forward_context is not Precision.forward_context:  # a subclass's own context
+            self._autocast = self.forward_context
+        else:
+            self._autocast = _context(self.name, device.type)
 
     def autocast(self) -> Any:
         """Context manager for the forward pass."""
@@ -166,9 +187,47 @@ class Precision:
     def step(
         self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None, **kwargs: Any
     ) -> Any:
+        """The loop's optimizer step: `optimizer_step` (a subclass may override that, Lightning's name)."""
+        return self.optimizer_step(optimizer, None, closure, **kwargs)
+
+    # ----- Lightning's plugin methods (strategies/precision_plugins.py says which the loop calls) ---------
+    def forward_context(self) -> Any:
+        """The context the steps run in (autocast for "-mixed", the dtype as torch's default for "-true")."""
+        device = self.device if isinstance(self.device, str) else self.device.type
+        return _context(self.name, device)()
+
+    def module_init_context(self) -> Any:
+        """The context modules are built in (``configure_model``): "-true" precisions create them in their dtype."""
+        dtype = self.param_dtype
+        return default_dtype(dtype) if dtype is not None else contextlib.nullcontext()
+
+    def tensor_init_context(self) -> Any:
+        """The context tensors are created in (as module_init_context)."""
+        return self.module_init_context()
+
+    def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        """The module with its floating parameters and buffers in this precision's dtype ("-true" precisions)."""
+        if self.name == "64-true":  # floating tensors only (a complex buffer keeps its dtype), as Lightning's
+            return module.double()
+        dtype = self.param_dtype
+        return module.to(dtype=dtype) if dtype is not None else module
+
+    def convert_input(self, data: Any) -> Any:
+        """`data` with its floating tensors in this precision's dtype ("-true" precisions), else unchanged."""
+        dtype = self.param_dtype
+        return data if dtype is None else _cast_floats(data, dtype)
+
+    def convert_output(self, data: Any) -> Any:
+        """`data` with its floating tensors back in torch's default dtype ("-true" precisions)."""
+        return data if self.param_dtype is None else _cast_floats(data, torch.get_default_dtype())
+
+    def optimizer_step(
+        self, optimizer: Any, model: Any = None, closure: Callable[[], Any] | None = None, **kwargs: Any
+    ) -> Any:
         """Optimizer step; `closure` (the batch's forward and backward, then the gradients' final touches)
-        runs inside it; `kwargs` go to the optimizer's ``step``, as Lightning passes them. Under 16-mixed the closure runs first, once, and the scaler skips a step whose
-        gradients are inf/nan (optimizers that need to re-evaluate the closure, such as LBFGS, are refused)."""
+        runs inside it; `kwargs` go to the optimizer's ``step``, as Lightning passes them (`model` is not
+        needed: the loop runs the hooks). Under 16-mixed the closure runs first, once, and the scaler skips a
+        step whose gradients are inf/nan (optimizers that re-evaluate the closure, such as LBFGS, are refused)."""
         if self.scaler is None:
             return (
                 optimizer.step(closure=closure, **kwargs) if closure is not None else optimizer.step(**kwargs)
@@ -184,6 +243,77 @@ class Precision:
         self.scaler.step(optimizer, **kwargs)
         self.scaler.update()
         return result
+
+    def clip_gradients(
+        self, optimizer: Any, clip_val: float = 0.0, gradient_clip_algorithm: Any = "norm"
+    ) -> None:
+        """Clip by value or by total norm (strategies/clipping.py); nothing when `clip_val` is 0."""
+        if clip_val <= 0:
+            return
+        if str(getattr(gradient_clip_algorithm, "value", gradient_clip_algorithm)) == "value":
+            self.clip_grad_by_value(optimizer, clip_val)
+        else:
+            self.clip_grad_by_norm(optimizer, clip_val)
+
+    def clip_grad_by_value(self, optimizer: Any, clip_val: float) -> None:
+        """Clamp every gradient of `main_params` to [-clip_val, clip_val]."""
+        from strategies.clipping import clip_grad_value
+
+        clip_grad_value([p for p in self.main_params(optimizer) if p.grad is not None], clip_val)
+
+    def clip_grad_by_norm(self, optimizer: Any, clip_val: float) -> None:
+        """Scale the gradients of `main_params` so that their total 2-norm is at most `clip_val`."""
+        from strategies.clipping import clip_grad_norm
+
+        clip_grad_norm([p for p in self.main_params(optimizer) if p.grad is not None], clip_val)
+
+    def main_params(self, optimizer: Any) -> Any:
+        """The parameters the optimizer steps (Lightning's: for clipping)."""
+        return (p for group in optimizer.param_groups for p in group["params"])
+
+    def pre_backward(self, tensor: torch.Tensor, module: Any = None) -> torch.Tensor:
+        """The loss to run backward on (scaled under 16-mixed); the loop fires the backward hooks itself."""
+        return self.scale(tensor)
+
+    def backward(
+        self, tensor: torch.Tensor, model: Any = None, optimizer: Any = None, *args: Any, **kwargs: Any
+    ) -> None:
+        """Backward of `tensor`: through ``model.backward`` when a model is given, else ``tensor.backward``."""
+        if model is not None:
+            model.backward(tensor, *args, **kwargs)
+        else:
+            tensor.backward(*args, **kwargs)
+
+    def post_backward(self, tensor: torch.Tensor, module: Any = None) -> torch.Tensor:
+        """After the backward: the loss as it was."""
+        return tensor
+
+    def train_step_context(self) -> Any:
+        """The context of training_step: `forward_context`."""
+        return self.forward_context()
+
+    def val_step_context(self) -> Any:
+        """The context of validation_step: `forward_context`."""
+        return self.forward_context()
+
+    def test_step_context(self) -> Any:
+        """The context of test_step: `forward_context`."""
+        return self.forward_context()
+
+    def predict_step_context(self) -> Any:
+        """The context of predict_step: `forward_context`."""
+        return self.forward_context()
+
+    def connect(self, model: Any, optimizers: Any, lr_schedulers: Any) -> tuple[Any, Any, Any]:
+        """Lightning's hook to wrap model and optimizers: returns them unchanged."""
+        return model, optimizers, lr_schedulers
+
+    def unscale_gradients(self, optimizer: Any) -> None:
+        """Lightning's name for `unscale`."""
+        self.unscale(optimizer)
+
+    def teardown(self) -> None:
+        """Called when a stage ends (nothing to release by default)."""
 
     def state_dict(self) -> dict[str, Any]:
         """The precision's state for a checkpoint (the fp16 GradScaler's)."""

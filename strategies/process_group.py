@@ -16,13 +16,15 @@ from strategies import attempt, fork, group_exit, launch, slurm
 from strategies.base import pick_device
 from strategies.comm import ProcessGroupComm
 from strategies.comm_device import comm_device
+from strategies.environments.base import ClusterEnvironment
+from strategies.environments.detect import detect as detect_environment
 from strategies.fork import ForkStart
 from strategies.heartbeat import Heartbeat
+from strategies.layer_sync import LayerSync, TorchSyncBatchNorm
 from strategies.multinode import bind_gloo_interface, is_multinode
 from strategies.parallel import ParallelStrategy
 from strategies.precision import Precision
 from strategies.sharding import ShardSampler, shard_loader  # noqa: F401 (ShardSampler: re-exported)
-from strategies.syncbn import convert_sync_batchnorm
 from tandem_core.errors import ConfigError
 
 
@@ -101,8 +103,25 @@ class ProcessGroupStrategy(ParallelStrategy):
         sync_batchnorm: bool | None = None,
         peer_timeout_s: float | None = 20.0,
         start_method: str = "popen",
+        *,
+        cluster_environment: ClusterEnvironment | None = None,
+        precision_plugin: Precision | None = None,
+        checkpoint_io: Any = None,
+        parallel_devices: list[torch.device] | None = None,
     ) -> None:
-        super().__init__(accelerator, precision)
+        if parallel_devices:  # Lightning's keyword: one device per process on this node
+            kinds = {torch.device(d).type for d in parallel_devices}
+            if len(kinds) != 1:
+                raise ConfigError(f"parallel_devices must all be of one device type, got {parallel_devices}")
+            kind = kinds.pop()
+            if accelerator is not None and {"gpu": "cuda"}.get(str(accelerator), accelerator) != kind:
+                raise ConfigError(
+                    f"parallel_devices on {kind} but accelerator={accelerator!r}: choose one device type"
+                )
+            accelerator, devices = kind, devices if devices is not None else len(parallel_devices)
+        super().__init__(
+            accelerator, precision, precision_plugin=precision_plugin, checkpoint_io=checkpoint_io
+        )
         check_start_method(start_method)
         self.start_method = start_method
         self.devices, self.num_nodes, self.sync_batchnorm = (
@@ -115,6 +134,54 @@ class ProcessGroupStrategy(ParallelStrategy):
         self.peer_timeout_s = peer_timeout_s
         self._alone = False  # a group of one made here (launch)
         self.comm: ProcessGroupComm = ProcessGroupComm(timeout_s, self._planned_world)
+        # where the processes come from and their ranks (None: the Trainer's plugin, else detected)
+        self.cluster_environment = cluster_environment
+        self.layer_sync: LayerSync | None = None  # the Trainer's (sync_batchnorm=True: TorchSyncBatchNorm)
+
+    @property
+    def cluster_environment(self) -> ClusterEnvironment | None:
+        """The cluster environment (Lightning's attribute): where the processes come from, their ranks."""
+        return self.comm.environment
+
+    @cluster_environment.setter
+    def cluster_environment(self, env: ClusterEnvironment | None) -> None:
+        self.comm.environment = env
+
+    def set_world_ranks(self) -> None:
+        """Tell the environment this job's size and this process's rank (devices x num_nodes, node rank x
+        devices + local rank); environments that read them from their scheduler ignore it."""
+        env = self.cluster_environment
+        if env is not None:
+            devices, nodes = self._world
+            env.set_global_rank(env.node_rank() * devices + env.local_rank())
+            env.set_world_size(devices * nodes)
+
+    @property
+    def launcher(self) -> launch.Launcher:
+        """How this strategy starts its workers: a notebook forks them (popen and fork), spawn pickles them."""
+        forks = self.fork_start and self.start_method in ("popen", "fork")
+        return launch.Launcher(self.start_method, forks)
+
+    @property
+    def num_processes(self) -> int:
+        """Processes per node (Lightning's name; the Trainer's devices)."""
+        return self._world[0]
+
+    @property
+    def parallel_devices(self) -> list[torch.device]:
+        """The device of each process on this node (Lightning's attribute)."""
+        device = pick_device(self.accelerator or "auto")
+        if device.type == "cuda":
+            return [torch.device("cuda", i) for i in range(self.num_processes)]
+        return [device] * self.num_processes
+
+    @property
+    def node_rank(self) -> int:
+        """This node's index in the job."""
+        env = self.cluster_environment
+        if env is not None and "RANK" not in os.environ and env.creates_processes_externally:
+            return env.node_rank()
+        return self.comm.rank // max(1, self.num_processes)
 
     @property
     def _world(self) -> tuple[int, int]:
@@ -129,8 +196,11 @@ class ProcessGroupStrategy(ParallelStrategy):
         (the parent exits with their status), or, in a notebook or with start_method='fork', return a
         ForkStart with which the Trainer runs the stage in forked workers."""
         devices, nodes = self._world
-        if launch.launched_externally():
+        env = self.cluster_environment or detect_environment()
+        if env.creates_processes_externally or launch.launched_externally():
+            env.export_variables()  # RANK, WORLD_SIZE, ... for torch.distributed (unless a launcher set them)
             self._check_launched(devices, nodes)
+            env.validate_settings(devices, nodes)
         else:
             if slurm.in_batch_script():  # the batch script's one process: as a plain `python train.py` here
                 slurm.check_batch_script(devices, nodes)
@@ -222,13 +292,27 @@ class ProcessGroupStrategy(ParallelStrategy):
             atexit.register(beat.stop)  # runs before group_exit's (atexit is last-in, first-out)
 
     def setup(self, task: Any) -> None:
-        if self.sync_batchnorm:
-            convert_sync_batchnorm(task, self.root_device, self.comm.device)  # replaces the layers in place
+        sync = self.layer_sync or (TorchSyncBatchNorm() if self.sync_batchnorm else None)
+        if sync is not None:  # replaces the layers in place (the task object stays)
+            converted = (
+                sync.apply(task, self.root_device, self.comm.device)
+                if isinstance(sync, TorchSyncBatchNorm)
+                else sync.apply(task)
+            )
+            if converted is not task:
+                raise ConfigError(
+                    f"{type(sync).__name__}.apply must convert the task's layers in place and return the task"
+                )
+            self._synced = sync
         super().setup(task)
 
     def teardown(self) -> None:
         if dist.is_initialized():
             self.comm.settle()  # the last stop agreement still in flight
+        sync, task = getattr(self, "_synced", None), self.lightning_module
+        if sync is not None and task is not None:  # the task's own layers back, as Lightning's teardown does
+            sync.revert(task)
+            self._synced = None
 
     @property
     def root_device(self) -> torch.device:

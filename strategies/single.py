@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from strategies.base import Strategy, pick_device
@@ -14,9 +16,22 @@ class SingleDeviceStrategy(Strategy):
     name = "single"
 
     def __init__(
-        self, accelerator: str | None = None, precision: Precision | str | int | None = None, device: int = 0
+        self,
+        accelerator: str | None = None,
+        precision: Precision | str | int | None = None,
+        device: int | str | torch.device = 0,
+        *,
+        precision_plugin: Precision | None = None,
+        checkpoint_io: Any = None,
     ) -> None:
-        super().__init__(accelerator, precision)
+        if isinstance(device, (str, torch.device)):  # Lightning's form: device="cpu", torch.device("cuda", 1)
+            device = torch.device(device)
+            if accelerator is None:
+                accelerator = device.type
+            device = device.index or 0
+        super().__init__(
+            accelerator, precision, precision_plugin=precision_plugin, checkpoint_io=checkpoint_io
+        )
         self.device_index = device
 
     @property

@@ -117,13 +117,13 @@ def test_slurm_environment_is_lightnings_plugin():
     Trainer(plugins=SLURMEnvironment(), logger=False)
 
 
-def test_other_plugins_are_refused_by_name():
-    class MixedPrecision:
+def test_objects_of_no_plugin_kind_and_two_environments_are_refused():
+    class MixedPrecision:  # not Lightning's (trainer.plugins.MixedPrecision): a class of no plugin kind
         pass
 
-    with pytest.raises(OptionError, match="MixedPrecision is not supported"):
+    with pytest.raises(OptionError, match="MixedPrecision is of none of them"):
         Trainer(plugins=[SLURMEnvironment(), MixedPrecision()])
-    with pytest.raises(OptionError, match="one SLURMEnvironment"):
+    with pytest.raises(OptionError, match="multiple values for ClusterEnvironment"):
         Trainer(plugins=[SLURMEnvironment(), SLURMEnvironment()])
 
 

@@ -19,6 +19,8 @@ PUBLIC = (
     "callbacks",
     "strategies",
     "strategies.accelerators",
+    "trainer.plugins",
+    "trainer.profilers",
 )
 
 

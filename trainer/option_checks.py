@@ -28,6 +28,10 @@ class OptionError(ConfigError):
         return text[len(self.option) + 1 :] if text.startswith(f"{self.option} ") else text
 
 
+class OptionTypeError(OptionError, TypeError):
+    """A Trainer option's value has a type the option never takes (a TypeError, where Lightning raises one)."""
+
+
 # ----- checks ---------------------------------------------------------------------------------------
 def is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
@@ -82,6 +86,21 @@ def check_accelerator(name: str, value: Any) -> None:
     choice(ACCELERATORS)(name, value)
 
 
+def check_devices(name: str, value: Any) -> None:
+    """A count, -1, 'auto', a string of a count or indices, or a list of indices (trainer/devices.py); a list
+    holding other than ints, or a value of another type, is a TypeError (as Lightning's)."""
+    from trainer.devices import valid_form
+
+    if valid_form(value):
+        return
+    what = "an int >= 1, -1, 'auto', a string like '2' or '0,1', or a list of indices"
+    wrong_type = isinstance(value, bool) or not isinstance(value, (int, str, list, tuple))
+    if isinstance(value, (list, tuple)):
+        wrong_type = not all(isinstance(d, int) and not isinstance(d, bool) for d in value)
+    kind = OptionTypeError if wrong_type else OptionError
+    raise kind(name, f"{name} must be {what}, got {value!r}")
+
+
 def check_precision(name: str, value: Any) -> None:
     from strategies.precision import PRECISIONS, REFUSED
 
@@ -105,17 +124,19 @@ def check_val_interval(name: str, value: Any) -> None:
 
 
 def check_profiler(name: str, value: Any) -> None:
-    from trainer.profiler import PROFILERS, REFUSED, PassThroughProfiler, SimpleProfiler
+    from trainer.profiler import PROFILERS, REFUSED, Profiler
 
-    if value is None or isinstance(value, (SimpleProfiler, PassThroughProfiler)):
+    if value is None or isinstance(value, Profiler):
         return
-    if isinstance(value, str) and value in REFUSED:
-        raise OptionError(name, REFUSED[value])
+    if isinstance(value, str) and value.lower() in REFUSED:
+        raise OptionError(name, REFUSED[value.lower()])
     if not isinstance(value, str):
         raise OptionError(
-            name, f"{name} must be a name or a profiler of trainer/profiler.py, got {type(value).__name__}"
+            name,
+            f"{name} must be a name or a Profiler (trainer/profiler.py, or your subclass of it), got "
+            f"{type(value).__name__}",
         )
-    choice(PROFILERS)(name, value)
+    choice(PROFILERS)(name, value.lower())
 
 
 def check_model_registry(name: str, value: Any) -> None:
@@ -139,6 +160,8 @@ def check_strategy(name: str, value: Any) -> None:
 
     if isinstance(value, Strategy):
         return
+    if isinstance(value, str):  # Lightning's names are case-insensitive ("DDP")
+        value = value.lower()
     if isinstance(value, str) and value in REFUSED:
         raise OptionError(name, REFUSED[value])
     if not isinstance(value, str):
@@ -197,32 +220,12 @@ LIMIT = must(batches, "an int >= 0 (batches), a float in [0, 1] (fraction) or a 
 FLAG = must(lambda v: isinstance(v, bool), "true or false")
 
 
-def checkpoint_plugins(value: Any) -> list[Any]:
-    """The checkpoint-IO plugins (strategies/checkpoint/plugins.py) among Trainer(plugins=...)."""
-    from strategies.checkpoint.io import CheckpointIO
-
-    items = [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
-    return [item for item in items if isinstance(item, CheckpointIO)]
-
-
 def check_plugins(name: str, value: Any) -> None:
-    """None, SLURMEnvironment (trainer.plugins.environments) and one checkpoint-IO plugin; every other plugin
-    is refused by name."""
-    from trainer.plugins.environments import SLURMEnvironment
+    """None, a plugin or a list of plugins of Lightning's kinds (strategies/plugins.py: precision, checkpoint IO,
+    cluster environment, layer sync), at most one of each; anything else is refused naming the kinds."""
+    from strategies.plugins import sort_plugins
 
-    io = checkpoint_plugins(value)
-    if len(io) > 1:
-        raise OptionError(name, f"{name} may hold one checkpoint-IO plugin, got {len(io)}")
-    items = [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
-    items = [item for item in items if not any(item is i for i in io)]
-    for item in items:
-        if not isinstance(item, SLURMEnvironment):
-            kind = type(item).__name__ if not isinstance(item, str) else repr(item)
-            raise OptionError(
-                name,
-                f"{name} must be None or [SLURMEnvironment(...)] (trainer.plugins.environments); {kind} is not "
-                "supported: set precision=..., strategy=... or num_nodes=... instead (torchrun's and SLURM's "
-                "variables are read without a plugin)",
-            )
-    if len(items) > 1:
-        raise OptionError(name, f"{name} must hold one SLURMEnvironment, got {len(items)}")
+    try:
+        sort_plugins(value)
+    except ConfigError as e:
+        raise OptionError(name, str(e)) from None

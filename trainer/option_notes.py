@@ -6,7 +6,8 @@ Lightning's Trainer does when it is built or when fit starts:
 - an explicit ``limit_*_batches`` / ``overfit_batches`` / ``val_check_interval`` of exactly ``1`` or ``1.0`` is
   logged (info) with what it means, since the int counts batches and the float is a fraction;
 - ``barebones=True`` with an option it turns off set to on is a ConfigError (a ValueError) naming it;
-- ``max_epochs`` left unset reads back as None until fit starts, which then picks 1000 (with a warning) or -1.
+- ``max_epochs`` left unset reads back as None until fit starts, which then picks 1000 (with a warning) or -1;
+- a run on the CPU of a machine with a GPU warns that the GPU is not used.
 """
 
 from __future__ import annotations
@@ -148,3 +149,15 @@ def resolve_max_epochs(t: Trainer) -> None:
             stacklevel=4,
         )
     t.config = dataclasses.replace(t.config, max_epochs=-1 if bounded else 1000)
+
+
+def warn_unused_gpu(strategy: Any) -> None:
+    """Warn (rank 0) when the run computes on the CPU although a CUDA GPU is visible, as Lightning does."""
+    import torch
+
+    if strategy.root_device.type == "cpu" and torch.cuda.is_available():
+        from tandem_core.rank_zero import rank_zero_warn
+
+        rank_zero_warn(
+            "GPU available but not used: the run computes on the CPU; set Trainer(accelerator='gpu') to use it"
+        )

@@ -26,13 +26,13 @@ if TYPE_CHECKING:
     from strategies.base import Strategy
     from trainer.loggers import Logger
 
-from trainer.devices import valid_form
 from trainer.option_checks import (  # noqa: F401 (OptionError is part of this module's interface)
     FLAG,
     LIMIT,
     OptionError,
     check_accelerator,
     check_callbacks,
+    check_devices,
     check_duration,
     check_logger,
     check_model_registry,
@@ -97,7 +97,7 @@ class TrainerConfig:
         "auto",
         "devices (processes for ddp, replicas for dp): a count, -1 (all GPUs), 'auto', or GPU indices "
         "('0,1', [0, 1]); trainer/devices.py",
-        must(valid_form, "an int >= 1, -1, 'auto', a string like '2' or '0,1', or a list of indices"),
+        check_devices,
     )
     num_nodes: int = option(1, "machines in a ddp run", must(int_from(1), "an int >= 1"))
     precision: str | int | None = option(
@@ -264,8 +264,8 @@ class TrainerConfig:
     )
     plugins: Any = option(
         None,
-        "[SLURMEnvironment(auto_requeue=..., requeue_signal=...)] and/or one checkpoint-IO plugin "
-        "(AsyncCheckpointIO(), TorchCheckpointIO() or a CheckpointIO subclass), or None; other plugins are refused",
+        "None, or Lightning's plugins (trainer.plugins): a precision plugin, a cluster environment, a checkpoint IO (AsyncCheckpointIO(), ...), "
+        "a layer sync; one of each kind at most",
         check_plugins,
     )
 

@@ -95,6 +95,14 @@ class TrainerReadback:
     precision_plugin = view("strategy.precision")
 
     @property
+    def accelerator(self) -> Any:
+        """The Accelerator object of the run's device (the instance given as ``accelerator=``, if one was)."""
+        from strategies.accelerators import Accelerator, for_device
+
+        given = getattr(self, "_accelerator_given", None)
+        return given if isinstance(given, Accelerator) else for_device(self.strategy.root_device)
+
+    @property
     def scaler(self) -> Any:
         """The precision's gradient scaler (float16 mixed precision), else None."""
         return getattr(self.strategy.precision, "scaler", None)

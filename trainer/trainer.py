@@ -32,7 +32,6 @@ from trainer.loop import fit as loop
 from trainer.loop.hooks import Hooks
 from trainer.loop.session import Session, set_torch_flags
 from trainer.loop.state import LoopState
-from trainer.option_checks import checkpoint_plugins
 from trainer.options import TrainerConfig
 from trainer.profiler import make_profiler
 from trainer.readback import TrainerReadback
@@ -56,6 +55,7 @@ class Trainer(TrainerReadback, TrainerLoaders):
     def __init__(self, **options: Any) -> None:
         options = notes.env_defaults(type(self).__name__, TrainerConfig.names(), options)  # PL_TRAINER_*
         if "accelerator" in options:  # an accelerator object (Lightning's CPUAccelerator()) as its name
+            self._accelerator_given = options["accelerator"]  # trainer.accelerator (trainer/readback.py)
             options["accelerator"] = accelerator_name(options["accelerator"])
         given = TrainerConfig.from_kwargs(**options)
         notes.check_barebones(options)
@@ -71,9 +71,10 @@ class Trainer(TrainerReadback, TrainerLoaders):
         self.config = cfg = dataclasses.replace(cfg, devices=count_devices(cfg.devices, cfg.accelerator))
         self.default_root_dir = os.path.abspath(cfg.default_root_dir or os.getcwd())
         set_torch_flags(cfg.deterministic, cfg.benchmark)  # as Lightning does when a Trainer is built
-        self.strategy: Strategy = resolve_strategy(cfg.strategy, vars(cfg), set(options))
-        for io in checkpoint_plugins(cfg.plugins):  # Lightning's connector: strategy.checkpoint_io = plugin
-            self.strategy.checkpoint_io = io
+        # (an option passed as None is Lightning's default: not "given", so it conflicts with nothing)
+        passed = {name for name, value in options.items() if value is not None}
+        self.strategy: Strategy = resolve_strategy(cfg.strategy, vars(cfg), passed)
+        notes.warn_unused_gpu(self.strategy)
         self.loggers: list[Logger] = self._make_loggers(cfg.logger)
         if given.fast_dev_run and self._make_loggers(given.logger):  # Lightning's stand-in: calls do nothing
             self.loggers = [DummyLogger()]

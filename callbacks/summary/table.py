@@ -50,6 +50,26 @@ class Summary:
     total_training_modes: dict[str, int]
     total_flops: int = 0
     sizes: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # layer -> (in size, out size)
+    # per layer, in order (Lightning's ModelSummary reads them): name, class name, parameters, in train mode
+    layer_names: list[str] = field(default_factory=list)
+    layer_types: list[str] = field(default_factory=list)
+    param_nums: list[int] = field(default_factory=list)
+    training_modes: list[bool] = field(default_factory=list)
+
+    @property
+    def in_sizes(self) -> list[Any]:
+        """Each layer's input size in the example's forward (UNKNOWN_SIZE where it did not run)."""
+        return [self.sizes.get(n, (UNKNOWN_SIZE, UNKNOWN_SIZE))[0] or UNKNOWN_SIZE for n in self.layer_names]
+
+    @property
+    def out_sizes(self) -> list[Any]:
+        """Each layer's output size in the example's forward (UNKNOWN_SIZE where it did not run)."""
+        return [self.sizes.get(n, (UNKNOWN_SIZE, UNKNOWN_SIZE))[1] or UNKNOWN_SIZE for n in self.layer_names]
+
+    @property
+    def total_layer_params(self) -> int:
+        """The parameters the listed layers hold (shared ones counted in each)."""
+        return sum(self.param_nums)
 
     def __str__(self) -> str:
         return format_table(self)
@@ -89,8 +109,9 @@ def summarize(module: torch.nn.Module, max_depth: int = 1, precision_bits: int =
         ("FLOPs", [human_count(flops.get(n, 0)) for n, _ in layers]),
     ]
     if example is not None:
-        columns.append(("In sizes", [str(sizes.get(n, (UNKNOWN_SIZE,))[0]) for n, _ in layers]))
-        columns.append(("Out sizes", [str(sizes.get(n, (None, UNKNOWN_SIZE))[1]) for n, _ in layers]))
+        unknown = (UNKNOWN_SIZE, UNKNOWN_SIZE)  # (an empty size, of no input, is unknown too)
+        columns.append(("In sizes", [str(sizes.get(n, unknown)[0] or UNKNOWN_SIZE) for n, _ in layers]))
+        columns.append(("Out sizes", [str(sizes.get(n, unknown)[1] or UNKNOWN_SIZE) for n, _ in layers]))
     leftover = total - sum(counts)
     if leftover > 0:  # parameters held by the module itself, not by a child
         extra = {" ": " ", "Name": "other params", "Params": human_count(leftover)}
@@ -100,6 +121,7 @@ def summarize(module: torch.nn.Module, max_depth: int = 1, precision_bits: int =
     return Summary(
         columns, total, trainable, total * precision_bits / 8 * 1e-6,
         {"train": modes.count(True), "eval": modes.count(False)}, total_flops, sizes,
+        [n for n, _ in layers], [type(m).__name__ for _, m in layers], counts, [m.training for _, m in layers],
     )  # fmt: skip
 
 
@@ -115,7 +137,11 @@ def _forward_example(
 
         return hook
 
-    handles = [m.register_forward_hook(recorder(n), with_kwargs=True) for n, m in layers]
+    handles = [  # (a TorchScript module takes no hooks: its sizes stay unknown)
+        m.register_forward_hook(recorder(n), with_kwargs=True)
+        for n, m in layers
+        if not isinstance(m, torch.jit.ScriptModule)
+    ]
     counter = FlopCounterMode(display=False, depth=max_depth + 1 if max_depth != -1 else 999)
     trainer = getattr(module, "_trainer", None)
     autocast = trainer.strategy.autocast() if trainer is not None else contextlib.nullcontext()

@@ -66,21 +66,50 @@ TANDEM: dict[str, dict[str, str]] = {
         "DummyExperiment": "trainer.loggers.dummy",
         "ExperimentWriter": "trainer.loggers.csv_logs",
     },
-    "strategies": {"*": "strategies"},
+    "strategies": {"*": "strategies", "_DDP_FORK_ALIASES": "strategies:FORK_NAMES"},  # (a list of names)
     "accelerators": {"*": "strategies.accelerators"},
-    "plugins": {"*": "trainer.plugins"},
-    "profilers": {"*": "trainer.profiler"},
+    "plugins": {
+        "*": "trainer.plugins"
+    },  # precision/, environments/, layer_sync: every name in trainer.plugins
+    "profilers": {"*": "trainer.profilers"},
     "tuner": {"Tuner": "trainer.tuner"},
     "demos": {"*": "trainer.demos"},
     "utilities": {
         "*": "trainer.utilities",
         **_UTILITIES,
-        "summarize": "callbacks.summary.table",
+        # utilities.model_summary (the utility, not the callback of the same name)
+        **{
+            name: "trainer.utilities.model_summary"
+            for name in (
+                "ModelSummary",
+                "summarize",
+                "get_human_readable_count",
+                "get_formatted_model_size",
+                "parse_batch_shape",
+                "UNKNOWN_SIZE",
+                "NOT_APPLICABLE",
+                "LEFTOVER_PARAMS_NAME",
+            )
+        },
     },
 }
 # lightning.fabric under the Tandem run: only the user-facing names Lightning's tests import through it
 TANDEM_FABRIC: dict[str, dict[str, str]] = {
     "": {"seed_everything": "trainer.seed"},
+    # fabric's cluster environments are the very classes lightning.pytorch.plugins.environments exports
+    "plugins": {
+        name: "trainer.plugins"
+        for name in (
+            "ClusterEnvironment",
+            "KubeflowEnvironment",
+            "LightningEnvironment",
+            "LSFEnvironment",
+            "MPIEnvironment",
+            "SLURMEnvironment",
+            "TorchElasticEnvironment",
+            "XLAEnvironment",
+        )
+    },
     "utilities": {
         "seed_everything": "trainer.seed",
         "rank_zero_only": "tandem_core.rank_zero",

@@ -66,6 +66,10 @@ def _build_run(raw: Any, secrets: dict[str, str], with_task: bool, trainer_cls: 
     kwargs = dict(cfg["trainer"], callbacks=[*callbacks, SaveRunConfig(cfg, secrets=secrets)])
     if loggers:
         kwargs["logger"] = loggers
+    if kwargs.get("plugins"):  # before the strategy: Lightning's plugins, each checked to be one
+        kwargs["plugins"] = [
+            _build(p, f"trainer.plugins[{i}]", slots["plugins"]) for i, p in enumerate(kwargs["plugins"])
+        ]
     if isinstance(kwargs["strategy"], dict):
         kwargs["strategy"] = _build_strategy(kwargs["strategy"], kwargs)
     try:

@@ -35,7 +35,12 @@ SHORTHAND = {
     "lr_scheduler": ("trainer.config.optim", "torch.optim.lr_scheduler"),
 }
 # Lightning's packages, and the Tandem package that has the class of the same name.
-_PACKAGES = {"callbacks": "callbacks", "loggers": "trainer.loggers", "strategies": "strategies"}
+_PACKAGES = {
+    "callbacks": "callbacks",
+    "loggers": "trainer.loggers",
+    "strategies": "strategies",
+    "plugins": "trainer.plugins",
+}
 _LIGHTNING = ("lightning.pytorch", "pytorch_lightning")
 
 
@@ -170,7 +175,11 @@ def _lightning_class(path: str, where: str) -> str:
     if package is None or not hasattr(importlib.import_module(package), name):
         raise ConfigError(
             f"{where}: {path!r} is Lightning's; Tandem has "
-            + (f"no {name} in {package}" if package else "only Lightning's callbacks, loggers and strategies")
+            + (
+                f"no {name} in {package}"
+                if package
+                else "only Lightning's callbacks, loggers, strategies and plugins"
+            )
             + ": name a Tandem class or your own (docs/configuration.md, 'LightningCLI configs')"
         )
     return f"{package}.{name}"

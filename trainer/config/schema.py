@@ -85,6 +85,12 @@ def _check_trainer(section: Any) -> dict[str, Any]:
             strategy, "trainer.strategy", slot_types()["strategy"], skip_defaults=(*FROM_TRAINER, "precision")
         )
         given = {k: v for k, v in given.items() if k != "strategy"}
+    plugins = given.pop("plugins", None)
+    if plugins is not None:  # _target_ entries, built by the config layer (trainer/config/build.py)
+        entries = plugins if isinstance(plugins, list) else [plugins]
+        plugins = [
+            _check_target(p, f"trainer.plugins[{i}]", slot_types()["plugins"]) for i, p in enumerate(entries)
+        ]
     try:
         options = TrainerConfig.from_kwargs(**given)
     except OptionError as e:
@@ -92,6 +98,9 @@ def _check_trainer(section: Any) -> dict[str, Any]:
     out = {name: getattr(options, name) for name in TrainerConfig.names()}
     if isinstance(strategy, dict):
         out["strategy"] = strategy
+    out["plugins"] = plugins or None
+    if plugins and "precision" not in given:  # unset (Lightning's None): a precision plugin may set it
+        out["precision"] = None
     return out
 
 

@@ -80,8 +80,10 @@ class Session:
         self.anomaly = torch.is_anomaly_enabled()
         if stage == "fit" and t.config.detect_anomaly:
             torch.autograd.set_detect_anomaly(True)
-        if t.profiler is not None:
-            t.profiler.start(t)
+        if t.profiler is not None:  # named after the stage (and the local rank, under several processes)
+            rank = t.local_rank if t.world_size > 1 else None
+            t.profiler.setup(stage=stage, local_rank=rank)  # (the log_dir is known when the stage ends)
+            t.profiler.attach(t)
         if overrides(task, "configure_callbacks"):  # every stage, first of all (as Lightning)
             t.callbacks = merge_callbacks(t.callbacks, task.configure_callbacks())
         t.hooks = Hooks(task, t.callbacks, t, t.profiler)  # only the overridden hooks, once per stage
@@ -285,10 +287,12 @@ class Session:
             if self.signals is not None:
                 self.signals.restore()
             torch.autograd.set_detect_anomaly(self.anomaly)
-            if t.profiler is not None:  # every rank ends its torch.profiler (and writes its trace)
-                summary = t.profiler.summary()
-                if t.is_global_zero:
-                    print(f"[tandem] profiler ({type(t.profiler).__name__}), {self.stage}:\n{summary}")
+            if (
+                t.profiler is not None
+            ):  # every rank ends its torch.profiler (and writes its trace), and reports
+                if t.profiler.filename and not t.profiler.dirpath:  # Lightning's default: the run's log_dir
+                    t.profiler.dirpath = t.log_dir
+                t.profiler.describe()
             if self.uncompile is not None:
                 if error is None and self.recompiles is not None:
                     self.recompiles.check(f"by the end of {self.stage}")

@@ -1,9 +1,60 @@
-"""Lightning's plugins that Tandem takes: the SLURM environment (lightning.pytorch.plugins.environments) and the
-checkpoint-IO plugins (lightning.pytorch.plugins.io: CheckpointIO, TorchCheckpointIO, AsyncCheckpointIO)."""
+"""Lightning's plugins (``lightning.pytorch.plugins``) that ``Trainer(plugins=[...])`` takes, by their names: the
+precision plugins, layer sync, the checkpoint IO plugins (``trainer.plugins.io``) and the cluster environments (``trainer.plugins.environments``). Each lives
+with the strategies that use it (strategies/precision_plugins.py, strategies/layer_sync.py,
+strategies/environments/); strategies/plugins.py hands them to the strategy.
+
+    from trainer.plugins import MixedPrecision, TorchSyncBatchNorm
+    from trainer.plugins.environments import SLURMEnvironment
+    Trainer(strategy="ddp", devices=2, plugins=[MixedPrecision("bf16-mixed", "cpu"), SLURMEnvironment()])
+"""
 
 from __future__ import annotations
 
-from trainer.plugins.environments import SLURMEnvironment
+from trainer.plugins.environments import (
+    ClusterEnvironment,
+    KubeflowEnvironment,
+    LightningEnvironment,
+    LSFEnvironment,
+    MPIEnvironment,
+    SLURMEnvironment,
+    TorchElasticEnvironment,
+    XLAEnvironment,
+)
 from trainer.plugins.io import AsyncCheckpointIO, CheckpointIO, TorchCheckpointIO
+from trainer.plugins.layer_sync import LayerSync, TorchSyncBatchNorm
+from trainer.plugins.precision import (
+    BitsandbytesPrecision,
+    DeepSpeedPrecision,
+    DoublePrecision,
+    FSDPPrecision,
+    HalfPrecision,
+    MixedPrecision,
+    Precision,
+    TransformerEnginePrecision,
+    XLAPrecision,
+)
 
-__all__ = ["AsyncCheckpointIO", "CheckpointIO", "SLURMEnvironment", "TorchCheckpointIO"]
+__all__ = [
+    "AsyncCheckpointIO",
+    "CheckpointIO",
+    "TorchCheckpointIO",
+    "BitsandbytesPrecision",
+    "ClusterEnvironment",
+    "DeepSpeedPrecision",
+    "DoublePrecision",
+    "FSDPPrecision",
+    "HalfPrecision",
+    "KubeflowEnvironment",
+    "LSFEnvironment",
+    "LayerSync",
+    "LightningEnvironment",
+    "MPIEnvironment",
+    "MixedPrecision",
+    "Precision",
+    "SLURMEnvironment",
+    "TorchElasticEnvironment",
+    "TorchSyncBatchNorm",
+    "TransformerEnginePrecision",
+    "XLAEnvironment",
+    "XLAPrecision",
+]

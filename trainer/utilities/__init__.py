@@ -14,7 +14,12 @@ from tandem_core.rank_zero import (
 )
 from trainer.task.hparams import AttributeDict
 from trainer.utilities.combined_loader import CombinedLoader
-from trainer.utilities.data import is_picklable, move_data_to_device, suggested_max_num_workers
+from trainer.utilities.data import (
+    has_len_all_ranks,
+    is_picklable,
+    move_data_to_device,
+    suggested_max_num_workers,
+)
 from trainer.utilities.distributed import is_shared_filesystem
 from trainer.utilities.enums import (
     GradClipAlgorithmType,
@@ -37,6 +42,7 @@ __all__ = [
     "TandemDeprecationWarning",
     "find_shared_parameters",
     "grad_norm",
+    "has_len_all_ranks",
     "is_overridden",
     "is_picklable",
     "measure_flops",

@@ -1,9 +1,11 @@
-"""Small data helpers of Lightning's: move_data_to_device, suggested_max_num_workers, is_picklable."""
+"""Small data helpers of Lightning's: move_data_to_device, suggested_max_num_workers, is_picklable,
+has_len_all_ranks."""
 
 from __future__ import annotations
 
 import os
 import pickle
+import warnings
 from typing import Any
 
 import torch
@@ -44,4 +46,35 @@ def is_picklable(obj: object) -> bool:
         pickle.dumps(obj)
     except (pickle.PickleError, AttributeError, RuntimeError, TypeError):
         return False
+    return True
+
+
+def has_len_all_ranks(
+    dataloader: object, strategy: Any, allow_zero_length_dataloader_with_multiple_devices: bool = False
+) -> bool:
+    """Whether `dataloader` has a length (on every rank: the lengths are summed over the strategy's ranks, a
+    collective every rank must call). A total of zero warns; a rank of length zero while others have batches is
+    a RuntimeError unless `allow_zero_length_dataloader_with_multiple_devices` (then it warns)."""
+    try:
+        local = len(dataloader)  # type: ignore[arg-type]
+    except (TypeError, NotImplementedError):
+        return False
+    name = type(dataloader).__name__
+    total = int(strategy.comm.reduce(torch.tensor(local, device=strategy.root_device), op="sum"))
+    if total == 0:
+        warnings.warn(f"Total length of `{name}` across ranks is zero; is that what you meant?", stacklevel=2)
+    elif local == 0:
+        if not allow_zero_length_dataloader_with_multiple_devices:
+            raise RuntimeError(
+                f"`{name}` has zero length on this rank while others have batches: give every rank at least one "
+                "batch (or allow_zero_length_dataloader_with_multiple_devices=True)"
+            )
+        warnings.warn(f"`{name}` has zero length on this rank while others have batches", stacklevel=2)
+    dataset = getattr(dataloader, "dataset", None)
+    if isinstance(dataset, torch.utils.data.IterableDataset):
+        warnings.warn(
+            "Your IterableDataset defines __len__: with several loader workers it is only right when each "
+            "worker reads its own part of the data",
+            stacklevel=2,
+        )
     return True
