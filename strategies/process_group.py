@@ -214,6 +214,11 @@ class ProcessGroupStrategy(ParallelStrategy):
             self.comm.settle()  # the last stop agreement still in flight
 
     @property
+    def process_group_backend(self) -> str | None:
+        """The torch.distributed backend asked for (None until chosen: gloo on the CPU, nccl on CUDA)."""
+        return self.backend
+
+    @property
     def root_device(self) -> torch.device:
         """The device of this process's local rank."""
         if self._root_device is None:

@@ -71,6 +71,7 @@ TANDEM: dict[str, dict[str, str]] = {
     "plugins": {"*": "trainer.plugins"},
     "profilers": {"*": "trainer.profiler"},
     "tuner": {"Tuner": "trainer.tuner"},
+    "cli": {"*": "trainer.cli"},
     "demos": {"*": "trainer.demos"},
     "utilities": {
         "*": "trainer.utilities",
