@@ -5,7 +5,8 @@ steps are recorded with a summary of their arguments.
 python ctrl_c.py FRAMEWORK STAGE AT MODE DEVICES OUT
     FRAMEWORK  tandem | lightning
     STAGE      fit | validate | test | predict
-    AT         the batch index whose on_<stage>_batch_end sends SIGINT (-1: none, an uninterrupted run)
+    AT         the batch whose on_<stage>_batch_end sends SIGINT, counted from 0 over the stage (in fit over both
+               epochs); -1: none, an uninterrupted run
     MODE       inside: the process sends SIGINT to itself (os.kill(os.getpid(), SIGINT)), on every rank;
                group: rank 0 sends SIGINT to the process group the job was started in (a terminal's Ctrl-C)
     DEVICES    1, or 2 (ddp on two CPU processes)
@@ -36,6 +37,7 @@ HOOKS = (
     "on_predict_batch_start", "on_predict_batch_end", "on_before_backward", "on_after_backward",
     "on_before_optimizer_step", "on_before_zero_grad", "on_save_checkpoint", "on_exception",
 )  # fmt: skip
+PREFIX = {"fit": "train", "validate": "validation", "test": "test", "predict": "predict"}  # the batch hooks
 CHECKPOINT_HOOKS = ("state_dict", "on_save_checkpoint")  # what saving a checkpoint calls on a callback
 
 
@@ -97,7 +99,7 @@ def build(framework: str, stage: str, at: int, mode: str, devices: int, out: str
             if name == "on_exception":
                 ended["step_at_exception"] = int(trainer.global_step)
                 ended["weights_at_exception"] = float(sum(p.double().sum() for p in module.parameters()))
-            if name == f"on_{'train' if stage == 'fit' else stage}_batch_end" and args[2] == at:
+            if name == f"on_{PREFIX[stage]}_batch_end" and sum(r[0] == name for r in record) == at + 1:
                 ended["interrupted_at"] = [name, int(trainer.global_step)]
                 if mode == "inside":
                     os.kill(os.getpid(), signal.SIGINT)
@@ -153,6 +155,8 @@ def build(framework: str, stage: str, at: int, mode: str, devices: int, out: str
         def on_exception(self, exception: BaseException) -> None:
             record.append(["datamodule.on_exception", [summary(exception)], {}])
 
+    torch.manual_seed(0)  # the same initial weights in both frameworks
+    task = Task()
     trainer = trainer_cls(
         max_epochs=2,
         accelerator="cpu",
@@ -165,7 +169,30 @@ def build(framework: str, stage: str, at: int, mode: str, devices: int, out: str
         num_sanity_val_steps=0,
         default_root_dir=os.path.join(out, "root"),
     )
-    return trainer, Task(), Data(), record, ended
+    return trainer, task, Data(), record, ended
+
+
+def compare(lightning: list[Any], tandem: list[Any], uninterrupted: Any, stage: str) -> list[Any]:
+    """Check Tandem's record of an interrupted run against Lightning's. Both end in the callbacks' and the
+    DataModule's on_exception with a KeyboardInterrupt; before the hook that sent the signal they agree hook
+    for hook. Lightning stops inside that hook; Tandem finishes the batch and stops where the ranks agree (the
+    next step boundary or evaluation batch): the hooks between are those of a run that is not interrupted
+    (`uninterrupted()`: Lightning's record of one), then, in fit, the checkpoint at the stop (state_dict,
+    on_save_checkpoint) and nothing else. Returns the hooks Tandem ran after Lightning stopped."""
+    interrupt = "exception:KeyboardInterrupt:keyboard_interrupt=True"
+    ends = [["on_exception", [interrupt], {}], ["datamodule.on_exception", [interrupt], {}]]
+    assert lightning[-2:] == ends, lightning[-4:]
+    assert tandem[-2:] == ends, tandem[-4:]
+    n = len(lightning) - 2
+    assert tandem[:n] == lightning[:n], next((i, a, b) for i, (a, b) in enumerate(zip(tandem, lightning)) if a != b)
+    middle = tandem[n:-2]
+    k = next((i for i, h in enumerate(middle) if h[0] in CHECKPOINT_HOOKS), len(middle))
+    if k:
+        assert middle[:k] == uninterrupted()[n : n + k], (middle[:k], uninterrupted()[n : n + k])
+    saved = middle[k:]
+    assert all(h[0] in CHECKPOINT_HOOKS for h in saved), saved
+    assert bool(saved) == (stage == "fit"), saved  # fit checkpoints at the stop; the other stages save nothing
+    return middle
 
 
 def main(argv: list[str]) -> None:
