@@ -55,13 +55,11 @@ def instantiate_module(class_type: type, config: dict[str, Any]) -> Any:
     from jsonargparse import ArgumentParser
 
     from trainer.cli.trust import check_values
-    from trainer.config.types import annotations
 
     config = dict(config)
-    named, rest = annotations(class_type)
+    saved_classes_imported(class_type, config)
     parser = ArgumentParser(exit_on_error=False)
     if "_class_path" in config:
-        imported_only(config, class_type.__name__)
         path = config.pop("_class_path")
         cls = already_imported(path, "_class_path")
         if not (isinstance(cls, type) and issubclass(cls, class_type)):
@@ -72,8 +70,6 @@ def instantiate_module(class_type: type, config: dict[str, Any]) -> Any:
         parser.add_subclass_arguments(class_type, "module", fail_untyped=False)
         config = {"class_path": path, "dict_kwargs": config}
     else:
-        for key, item in config.items():
-            imported_only(item, f"{class_type.__name__}.{key}", named.get(key, rest))
         parser.add_class_arguments(class_type, "module", fail_untyped=False)
     parsed = parser.parse_object({"module": config})
     check_values(parser, parsed)
@@ -121,6 +117,19 @@ def already_imported(path: Any, where: str) -> Any:
         f"{where}: the checkpoint names {path!r}, which is not imported in this program; a checkpoint is data "
         f"and never makes Tandem import a module. If you trust it, import {parts[0]}... first."
     )
+
+
+def saved_classes_imported(class_type: type, config: dict[str, Any]) -> None:
+    """Every class the saved config of a `class_type` names is already imported (else CheckpointError): the
+    config in LightningCLI's form (``class_path``/``dict_kwargs``, or ``_class_path``), or the arguments."""
+    from trainer.config.types import annotations
+
+    if any(k in config for k in ("class_path", "_class_path")):
+        imported_only(config, class_type.__name__)
+        return
+    named, rest = annotations(class_type)
+    for key, item in config.items():
+        imported_only(item, f"{class_type.__name__}.{key}", named.get(key, rest))
 
 
 def imported_only(value: Any, where: str, ann: Any = None) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import yaml
 
-from trainer.cli.instantiate import CliInstantiator, imported_only, module_type
+from trainer.cli.instantiate import CliInstantiator, module_type, saved_classes_imported
 from trainer.cli.optimizers import AUTOMATIC, attach_automatic, class_path_dict
 from trainer.cli.parser import LightningArgumentParser, tandem_paths
 from trainer.cli.save import SaveConfigCallback
@@ -232,7 +232,7 @@ class LightningCLI:
         if "_class_path" in hparams:
             hparams = {"class_path": hparams.pop("_class_path"), "dict_kwargs": hparams}
         try:
-            imported_only(hparams, "ckpt_path hyperparameters")
+            saved_classes_imported(module_type(self._model_class), hparams)
             self.config = self.parser.parse_object({sub: {"model": hparams}}, self.config)
         except SystemExit:
             sys.stderr.write("Parsing of ckpt_path hyperparameters failed!\n")

@@ -66,7 +66,7 @@ class StopSignals:
         self.environment = environment_of(trainer.config.plugins) if fit else None  # SLURM's, or None
         self.requeue_signal = self.environment.requeue_signal if self.environment is not None else None
         self.requeue_pending = False  # the ranks agreed on a requeue stop: rank 0 requeues on the way out
-        self.stopped = False  # the ranks agreed on a stop and this process is on its way out
+        self.stopped: BaseException | None = None  # the agreed stop's exception: this process is on its way out
         self.watchdog: threading.Timer | None = None  # armed by a stop signal, until the stage ends
 
     def code(self, signum: int) -> int:
@@ -91,7 +91,7 @@ class StopSignals:
             self.requeue_pending = False
             self.previous.pop(signal.SIGTERM, None)
             self._requeue()
-        elif self.stopped and self.trainer.world_size > 1:
+        elif self.stopped is not None and self.trainer.world_size > 1:
             # every rank stops at the same step; the launcher's agent sends SIGTERM to the ranks still exiting
             # when the first one is gone: each rank ends its own way (its hooks, its exit status), not by it
             self.previous.pop(signal.SIGTERM, None)
@@ -179,8 +179,6 @@ def stop_on_signal(t: Trainer, val_start_rng: dict[str, Any] | None = None) -> N
     signals = t.session.signals if t.session is not None else None
     requeue = signals is not None and signals.requeue_pending
     signum = signals.requeue_signal if requeue else t.state.stop_signal or signal.SIGTERM
-    if signals is not None:
-        signals.stopped = True
     fit = t.state.entry == "fit"
     where = "" if fit else f"; {t.state.entry} stopped, nothing to save"
     if fit and t.config.enable_checkpointing:
@@ -195,15 +193,16 @@ def stop_on_signal(t: Trainer, val_start_rng: dict[str, Any] | None = None) -> N
             file=sys.stderr,
             flush=True,
         )
-    if signum == signal.SIGINT:
-        raise KeyboardInterrupt
-    raise SystemExit(128 + int(signum))
+    stop: BaseException = KeyboardInterrupt() if signum == signal.SIGINT else SystemExit(128 + int(signum))
+    if signals is not None:  # (a second Ctrl-C during the save above is a KeyboardInterrupt of its own)
+        signals.stopped = stop
+    raise stop
 
 
 def exit_code(t: Trainer, error: BaseException | None) -> int | None:
     """128 + SIGINT when `error` is the KeyboardInterrupt of an agreed Ctrl-C stop (the stage has run its
     on_exception hooks with it; the process now exits 130, the stop checkpoint saved), else None."""
     signals = t.session.signals if t.session is not None else None
-    if isinstance(error, KeyboardInterrupt) and signals is not None and signals.stopped:
+    if isinstance(error, KeyboardInterrupt) and signals is not None and error is signals.stopped:
         return 128 + int(signal.SIGINT)
     return None
