@@ -22,7 +22,12 @@ import ctrl_c  # noqa: E402
 
 from trainer.checkpoint import load  # noqa: E402
 
-BATCHES = {"fit": 32, "validate": 8, "test": 8, "predict": 8}  # 2 epochs of 16 training batches; 8 to evaluate
+BATCHES = {
+    "fit": 32,
+    "validate": 8,
+    "test": 8,
+    "predict": 8,
+}  # 2 epochs of 16 training batches; 8 to evaluate
 
 
 def _run(framework: str, stage: str, at: int, out: str) -> tuple[Any, list[Any], dict[str, Any], int | None]:

@@ -184,14 +184,18 @@ def compare(lightning: list[Any], tandem: list[Any], uninterrupted: Any, stage: 
     assert lightning[-2:] == ends, lightning[-4:]
     assert tandem[-2:] == ends, tandem[-4:]
     n = len(lightning) - 2
-    assert tandem[:n] == lightning[:n], next((i, a, b) for i, (a, b) in enumerate(zip(tandem, lightning)) if a != b)
+    assert tandem[:n] == lightning[:n], next(
+        (i, a, b) for i, (a, b) in enumerate(zip(tandem, lightning)) if a != b
+    )
     middle = tandem[n:-2]
     k = next((i for i, h in enumerate(middle) if h[0] in CHECKPOINT_HOOKS), len(middle))
     if k:
         assert middle[:k] == uninterrupted()[n : n + k], (middle[:k], uninterrupted()[n : n + k])
     saved = middle[k:]
     assert all(h[0] in CHECKPOINT_HOOKS for h in saved), saved
-    assert bool(saved) == (stage == "fit"), saved  # fit checkpoints at the stop; the other stages save nothing
+    assert bool(saved) == (stage == "fit"), (
+        saved
+    )  # fit checkpoints at the stop; the other stages save nothing
     return middle
 
 

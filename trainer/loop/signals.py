@@ -66,7 +66,9 @@ class StopSignals:
         self.environment = environment_of(trainer.config.plugins) if fit else None  # SLURM's, or None
         self.requeue_signal = self.environment.requeue_signal if self.environment is not None else None
         self.requeue_pending = False  # the ranks agreed on a requeue stop: rank 0 requeues on the way out
-        self.stopped: BaseException | None = None  # the agreed stop's exception: this process is on its way out
+        self.stopped: BaseException | None = (
+            None  # the agreed stop's exception: this process is on its way out
+        )
         self.watchdog: threading.Timer | None = None  # armed by a stop signal, until the stage ends
 
     def code(self, signum: int) -> int:
