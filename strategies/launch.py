@@ -134,6 +134,12 @@ def _batch_shell_note(nprocs: int) -> None:
         )
 
 
+def _not_an_interrupt(record: logging.LogRecord) -> bool:
+    """False for torch's "failed (exitcode: 130 or -2)" record of a worker that Ctrl-C stopped."""
+    text = str(record.msg)
+    return not (text.startswith("failed (exitcode") and record.args and record.args[0] in INTERRUPTED)  # type: ignore[index]
+
+
 def relaunch(nprocs: int, max_restarts: int = 0) -> NoReturn:
     """Run this command as `nprocs` workers on this machine; exit with their status."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -142,6 +148,9 @@ def relaunch(nprocs: int, max_restarts: int = 0) -> NoReturn:
 
     for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # torch's agent logs an interrupted worker as "failed (exitcode: 130)"; this launcher reports it as the
+    # interrupt it is (below), and a real failure is still logged
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_not_an_interrupt)
     # Like torchrun: one intra-op thread per worker unless told otherwise, so workers do not oversubscribe.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nprocs)))
     config = LaunchConfig(

@@ -57,9 +57,9 @@ class SaveConfigCallback(Callback):
             if trainer.is_global_zero:
                 os.makedirs(log_dir, exist_ok=True)
                 if self.multifile:  # jsonargparse keeps the files the config came from
-                    self.parser.save(self.config, path, skip_none=False, overwrite=True, multifile=True)
+                    self.parser.save(self.config, path, skip_unset=False, overwrite=self.overwrite, multifile=True)
                 else:
-                    atomic_write(path, self.parser.dump(self.config, skip_none=False))
+                    atomic_write(path, self.parser.dump(self.config, skip_unset=False))
         if trainer.is_global_zero:
             self.save_config(trainer, pl_module, stage)
             self.already_saved = True
