@@ -17,6 +17,9 @@ from strategies import slurm
 from tandem_core.errors import ConfigError
 
 _RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+# a worker's exit status after Ctrl-C: 130 after the agreed stop (trainer/loop/signals.py), -SIGINT when a
+# second Ctrl-C's KeyboardInterrupt ended it (Python exits by the signal then)
+INTERRUPTED = (128 + int(signal.SIGINT), -int(signal.SIGINT))
 
 
 @dataclass(frozen=True)
@@ -61,9 +64,10 @@ def _command() -> list[str]:
     return ["-u", os.path.abspath(sys.argv[0]), *sys.argv[1:]]
 
 
-def _ignore_repeated_sigterm() -> None:
-    """The elastic agent turns each signal into an exception; a second SIGTERM (a scheduler that repeats it)
-    would abort its wait for the workers' checkpoint and leave them behind. Act on the first only."""
+def _handle_repeated_signals() -> None:
+    """The elastic agent turns each signal into an exception; a second one would abort its wait for the
+    workers' checkpoint and leave them behind. Act on the first only; a second Ctrl-C is passed to the workers,
+    which then stop at once (as a second Ctrl-C does to a single process), while this keeps waiting."""
     from torch.distributed.elastic.multiprocessing import api
 
     first = getattr(api, "_terminate_process_handler", None)
@@ -74,6 +78,12 @@ def _ignore_repeated_sigterm() -> None:
     def handler(signum: int, frame: Any) -> None:
         if received and signum == signal.SIGTERM:
             os.write(2, b"[tandem] launcher received SIGTERM again; still waiting for the workers to stop\n")
+            return
+        if received and signum == signal.SIGINT:
+            os.write(2, b"[tandem] launcher: Ctrl-C again; the workers stop at once\n")
+            for pid in _worker_pids():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGINT)
             return
         received.append(signum)
         first(signum, frame)
@@ -135,6 +145,12 @@ def _batch_shell_note(nprocs: int) -> None:
         )
 
 
+def _not_an_interrupt(record: logging.LogRecord) -> bool:
+    """False for torch's "failed (exitcode: 130 or -2)" record of a worker that Ctrl-C stopped."""
+    text = str(record.msg)
+    return not (text.startswith("failed (exitcode") and record.args and record.args[0] in INTERRUPTED)  # type: ignore[index]
+
+
 def relaunch(nprocs: int, max_restarts: int = 0) -> NoReturn:
     """Run this command as `nprocs` workers on this machine; exit with their status."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -143,6 +159,9 @@ def relaunch(nprocs: int, max_restarts: int = 0) -> NoReturn:
 
     for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # torch's agent logs an interrupted worker as "failed (exitcode: 130)"; this launcher reports it as the
+    # interrupt it is (below), and a real failure is still logged
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_not_an_interrupt)
     # Like torchrun: one intra-op thread per worker unless told otherwise, so workers do not oversubscribe.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nprocs)))
     config = LaunchConfig(
@@ -158,14 +177,15 @@ def relaunch(nprocs: int, max_restarts: int = 0) -> NoReturn:
         # their agreed stop and checkpoint (torch 2.13 applies its fixed 30 s when a worker fails instead)
         shutdown_timeout=50,
     )
-    _ignore_repeated_sigterm()
+    _handle_repeated_signals()
     forwarded = _forward_user_signals()
     if slurm.in_batch_script():
         _batch_shell_note(nprocs)
     try:
         elastic_launch(config, sys.executable)(*_command())
     except SignalException as e:  # this launcher was signalled; the workers got it too and checkpointed
-        print(f"[tandem] launcher received {e.sigval.name}; workers stopped.", file=sys.stderr)
+        what = "interrupted (Ctrl-C)" if e.sigval == signal.SIGINT else f"received {e.sigval.name}"
+        print(f"[tandem] launcher {what}; workers stopped.", file=sys.stderr)
         sys.exit(128 + int(e.sigval))
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
@@ -173,6 +193,11 @@ def relaunch(nprocs: int, max_restarts: int = 0) -> NoReturn:
         if stopped:  # the workers acted on the signal passed on (and said so): no failure
             print(f"[tandem] workers stopped after {signal.Signals(stopped[0]).name}.", file=sys.stderr)
             sys.exit(failure.exitcode)
+        if failure.exitcode in INTERRUPTED:  # Ctrl-C reached a worker (its own os.kill, a terminal's group)
+            how = "at once (a second Ctrl-C)" if failure.exitcode < 0 else "at the step they agreed on"
+            print(f"[tandem] interrupted: the workers stopped {how} after SIGINT (rank {rank} first).",
+                  file=sys.stderr)  # fmt: skip
+            sys.exit(128 + int(signal.SIGINT))
         print(
             f"[tandem] worker rank {rank} failed with exit code {failure.exitcode}; its traceback is printed "
             "above. The other workers were stopped.",

@@ -315,6 +315,11 @@ class ProcessGroupStrategy(ParallelStrategy):
             self._synced = None
 
     @property
+    def process_group_backend(self) -> str | None:
+        """The torch.distributed backend asked for (None until chosen: gloo on the CPU, nccl on CUDA)."""
+        return self.backend
+
+    @property
     def root_device(self) -> torch.device:
         """The device of this process's local rank."""
         if self._root_device is None:

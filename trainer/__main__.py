@@ -1,4 +1,4 @@
-"""`python -m trainer ...` is the `tandem` command (see trainer/cli.py)."""
+"""`python -m trainer ...` is the `tandem` command (see trainer/cli/command.py)."""
 
 import sys
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
@@ -342,11 +343,19 @@ class TrainerConfig:
         return {f.name: f.default for f in fields(cls)}
 
     @classmethod
-    def signature(cls, first: str | None = None) -> inspect.Signature:
+    def signature(cls, first: str | None = None, names: dict[str, Any] | None = None) -> inspect.Signature:
         """Keyword-only parameters with defaults and annotations; `first` ("self") puts a positional
-        parameter in front, as ``Trainer.__init__.__signature__`` needs."""
+        parameter in front, as ``Trainer.__init__.__signature__`` needs. With `names` (the classes the
+        annotations name: Strategy, Logger, Callback, timedelta) the annotations are types, not text, so
+        that tools reading the signature (LightningCLI's jsonargparse) know what each option takes."""
+        types = typing.get_type_hints(cls, localns=names) if names is not None else {}
         params = [
-            inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
+            inspect.Parameter(
+                f.name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=f.default,
+                annotation=types.get(f.name, f.type),
+            )
             for f in fields(cls)
         ]
         if first is None:

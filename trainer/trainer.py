@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import functools
 import os
 from collections.abc import Iterator
@@ -95,7 +96,10 @@ class Trainer(TrainerReadback, TrainerLoaders):
         self.compiler = compile_option(cfg.compile)  # trainer/compiler.py; None: eager
         self.session: Session | None = None  # the running stage's set-up (trainer/loop/session.py)
 
-    __init__.__signature__ = TrainerConfig.signature("self")  # type: ignore[attr-defined]
+    __init__.__signature__ = TrainerConfig.signature(  # type: ignore[attr-defined]
+        "self",
+        {"Strategy": Strategy, "Logger": Logger, "Callback": Callback, "timedelta": datetime.timedelta},
+    )
     __init__.__doc__ = TrainerConfig.docstring()
 
     def _make_loggers(self, logger: Any) -> list[Logger]:

@@ -73,6 +73,7 @@ TANDEM: dict[str, dict[str, str]] = {
     },  # precision/, environments/, layer_sync: every name in trainer.plugins
     "profilers": {"*": "trainer.profilers"},
     "tuner": {"Tuner": "trainer.tuner"},
+    "cli": {"*": "trainer.cli"},
     "demos": {"*": "trainer.demos"},
     "utilities": {
         "*": "trainer.utilities",

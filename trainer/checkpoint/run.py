@@ -245,6 +245,10 @@ def rebuild_task(
     where = map_location if map_location is not None else "cpu"
     ckpt = load(path, where, mmap=on_meta and os.path.isfile(path), weights_only=weights_only)
     hparams = ckpt.get("hyper_parameters", {})
+    if "_instantiator" in hparams:  # a LightningCLI run's: rebuilt from the config it saved
+        from trainer.cli.instantiate import rebuild
+
+        return _load_weights(rebuild(cls, hparams, overrides, path), ckpt, path, map_location, strict)
     absent = {k: v for k, v in missing(hparams).items() if k not in overrides}
     for k in unresolved(
         hparams
@@ -258,6 +262,12 @@ def rebuild_task(
         )
     kept = decode_for(cls, {k: v for k, v in hparams.items() if k not in overrides}, path, not weights_only)
     task = cls(**{**rebuilt_form(cls, ckpt, kept, ""), **overrides})
+    return _load_weights(task, ckpt, path, map_location, strict)
+
+
+def _load_weights(task: Any, ckpt: dict[str, Any], path: str, map_location: Any, strict: bool | None) -> Any:
+    """The checkpoint's weights into a task built from its hyperparameters (load_from_checkpoint)."""
+    cls = type(task)
     task.configure_model()  # a task that builds layers lazily needs them before the weights load
     task.on_load_checkpoint(ckpt)  # before the weights, as Lightning: it may rename or drop their keys
     own = task._strict_loading  # set by the task itself (None: not set)

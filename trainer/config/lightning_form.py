@@ -165,6 +165,17 @@ def class_name(path: Any, where: str, kind: str) -> str:
     )
 
 
+def tandem_name(path: Any) -> str | None:
+    """Tandem's import path for one of Lightning's class paths that Tandem has a class for (its callbacks,
+    loggers, strategies, ``cli.ReduceLROnPlateau``), or None (not Lightning's, or not one Tandem has)."""
+    if not isinstance(path, str) or not path.startswith(tuple(f"{p}." for p in _LIGHTNING)):
+        return None
+    try:
+        return _lightning_class(path, "")
+    except ConfigError:
+        return None
+
+
 def _lightning_class(path: str, where: str) -> str:
     parts = path.split(".")
     rest = parts[2:] if parts[0] == "lightning" else parts[1:]

@@ -39,7 +39,10 @@ class TensorBoardLogger(Logger):
         super().__init__(save_dir, name, version)
         self.log_graph_enabled, self.default_hp_metric, self.prefix = log_graph, default_hp_metric, prefix
         self.sub_dir = os.fspath(sub_dir) if sub_dir is not None else None
-        self._writer_kwargs = {"flush_secs": flush_secs, **writer_kwargs}
+        # kept as given and passed on as **self._kwargs: LightningCLI (jsonargparse) then offers SummaryWriter's
+        # arguments (comment, max_queue, ...) as this logger's, as Lightning's does
+        self._flush_secs = flush_secs
+        self._kwargs = writer_kwargs
         self._writer: Any = None
         self._hparams: dict[str, Any] = {}
         self._params: dict[str, Any] | None = None  # as given, for hparams.yaml (None: none logged yet)
@@ -61,10 +64,11 @@ class TensorBoardLogger(Logger):
             from trainer.loggers.event_file import SummaryWriter
 
             os.makedirs(self.log_dir, exist_ok=True)
-            kwargs = dict(self._writer_kwargs)
-            if self._purge_step is not None:
-                kwargs["purge_step"], self._purge_step = self._purge_step, None
-            self._writer = SummaryWriter(log_dir=self.log_dir, **kwargs)
+            purge = {} if self._purge_step is None else {"purge_step": self._purge_step}
+            self._purge_step = None
+            self._writer = SummaryWriter(
+                log_dir=self.log_dir, flush_secs=self._flush_secs, **purge, **self._kwargs
+            )
         return self._writer
 
     def resumed_at(self, step: int) -> None:

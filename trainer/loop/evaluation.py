@@ -68,9 +68,10 @@ def _run_eval(t: Trainer, phase: str, limit: int | None) -> Any:
     hooks.call(f"on_{prefix}_epoch_start")
     predictions: list[list[Any]] = []
     multi = len(loaders) > 1
-    # during fit the ranks agree on a stop request after each batch that every rank has
-    agree = _common_batches(t, sizes, limit) if t.state.entry == "fit" and not t.state.sanity_checking else 0
-    start_rng = get_rng_state() if agree else None  # a stop inside this validation checkpoints this moment
+    # the ranks agree on a stop request (a signal) after each batch that every rank has
+    agree = _common_batches(t, sizes, limit) if not t.state.sanity_checking else 0
+    # a stop inside fit's validation checkpoints the moment it started
+    start_rng = get_rng_state() if agree and t.state.entry == "fit" else None
     store.fx = step_name  # self.log's rules inside an evaluation batch (trainer/loggers/log_rules.py)
     marked, agree_stop = bool(getattr(t.session, "cudagraphs", False)), stop_checker(t)
     if takes_loader_iter(getattr(task, step_name, None)):  # the step reads the batches (loop/loader_iter.py)

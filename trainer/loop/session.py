@@ -25,7 +25,7 @@ from trainer.loop.combined import combine_train, flatten_eval, is_collection, pr
 from trainer.loop.data import num_batches, shutdown_workers, with_worker_seeding
 from trainer.loop.hooks import Hooks, run_as
 from trainer.loop.optim import TaskOptimizer, check_optimizers, parse_optimizers
-from trainer.loop.signals import StopSignals
+from trainer.loop.signals import StopSignals, exit_code
 from trainer.loop.transfer import transfer_owners
 from trainer.option_notes import resolve_max_epochs
 from trainer.profiler import action_key
@@ -58,7 +58,7 @@ class Session:
             raise TaskError(f"{stage}() needs a trainer.Task, got {type(task).__name__}.")
         self.task = task
         self.dm = dm or trainer.datamodule
-        self.signals = StopSignals(trainer) if stage == "fit" else None
+        self.signals = StopSignals(trainer, fit=stage == "fit")
         self.uncompile: Callable[[], None] | None = None
         self.recompiles: RecompileWatch | None = None
         self.cudagraphs = False  # the compiled steps replay CUDA graphs (set up with the task)
@@ -311,6 +311,9 @@ class Session:
                     t.strategy.teardown()
                 finally:
                     checkpoint.finish(t, error)
+        code = exit_code(t, error)  # an agreed Ctrl-C stop: the hooks had its KeyboardInterrupt; exit 130
+        if code is not None:
+            raise SystemExit(code) from error
 
 
 def _defined(owner: Any, name: str) -> Any:

@@ -1,6 +1,8 @@
-"""SIGINT/SIGTERM during fit: ask the loop to stop at the next agreed step boundary (it checkpoints first).
-Under SLURM (or with a SLURMEnvironment plugin) the requeue signal, SIGUSR1 by default, does the same and
-then requeues the job (trainer/plugins/environments.py)."""
+"""SIGINT/SIGTERM during a stage: ask the loop to stop at the next point every rank agrees on (a step
+boundary, an evaluation batch); fit checkpoints there first. Ctrl-C (SIGINT) then reaches the hooks'
+on_exception as a KeyboardInterrupt, as in Lightning, and the process exits 130; SIGTERM exits 143. Under
+SLURM (or with a SLURMEnvironment plugin) the requeue signal, SIGUSR1 by default, stops fit the same way and
+then requeues the job (trainer/plugins/environments.py). A second Ctrl-C raises KeyboardInterrupt at once."""
 
 from __future__ import annotations
 
@@ -63,16 +65,20 @@ def stop_checker(t: Trainer) -> Callable[..., None]:
 
 
 class StopSignals:
-    """Installs the handlers for one fit; a second signal stops at once (KeyboardInterrupt)."""
+    """Installs the handlers for one stage; a second Ctrl-C stops at once (KeyboardInterrupt). `fit`: the
+    stage is fit, whose stop checkpoints and may requeue the job; an evaluation stage only stops."""
 
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, trainer: Trainer, fit: bool = True) -> None:
         from trainer.plugins.environments import environment_of
 
         self.trainer = trainer
         self.previous: dict[int, Any] = {}
-        self.environment = environment_of(trainer.config.plugins)  # SLURM's, or None
+        self.environment = environment_of(trainer.config.plugins) if fit else None  # SLURM's, or None
         self.requeue_signal = self.environment.requeue_signal if self.environment is not None else None
         self.requeue_pending = False  # the ranks agreed on a requeue stop: rank 0 requeues on the way out
+        self.stopped: BaseException | None = (
+            None  # the agreed stop's exception: this process is on its way out
+        )
         self.watchdog: threading.Timer | None = None  # armed by a stop signal, until the stage ends
 
     def code(self, signum: int) -> int:
@@ -97,6 +103,10 @@ class StopSignals:
             self.requeue_pending = False
             self.previous.pop(signal.SIGTERM, None)
             self._requeue()
+        elif self.stopped is not None and self.trainer.world_size > 1:
+            # every rank stops at the same step; the launcher's agent sends SIGTERM to the ranks still exiting
+            # when the first one is gone: each rank ends its own way (its hooks, its exit status), not by it
+            self.previous.pop(signal.SIGTERM, None)
         for signum, previous in self.previous.items():
             signal.signal(signum, previous)
         self.previous = {}
@@ -127,8 +137,11 @@ class StopSignals:
         state.stop_signal = signum
         grace = self.trainer.config.stop_grace_s + GRACE_PER_GAP * state.agreement_gap
         then = ", then requeueing the job" if signum == self.requeue_signal else ""
+        what = (
+            "checkpointing at the next step boundary" if state.entry == "fit" else "stopping after this batch"
+        )
         _say(
-            f"[tandem] rank {rank} received {signal.Signals(signum).name}: checkpointing at the next step boundary"
+            f"[tandem] rank {rank} received {signal.Signals(signum).name}: {what}"
             f"{then} (within {grace:.0f} s; press Ctrl-C twice to stop at once)"
         )
         self.watchdog = threading.Timer(grace, _stuck_exit, args=(rank, signum, grace))
@@ -172,13 +185,15 @@ def _stuck_exit(rank: int, signum: int, grace: float) -> None:
 
 
 def stop_on_signal(t: Trainer, val_start_rng: dict[str, Any] | None = None) -> None:
-    """SIGINT/SIGTERM (or the requeue signal) reached a rank: every rank saves one checkpoint together, then
-    exits 128+signal."""
+    """SIGINT/SIGTERM (or the requeue signal) reached a rank: in fit every rank saves one checkpoint together;
+    then each raises KeyboardInterrupt for SIGINT (the hooks' on_exception get it, as in Lightning; the stage
+    then exits 130, see `exit_code`), SystemExit(128 + signal) for the others."""
     signals = t.session.signals if t.session is not None else None
     requeue = signals is not None and signals.requeue_pending
     signum = signals.requeue_signal if requeue else t.state.stop_signal or signal.SIGTERM
-    where = ""
-    if t.config.enable_checkpointing:
+    fit = t.state.entry == "fit"
+    where = "" if fit else f"; {t.state.entry} stopped, nothing to save"
+    if fit and t.config.enable_checkpointing:
         if val_start_rng is not None:
             _before_validation(t, val_start_rng)
         path = checkpoint.stop_path(t)
@@ -191,4 +206,16 @@ def stop_on_signal(t: Trainer, val_start_rng: dict[str, Any] | None = None) -> N
             file=sys.stderr,
             flush=True,
         )
-    raise SystemExit(128 + int(signum))
+    stop: BaseException = KeyboardInterrupt() if signum == signal.SIGINT else SystemExit(128 + int(signum))
+    if signals is not None:  # (a second Ctrl-C during the save above is a KeyboardInterrupt of its own)
+        signals.stopped = stop
+    raise stop
+
+
+def exit_code(t: Trainer, error: BaseException | None) -> int | None:
+    """128 + SIGINT when `error` is the KeyboardInterrupt of an agreed Ctrl-C stop (the stage has run its
+    on_exception hooks with it; the process now exits 130, the stop checkpoint saved), else None."""
+    signals = t.session.signals if t.session is not None else None
+    if isinstance(error, KeyboardInterrupt) and signals is not None and error is signals.stopped:
+        return 128 + int(signal.SIGINT)
+    return None

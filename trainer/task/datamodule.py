@@ -155,6 +155,13 @@ class DataModule(HyperparametersMixin):
             )
         ckpt = load(checkpoint_path, map_location if map_location is not None else "cpu")
         hparams = ckpt.get("datamodule_hyper_parameters") or {}
+        if "_instantiator" in hparams:  # a LightningCLI run's: rebuilt from the config it saved
+            from trainer.cli.instantiate import rebuild
+
+            dm = rebuild(cls, hparams, kwargs, checkpoint_path)
+            if ckpt.get("datamodule"):
+                dm.load_state_dict(ckpt["datamodule"])
+            return dm
         absent = {k: v for k, v in missing(hparams).items() if k not in kwargs}
         if absent:
             raise CheckpointError(

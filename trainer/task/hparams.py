@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import inspect
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from types import FrameType
 from typing import Any
+
+# Set while LightningCLI builds a task or DataModule: save_hyperparameters() records these (the config as
+# the CLI parsed it, with "_instantiator"), so that load_from_checkpoint rebuilds nested classes from it.
+_GIVEN: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "tandem_given_hparams", default=None
+)
+
+
+@contextlib.contextmanager
+def given_hyperparameters(hparams: dict[str, Any], instantiator: str) -> Iterator[None]:
+    """Within the block, save_hyperparameters() records `hparams` plus ``_instantiator``, not the call's
+    arguments (LightningCLI's load_from_checkpoint support)."""
+    token = _GIVEN.set({**hparams, "_instantiator": instantiator})
+    try:
+        yield
+    finally:
+        _GIVEN.reset(token)
 
 
 class AttributeDict(dict):
@@ -133,7 +152,11 @@ class HyperparametersMixin:
         if frame is None:
             current = inspect.currentframe()
             frame = current.f_back if current is not None else None
-        init = init_arguments(frame, HyperparametersMixin) if frame is not None else {}
+        from_cli = _GIVEN.get()
+        if from_cli is not None:
+            init = dict(from_cli)
+        else:
+            init = init_arguments(frame, HyperparametersMixin) if frame is not None else {}
         object.__setattr__(self, "_log_hyperparams", logger)
         if len(args) == 1 and not isinstance(args[0], str):
             given = args[
