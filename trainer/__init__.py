@@ -15,6 +15,7 @@ _EXPORTS = {
     "DataModule": "trainer.task.datamodule",
     "TandemError": "tandem_core.errors",
     "Task": "trainer.task.base",
+    "TaskOptimizer": "trainer.loop.task_optimizer",
     "Trainer": "trainer.trainer",
     "Tuner": "trainer.tuner",
     "seed_everything": "trainer.seed",
@@ -25,6 +26,7 @@ __all__ = list(_EXPORTS)
 if TYPE_CHECKING:
     from tandem_core.errors import TandemError  # noqa: F401
     from tandem_core.rank_zero import rank_zero_only  # noqa: F401
+    from trainer.loop.task_optimizer import TaskOptimizer  # noqa: F401
     from trainer.seed import seed_everything  # noqa: F401
     from trainer.task.base import Task  # noqa: F401
     from trainer.task.datamodule import DataModule  # noqa: F401

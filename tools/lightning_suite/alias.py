@@ -41,6 +41,9 @@ TANDEM: dict[str, dict[str, str]] = {
         **_TOP,
         "load_hparams_from_yaml": "trainer.loggers.hparams_file",
         "save_hparams_to_yaml": "trainer.loggers.hparams_file",
+        "load_hparams_from_tags_csv": "trainer.loggers.hparams_file",
+        "save_hparams_to_tags_csv": "trainer.loggers.hparams_file",
+        "LightningOptimizer": "trainer.loop.task_optimizer:TaskOptimizer",
     },
     "trainer": {
         **_TOP,
@@ -85,6 +88,7 @@ TANDEM_FABRIC: dict[str, dict[str, str]] = {
         "seed_everything": "trainer.seed",
         "rank_zero_only": "tandem_core.rank_zero",
         "PossibleUserWarning": "trainer.utilities.enums",
+        "TrainingSpikeException": "callbacks.spike",
         **_ERRORS,
     },
 }
@@ -216,4 +220,5 @@ def install(mode: str) -> None:
     """Put the finder first on sys.meta_path (mode: "lightning" or "tandem")."""
     if mode not in ("lightning", "tandem"):
         raise ValueError(f"mode must be 'lightning' or 'tandem', not {mode!r}")
-    sys.meta_path.insert(0, AliasFinder(mode))
+    if not any(isinstance(f, AliasFinder) for f in sys.meta_path):  # once per process
+        sys.meta_path.insert(0, AliasFinder(mode))

@@ -223,9 +223,15 @@ def rebuild_task(
     strict: bool | None,
     overrides: dict[str, Any],
     weights_only: bool = True,
+    hparams_file: str | None = None,
 ) -> Any:
-    """Task.load_from_checkpoint: cls(**saved hyperparameters, **overrides) with the saved weights."""
+    """Task.load_from_checkpoint: cls(**saved hyperparameters, **overrides) with the saved weights; with
+    `hparams_file` (Lightning's), that file's hyperparameters replace the saved ones."""
     ckpt = load(path, map_location if map_location is not None else "cpu", weights_only=weights_only)
+    if hparams_file is not None:
+        from trainer.loggers.hparams_file import load_hparams_file
+
+        ckpt["hyper_parameters"] = dict(load_hparams_file(hparams_file))
     hparams = ckpt.get("hyper_parameters", {})
     absent = {k: v for k, v in missing(hparams).items() if k not in overrides}
     for k in unresolved(

@@ -23,8 +23,9 @@ from trainer.loggers.reporting import finalize_loggers
 from trainer.loop.combined import combine_train, flatten_eval, is_collection, prepare_eval, stateful
 from trainer.loop.data import num_batches, shutdown_workers, with_worker_seeding
 from trainer.loop.hooks import Hooks, run_as
-from trainer.loop.optim import TaskOptimizer, check_optimizers, parse_optimizers
+from trainer.loop.optim import check_optimizers, parse_optimizers
 from trainer.loop.signals import StopSignals
+from trainer.loop.task_optimizer import TaskOptimizer
 from trainer.loop.transfer import transfer_owners
 from trainer.option_notes import resolve_max_epochs
 from trainer.profiler import action_key

@@ -55,6 +55,11 @@ class LoopState:
         """The running entry point (``TrainerFn.FITTING`` == "fit"), or None before the first."""
         return TrainerFn(self.entry) if self.entry is not None else None
 
+    @fn.setter
+    def fn(self, value: TrainerFn | str | None) -> None:
+        """Set the entry point (Lightning's tests set it before calling a Trainer method by hand)."""
+        self.entry = None if value is None else TrainerFn(value).value
+
     @property
     def stage(self) -> RunningStage | None:
         """What the loop is doing now, as Lightning's ``trainer.state.stage``: ``RunningStage.TRAINING`` ("train"),

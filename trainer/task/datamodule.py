@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from strategies.batch import move_to_device
-from tandem_core.errors import CheckpointError, TaskError
+from tandem_core.errors import CheckpointError
 from tandem_core.hooks import default
 from trainer.task.attributes import _no_loader
 from trainer.task.hparams import HyperparametersMixin
@@ -149,11 +149,11 @@ class DataModule(HyperparametersMixin):
         from strategies.checkpoint.io import load
         from trainer.checkpoint.format import decode_for, missing, rebuilt_form
 
-        if hparams_file is not None:
-            raise TaskError(
-                "load_from_checkpoint(hparams_file=...) is not supported; pass the values as keywords."
-            )
         ckpt = load(checkpoint_path, map_location if map_location is not None else "cpu")
+        if hparams_file is not None:  # Lightning's: that file's hyperparameters replace the saved ones
+            from trainer.loggers.hparams_file import load_hparams_file
+
+            ckpt["datamodule_hyper_parameters"] = dict(load_hparams_file(hparams_file))
         hparams = ckpt.get("datamodule_hyper_parameters") or {}
         absent = {k: v for k, v in missing(hparams).items() if k not in kwargs}
         if absent:

@@ -1,0 +1,219 @@
+"""Public behaviour found by Lightning's whole CPU suite (issue 43), each compared with Lightning itself on the same
+script: a one-element loss of any shape trains, `trainer.state.fn` is settable, `load_from_checkpoint(
+hparams_file=...)` and Lightning's tags CSV."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+pl = pytest.importorskip("pytorch_lightning")
+from pytorch_lightning.demos import boring_classes as plb  # noqa: E402
+
+from trainer import Trainer, demos  # noqa: E402
+from trainer.seed import seed_everything  # noqa: E402
+
+QUIET = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+
+
+def _trainer(lightning: bool, tmp_path: Any, **kwargs: Any) -> Any:
+    cls = pl.Trainer if lightning else Trainer
+    extra = {"accelerator": "cpu"} if lightning else {}
+    return cls(default_root_dir=tmp_path / str(lightning), **{**QUIET, **extra, **kwargs})
+
+
+def _one_element_loss_fit(lightning: bool, tmp_path: Any) -> tuple[list[Any], list[torch.Tensor]]:
+    """Lightning's SpikeDetection tests return `layer(x.view(1, 1))`: a loss of shape (1, 1)."""
+    base = plb.BoringModel if lightning else demos.BoringModel
+    outputs: list[Any] = []
+
+    class Task(base):  # type: ignore[misc,valid-type]
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            return self.layer(batch).sum().view(1, 1)
+
+        def on_train_batch_end(self, out: Any, batch: Any, batch_idx: int) -> None:
+            outputs.append(out["loss"].clone())
+
+    seed_everything(1)
+    task = Task()
+    _trainer(lightning, tmp_path, max_steps=3, limit_val_batches=0).fit(
+        task, DataLoader(plb.RandomDataset(32, 8), batch_size=2)
+    )
+    return outputs, [p.detach().clone() for p in task.parameters()]
+
+
+def test_a_one_element_loss_of_shape_1_1_trains_as_in_lightning(tmp_path):
+    ours, theirs = _one_element_loss_fit(False, tmp_path), _one_element_loss_fit(True, tmp_path)
+    assert [o.shape for o in ours[0]] == [o.shape for o in theirs[0]] == [torch.Size([1, 1])] * 3
+    torch.testing.assert_close(ours[0], theirs[0])
+    torch.testing.assert_close(ours[1], theirs[1])
+
+
+def test_a_loss_of_several_elements_is_still_refused_like_lightning(tmp_path):
+    """Lightning fails in backward ("grad can be implicitly created only for scalar outputs", a RuntimeError);
+    Tandem says what to change before it, with a RuntimeError too."""
+    for lightning in (False, True):
+        base = plb.BoringModel if lightning else demos.BoringModel
+
+        class Task(base):  # type: ignore[misc,valid-type]
+            def training_step(self, batch: Any, batch_idx: int) -> Any:
+                return self.layer(batch).sum(0)
+
+        with pytest.raises(RuntimeError):
+            _trainer(lightning, tmp_path, max_steps=1, limit_val_batches=0).fit(Task())
+
+
+def test_state_fn_is_settable_as_in_lightning():
+    from trainer.states import TrainerFn
+
+    for trainer in (Trainer(**QUIET), pl.Trainer(accelerator="cpu", **QUIET)):
+        assert trainer.state.fn is None
+        trainer.state.fn = "validate"
+        assert trainer.state.fn == "validate"
+        trainer.state.fn = (
+            TrainerFn.TESTING if isinstance(trainer, Trainer) else pl.trainer.states.TrainerFn.TESTING
+        )
+        assert trainer.state.fn == "test"
+
+
+class _Hparams(demos.BoringModel):
+    def __init__(self, lr: float = 0.1, name: str = "a") -> None:
+        super().__init__()
+        self.save_hyperparameters()
+
+
+class _PlHparams(plb.BoringModel):
+    def __init__(self, lr: float = 0.1, name: str = "a") -> None:
+        super().__init__()
+        self.save_hyperparameters()
+
+
+@pytest.mark.parametrize("kind", ["yaml", "csv", "txt"])
+def test_load_from_checkpoint_with_an_hparams_file_as_in_lightning(tmp_path, kind):
+    """The file's hyperparameters replace the checkpoint's; keywords still win; a .txt is a ValueError."""
+    from pytorch_lightning.core import saving
+
+    from trainer.loggers import hparams_file
+
+    got = []
+    for lightning, cls in ((False, _Hparams), (True, _PlHparams)):
+        trainer = _trainer(lightning, tmp_path, max_steps=1, limit_val_batches=0)
+        trainer.fit(cls(lr=0.5, name="saved"))
+        path = tmp_path / f"{lightning}.ckpt"
+        trainer.save_checkpoint(path)
+        file = tmp_path / f"{lightning}.{kind}"
+        if kind == "yaml":
+            (saving if lightning else hparams_file).save_hparams_to_yaml(file, {"lr": 0.25, "name": "file"})
+        elif kind == "csv":
+            (saving if lightning else hparams_file).save_hparams_to_tags_csv(
+                file, {"lr": 0.25, "name": "file"}
+            )
+        else:
+            file.write_text("lr: 0.25\n")
+            with pytest.raises(ValueError, match="csv, .yml or .yaml is required"):
+                cls.load_from_checkpoint(path, hparams_file=str(file))
+            continue
+        loaded = cls.load_from_checkpoint(path, hparams_file=str(file))
+        kw = cls.load_from_checkpoint(path, hparams_file=str(file), name="kw")
+        got.append((dict(loaded.hparams), dict(kw.hparams)))
+    if kind != "txt":
+        assert got[0] == got[1] == ({"lr": 0.25, "name": "file"}, {"lr": 0.25, "name": "kw"})
+
+
+def test_tags_csv_round_trip_as_in_lightning(tmp_path):
+    """Lightning's legacy meta_tags.csv: each side reads the other's file to the same values."""
+    from argparse import Namespace
+
+    from pytorch_lightning.core import saving
+
+    from trainer.loggers import hparams_file
+
+    hparams = {"an_int": 1, "a_float": 2.0, "a_str": "x", "a_list": [1, 2], "a_bool": True, "a_none": None}
+    hparams_file.save_hparams_to_tags_csv(tmp_path / "ours.csv", Namespace(**hparams))
+    saving.save_hparams_to_tags_csv(tmp_path / "theirs.csv", Namespace(**hparams))
+    assert (tmp_path / "ours.csv").read_text() == (tmp_path / "theirs.csv").read_text()
+    for name in ("ours.csv", "theirs.csv"):  # None is written as an empty cell: it reads back as ""
+        assert hparams_file.load_hparams_from_tags_csv(tmp_path / name) == {**hparams, "a_none": ""}
+        assert saving.load_hparams_from_tags_csv(tmp_path / name) == {**hparams, "a_none": ""}
+    with pytest.warns(RuntimeWarning):
+        assert hparams_file.load_hparams_from_tags_csv(tmp_path / "none.csv") == {}
+
+
+def test_the_optimizer_wrapper_is_built_from_an_optimizer_as_lightnings():
+    """`LightningOptimizer(optimizer)`: an instance of the optimizer's class, its state read and written through;
+    Tandem's wrapper writes through to the optimizer itself (Lightning keeps a written state on the wrapper)."""
+    from copy import deepcopy
+
+    from pytorch_lightning.core.optimizer import LightningOptimizer
+
+    from trainer import TaskOptimizer
+
+    model = torch.nn.Linear(3, 4)
+    for wrap in (TaskOptimizer, LightningOptimizer):
+        opt = torch.optim.Adam(model.parameters(), lr=0.1)
+        wrapped = wrap(opt)
+        assert isinstance(wrapped, wrap) and isinstance(wrapped, torch.optim.Adam)
+        assert not isinstance(wrapped, torch.optim.SGD)
+        assert wrapped.optimizer is opt and wrapped.param_groups is opt.param_groups
+        assert wrapped.state is opt.state and wrapped.defaults is opt.defaults
+        opt.param_groups[0]["lr"] = 1.0
+        assert wrapped.param_groups[0]["lr"] == 1.0
+        saved = deepcopy(opt.state_dict())
+        assert wrapped.state_dict() == opt.state_dict()
+        other = wrap(torch.optim.Adam(model.parameters(), lr=100))
+        other.load_state_dict(saved)
+        assert other.param_groups[0]["lr"] == 1.0
+        assert type(wrapped).__name__ == ("Task" if wrap is TaskOptimizer else "Lightning") + "Adam"
+    ours = TaskOptimizer(opt)
+    ours.load_state_dict(saved)
+    assert opt.param_groups[0]["lr"] == 1.0  # the optimizer itself was loaded
+    with pytest.raises(RuntimeError, match="belongs to no Trainer"):  # Lightning: an AssertionError
+        ours.step()
+    import pickle
+
+    again = pickle.loads(pickle.dumps(ours))
+    assert isinstance(again, torch.optim.Adam) and again.param_groups[0]["lr"] == 1.0
+
+
+def _toggle_fit(lightning: bool, tmp_path: Any) -> list[torch.Tensor]:
+    """Manual optimization stepping under `opt.toggle_model()` (Lightning's GAN pattern, one process)."""
+    base = plb.BoringModel if lightning else demos.BoringModel
+
+    class Task(base):  # type: ignore[misc,valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self.automatic_optimization = False
+            self.other = torch.nn.Linear(32, 2)
+
+        def training_step(self, batch: Any, batch_idx: int) -> None:
+            a, b = self.optimizers()
+            for opt, layer, sync in ((a, self.layer, batch_idx % 2 == 1), (b, self.other, True)):
+                with opt.toggle_model(sync_grad=sync):
+                    assert all(
+                        not p.requires_grad
+                        for p in (self.other if layer is self.layer else self.layer).parameters()
+                    )
+                    self.manual_backward(
+                        layer(batch).sum() + self.other(batch).sum() * 0 + self.layer(batch).sum() * 0
+                    )
+                    if sync:
+                        opt.step()
+                        opt.zero_grad()
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.layer.parameters(), lr=0.1), torch.optim.SGD(
+                self.other.parameters(), lr=0.1
+            )
+
+    seed_everything(3)
+    task = Task()
+    _trainer(lightning, tmp_path, max_epochs=1, limit_train_batches=4, limit_val_batches=0).fit(task)
+    assert all(p.requires_grad for p in task.parameters())
+    return [p.detach().clone() for p in task.parameters()]
+
+
+def test_toggle_model_trains_as_lightnings(tmp_path):
+    torch.testing.assert_close(_toggle_fit(False, tmp_path), _toggle_fit(True, tmp_path))
