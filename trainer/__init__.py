@@ -7,6 +7,7 @@ Names are imported on first use (PEP 562), so `import trainer` is cheap and `str
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -32,6 +33,12 @@ if TYPE_CHECKING:
     from trainer.task.datamodule import DataModule  # noqa: F401
     from trainer.trainer import Trainer  # noqa: F401
     from trainer.tuner import Tuner  # noqa: F401
+
+
+if os.environ.get("POSSIBLE_USER_WARNINGS", "").lower() in ("0", "off"):  # Lightning's switch, read at import
+    from trainer.utilities.enums import disable_possible_user_warnings
+
+    disable_possible_user_warnings()
 
 
 def __getattr__(name: str) -> Any:

@@ -34,6 +34,22 @@ _ERRORS = {"MisconfigurationException": "tandem_core.errors:TandemError"}
 _UTILITIES = {  # the other helper's trainer.utilities holds the rest; looked up there by the same name
     "rank_zero_only": "tandem_core.rank_zero",
     **_ERRORS,
+    **dict.fromkeys(
+        (
+            "lightning_hasattr",
+            "lightning_getattr",
+            "lightning_setattr",
+            "clean_namespace",
+            "parse_class_init_keys",
+            "collect_init_args",
+            "get_init_args",
+        ),
+        "trainer.utilities.parsing",
+    ),  # fmt: skip
+    "extract_batch_size": "trainer.utilities.data",
+    "warning_cache": "trainer.utilities.data",
+    "recursive_detach": "trainer.utilities.memory",
+    "isolate_rng": "trainer.seed",
 }
 TANDEM: dict[str, dict[str, str]] = {
     "": _TOP,
@@ -166,7 +182,14 @@ class _Loader(importlib.abc.Loader):
         return self.make(spec.name)
 
     def exec_module(self, module: types.ModuleType) -> None:
-        pass
+        """Nothing to run, except on `importlib.reload(lightning.pytorch)` under the Tandem run: Lightning's
+        package reads switches at import (POSSIBLE_USER_WARNINGS), so Tandem's package is imported again."""
+        if (
+            module.__name__ == "lightning.pytorch"
+            and isinstance(module, _NamesModule)
+            and "trainer" in sys.modules
+        ):
+            importlib.reload(sys.modules["trainer"])
 
 
 class AliasFinder(importlib.abc.MetaPathFinder):
