@@ -217,3 +217,41 @@ def _toggle_fit(lightning: bool, tmp_path: Any) -> list[torch.Tensor]:
 
 def test_toggle_model_trains_as_lightnings(tmp_path):
     torch.testing.assert_close(_toggle_fit(False, tmp_path), _toggle_fit(True, tmp_path))
+
+
+def test_logger_and_loggers_setters_as_lightnings(tmp_path):
+    from pytorch_lightning.loggers import CSVLogger as PlCSV
+
+    from trainer.loggers import CSVLogger
+
+    for trainer, csv in (
+        (Trainer(default_root_dir=tmp_path), CSVLogger),
+        (pl.Trainer(default_root_dir=tmp_path), PlCSV),
+    ):
+        a, b = csv(tmp_path / "a"), csv(tmp_path / "b")
+        assert trainer.loggers == [trainer.logger] and trainer.logger is not None
+        seen = []
+        for value in ([a, b], [a], [], None):
+            trainer.loggers = value
+            seen.append((list(trainer.loggers), trainer.logger))
+        for value in (b, None):
+            trainer.logger = value
+            seen.append((list(trainer.loggers), trainer.logger))
+        assert seen == [([a, b], a), ([a], a), ([], None), ([], None), ([b], b), ([], None)]
+
+
+def test_state_equals_lightnings_trainer_state():
+    from pytorch_lightning.trainer.states import TrainerState as PlState
+
+    from trainer.states import RunningStage, TrainerFn, TrainerState, TrainerStatus
+
+    ours, theirs = Trainer(max_epochs=1, **QUIET), pl.Trainer(max_epochs=1, accelerator="cpu", **QUIET)
+    assert ours.state == TrainerState(status=TrainerStatus.INITIALIZING, fn=None, stage=None)
+    assert theirs.state == PlState(status="initializing", fn=None, stage=None)
+    assert ours.state != TrainerState(status=TrainerStatus.RUNNING)
+    for trainer, base in ((ours, demos.BoringModel), (theirs, plb.BoringModel)):
+        trainer.fit(base(), DataLoader(plb.RandomDataset(32, 4), batch_size=2))
+    assert theirs.state == PlState(status="finished", fn="fit", stage=theirs.state.stage)
+    assert ours.state == TrainerState(TrainerStatus.FINISHED, TrainerFn.FITTING, theirs.state.stage)
+    assert ours.state != TrainerState(TrainerStatus.FINISHED, TrainerFn.FITTING, RunningStage.TRAINING)
+    assert TrainerState().finished is False and TrainerState(status=TrainerStatus.FINISHED).stopped

@@ -70,7 +70,7 @@ class Trainer(TrainerReadback, TrainerLoaders):
         self.default_root_dir = os.path.abspath(cfg.default_root_dir or os.getcwd())
         set_torch_flags(cfg.deterministic, cfg.benchmark)  # as Lightning does when a Trainer is built
         self.strategy: Strategy = resolve_strategy(cfg.strategy, vars(cfg), set(options))
-        self.loggers: list[Logger] = self._make_loggers(cfg.logger)
+        self.loggers = self._make_loggers(cfg.logger)
         if given.fast_dev_run and self._make_loggers(given.logger):  # Lightning's stand-in: calls do nothing
             self.loggers = [DummyLogger()]
         self.callbacks: list[Callback] = self._make_callbacks(cfg.callbacks)
@@ -285,7 +285,21 @@ class Trainer(TrainerReadback, TrainerLoaders):
     @property
     def logger(self) -> Logger | None:
         """The first logger, or None without one."""
-        return self.loggers[0] if self.loggers else None
+        return self._loggers[0] if self._loggers else None
+
+    @logger.setter
+    def logger(self, logger: Logger | None) -> None:
+        """Replace the loggers by this one (None: no logger), as Lightning's setter."""
+        self.loggers = [logger] if logger else []
+
+    @property
+    def loggers(self) -> list[Logger]:
+        """Every logger, in the order given."""
+        return self._loggers
+
+    @loggers.setter
+    def loggers(self, loggers: list[Logger] | None) -> None:
+        self._loggers = list(loggers) if loggers else []
 
     @property
     def log_dir(self) -> str:

@@ -66,6 +66,7 @@ TANDEM: dict[str, dict[str, str]] = {
         "TrainerFn": "trainer.states",
         "TrainerStatus": "trainer.states",
         "RunningStage": "trainer.states",
+        "TrainerState": "trainer.states",
     },
     "callbacks": {
         "*": "callbacks",

@@ -33,6 +33,14 @@ def install() -> None:
         RuntimeError, strict=True, condition=sys.platform == "win32", reason="gloo on Windows"
     )
     sys.modules["tests_pytorch.helpers.runif"] = module
+    # tests import conftest's helpers by name (`from tests_pytorch.conftest import mock_cuda_count`): the same
+    # pretences on torch's public API, which Tandem reads (Lightning's conftest patches its own internals)
+    conftest = types.ModuleType("tests_pytorch.conftest")
+    conftest.mock_cuda_count = _cuda_count  # type: ignore[attr-defined]
+    conftest.mock_mps_count = _mps_count  # type: ignore[attr-defined]
+    conftest.mock_xla_available = _no_xla  # type: ignore[attr-defined]
+    conftest.mock_tpu_available = _no_xla  # type: ignore[attr-defined]
+    sys.modules["tests_pytorch.conftest"] = conftest
 
 
 @pytest.fixture(autouse=True)
@@ -72,6 +80,14 @@ def _cuda_count(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: n > 0)
 
 
+def _mps_count(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: n > 0)
+
+
+def _no_xla(*_: Any, **__: Any) -> None:
+    pytest.skip("needs XLA (pretended by Lightning's conftest through its internals)")
+
+
 @pytest.fixture
 def cuda_count_0(monkeypatch: pytest.MonkeyPatch) -> None:
     _cuda_count(monkeypatch, 0)
@@ -93,13 +109,13 @@ def cuda_count_4(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def mps_count_0() -> None:
-    pass
+def mps_count_0(monkeypatch: pytest.MonkeyPatch) -> None:
+    _mps_count(monkeypatch, 0)
 
 
 @pytest.fixture
-def mps_count_1() -> None:
-    pytest.skip("needs MPS")
+def mps_count_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    _mps_count(monkeypatch, 1)
 
 
 @pytest.fixture
