@@ -23,6 +23,10 @@ class CheckpointError(TandemError):
     """A checkpoint is missing, unreadable, or belongs to a different model."""
 
 
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """The checkpoint file asked for does not exist (a FileNotFoundError, as Lightning raises)."""
+
+
 class DistributedError(TandemError):
     """Ranks disagree (shapes, unused parameters) or a collective failed."""
 

@@ -4,6 +4,7 @@ hparams_file=...)` and Lightning's tags CSV."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
@@ -255,3 +256,79 @@ def test_state_equals_lightnings_trainer_state():
     assert ours.state == TrainerState(TrainerStatus.FINISHED, TrainerFn.FITTING, theirs.state.stage)
     assert ours.state != TrainerState(TrainerStatus.FINISHED, TrainerFn.FITTING, RunningStage.TRAINING)
     assert TrainerState().finished is False and TrainerState(status=TrainerStatus.FINISHED).stopped
+
+
+def _ckpt_fit(lightning: bool, tmp_path: Any, **kwargs: Any) -> Any:
+    base = plb.BoringModel if lightning else demos.BoringModel
+
+    class Task(base):  # type: ignore[misc,valid-type]
+        def validation_step(self, batch: Any, batch_idx: int) -> Any:
+            self.log("foo", -float(batch_idx) - self.current_epoch)
+            return super().validation_step(batch, batch_idx)
+
+    trainer = _trainer(
+        lightning, tmp_path, **{**dict(max_epochs=2, limit_train_batches=2, limit_val_batches=1), **kwargs}
+    )
+    task = Task()
+    trainer.fit(task)
+    return trainer, task
+
+
+def _outcome(call: Any) -> tuple[str, str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            call()
+        except Exception as e:  # noqa: BLE001 (its kind is compared)
+            kind = next(k for k in ("FileNotFoundError", "ValueError", "Exception") if isinstance(e, eval(k)))
+            return "raises", kind
+    said = [
+        str(w.message) for w in caught if "ckpt_path" in str(w.message) or "No checkpoint" in str(w.message)
+    ]
+    return "warns" if said else "quiet", said[0][:40] if said else ""
+
+
+def _ckpt_cases(lightning: bool, tmp_path: Any) -> list[Any]:
+    from pytorch_lightning.callbacks import ModelCheckpoint as PlMC
+
+    from callbacks import ModelCheckpoint
+
+    mc = PlMC if lightning else ModelCheckpoint
+    got = []
+    trainer, task = _ckpt_fit(lightning, tmp_path, callbacks=[mc(monitor="foo")], enable_checkpointing=True)
+    best = trainer.checkpoint_callback.best_model_path
+    got.append(_outcome(lambda: trainer.validate()))  # no model: the best of the previous fit, with a warning
+    got.append(trainer.ckpt_path == best)
+    got.append(_outcome(lambda: trainer.validate(task)))  # a model: nothing loaded
+    got.append(trainer.ckpt_path)
+    got.append(_outcome(lambda: trainer.test(ckpt_path="best")))
+    got.append(trainer.ckpt_path == best)
+    got.append(_outcome(lambda: trainer.predict(ckpt_path="last")))  # no save_last: a warning, nothing loaded
+    got.append(trainer.ckpt_path)
+    got.append(_outcome(lambda: trainer.test(ckpt_path=str(tmp_path / "random.ckpt"))))
+    trainer, task = _ckpt_fit(lightning, tmp_path / "none", enable_checkpointing=False)
+    got.append(_outcome(lambda: trainer.validate(ckpt_path="best")))
+    got.append(_outcome(lambda: trainer.validate()))  # no ModelCheckpoint: Lightning's "best" fails too
+    trainer, task = _ckpt_fit(
+        lightning, tmp_path / "k0", callbacks=[mc(monitor="foo", save_top_k=0)], enable_checkpointing=True
+    )
+    got.append(_outcome(lambda: trainer.test(ckpt_path="best")))
+    trainer = _trainer(
+        lightning, tmp_path / "fresh", max_epochs=1, limit_train_batches=1, limit_val_batches=0
+    )
+    got.append(
+        _outcome(
+            lambda: trainer.fit((plb.BoringModel if lightning else demos.BoringModel)(), ckpt_path="last")
+        )
+    )
+    got.append(trainer.ckpt_path)
+    return got
+
+
+def test_ckpt_path_best_last_none_and_a_missing_file_as_in_lightning(tmp_path):
+    ours, theirs = _ckpt_cases(False, tmp_path / "t"), _ckpt_cases(True, tmp_path / "l")
+    assert [o[0] if isinstance(o, tuple) else o for o in ours] == [
+        t[0] if isinstance(t, tuple) else t for t in theirs
+    ]
+    kinds = lambda got: [o[1] for o in got if isinstance(o, tuple) and o[0] == "raises"]  # noqa: E731
+    assert kinds(ours) == kinds(theirs) == ["FileNotFoundError", "ValueError", "ValueError", "ValueError"]

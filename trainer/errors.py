@@ -2,6 +2,7 @@
 
 from tandem_core.errors import (
     CheckpointError,
+    CheckpointNotFoundError,
     ConfigError,
     DistributedError,
     MissingExtraError,
@@ -15,6 +16,7 @@ from tandem_core.errors import (
 
 __all__ = [
     "CheckpointError",
+    "CheckpointNotFoundError",
     "ConfigError",
     "DistributedError",
     "MissingExtraError",

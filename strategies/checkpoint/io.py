@@ -31,7 +31,7 @@ from strategies.checkpoint.directory import (
     write_dir,
 )
 from strategies.checkpoint.files import atomic_save, read
-from tandem_core.errors import CheckpointError
+from tandem_core.errors import CheckpointError, CheckpointNotFoundError
 
 if TYPE_CHECKING:
     from strategies.comm import Comm
@@ -216,7 +216,7 @@ def load(
     if os.path.isdir(path):
         return read_dir(path)
     if not os.path.lexists(path):
-        raise CheckpointError(
+        raise CheckpointNotFoundError(
             f"checkpoint {path!r} does not exist; pass an existing file or ckpt_path='last'."
         )
     try:

@@ -15,7 +15,7 @@ from strategies.checkpoint.directory import _existing, _read_meta
 from strategies.checkpoint.io import checkpoint_io, load
 from tandem_core.errors import CheckpointError, ConfigError
 from tandem_core.hooks import overrides
-from trainer.checkpoint.find import resolve_path, run_id
+from trainer.checkpoint.find import run_id
 from trainer.checkpoint.format import decode_for, encode, missing, rebuilt_form
 from trainer.loop.optim import step_schedulers
 from trainer.profiler import action_key
@@ -99,12 +99,12 @@ class Restoring:
 
 
 def prepare_restore(t: Trainer, path: str, stage: str, weights_only: bool = True) -> Restoring:
-    """Read `path` ("best", "last", a file or a directory; a file as plain data unless `weights_only` is
+    """Read `path` (a file or a directory, "best"/"last" already chosen by find.choose; a file as plain data unless `weights_only` is
     False) and restore what Lightning restores before the optimizers exist: the task's on_load_checkpoint
     (which may rename or drop keys of checkpoint["state_dict"]), then the weights, the DataModule's state,
     the callbacks' on_load_checkpoint and their states (a finetuning callback rebuilds its parameter groups
     from them in on_fit_start)."""
-    path = _existing(resolve_path(t, path))
+    path = _existing(path)
     check_same_file_everywhere(t, path)
     task, io = t.task, checkpoint_io(t.strategy)
     assert task is not None

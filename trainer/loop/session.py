@@ -52,6 +52,7 @@ class Session:
     ) -> None:  # fmt: skip
         self.t, self.stage, self.ckpt_path, self.train, self.evals = trainer, stage, ckpt_path, train, evals
         self.weights_only = weights_only is not False
+        self.task_given = task is not None  # Lightning's "model provided": ckpt_path=None then loads nothing
         task = task if task is not None else trainer.task
         task, self.compiler = unwrap_compiled(task, trainer.compiler)  # fit(torch.compile(task)) as Lightning
         if not isinstance(task, Task):
@@ -129,6 +130,7 @@ class Session:
                 path = t._ckpt_path
         if path is None and stage == "fit" and t.config.resume == "auto":
             path = t.strategy.comm.broadcast(checkpoint.find_last(t))  # every rank loads the same file
+        path = checkpoint.choose(t, stage, path, self.task_given)  # "best", "last", None: Lightning's reading
         # the weights and callback states now; for fit the optimizer and loop states after on_fit_start
         self.restoring = (
             checkpoint.prepare_restore(t, path, stage, self.weights_only) if path is not None else None
