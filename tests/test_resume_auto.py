@@ -99,7 +99,9 @@ def test_auto_starts_fresh_beside_other_experiments_strays_and_a_symlink_loop(tm
     _, reference = fit(tmp_path / "reference", 4)
     _strays(tmp_path)
     _strays(tmp_path / "last")
-    with pytest.warns(UserWarning, match="No checkpoint will be loaded"):  # ckpt_path="last": Lightning's warning
+    with pytest.warns(
+        UserWarning, match="No checkpoint will be loaded"
+    ):  # ckpt_path="last": Lightning's warning
         _, fresh = fit(tmp_path / "last", 4, ckpt_path="last")
     torch.testing.assert_close(weights(fresh), weights(reference), rtol=0, atol=0)
     capsys.readouterr()
