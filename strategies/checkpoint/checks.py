@@ -25,7 +25,7 @@ from typing import IO, Any
 
 import torch
 
-from tandem_core.errors import CheckpointError, CheckpointNotFoundError
+from tandem_core.errors import CheckpointError, CheckpointNotFoundError, IncompatibleCheckpointError
 
 FORMAT_VERSION = 2  # what save() writes as "tandem_version"; reading checks it
 _KINDS = {
@@ -229,7 +229,7 @@ def check_compatible(model: torch.nn.Module, state_dict: dict[str, Any], path: s
             parts.append(f"unexpected keys {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
         if mismatched:
             parts.append(f"shape mismatches {mismatched[:5]}")
-        raise CheckpointError(
+        raise IncompatibleCheckpointError(
             f"checkpoint {path!r} was saved from a different model: "
             + "; ".join(parts)
             + ". Load it into the model it was saved from, or start without ckpt_path."

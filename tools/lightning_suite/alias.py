@@ -60,6 +60,7 @@ TANDEM: dict[str, dict[str, str]] = {
         "load_hparams_from_tags_csv": "trainer.loggers.hparams_file",
         "save_hparams_to_tags_csv": "trainer.loggers.hparams_file",
         "LightningOptimizer": "trainer.loop.task_optimizer:TaskOptimizer",
+        "HyperparametersMixin": "trainer.task.hparams",
     },
     "trainer": {
         **_TOP,
@@ -238,6 +239,27 @@ def _package(name: str) -> types.ModuleType:
     module = types.ModuleType(name)
     module.__path__ = []
     return module
+
+
+_LIGHTNING_NAMES: dict[int, str] = {}
+
+
+def lightning_name(obj: Any) -> str | None:
+    """The Lightning name a Tandem object stands for where the two names differ (Task -> "LightningModule"),
+    so that a test parametrized by classes gets Lightning's test id under the Tandem run too."""
+    if not _LIGHTNING_NAMES:
+        for tables in (TANDEM, TANDEM_FABRIC):
+            for table in tables.values():
+                for name, target in table.items():
+                    if name == "*" or name.startswith("_"):
+                        continue
+                    try:
+                        found = _resolve(target, name)
+                    except AttributeError:
+                        continue
+                    if getattr(found, "__name__", name) != name:
+                        _LIGHTNING_NAMES.setdefault(id(found), name)
+    return _LIGHTNING_NAMES.get(id(obj))
 
 
 def install(mode: str) -> None:

@@ -16,7 +16,7 @@ from strategies.checkpoint.io import checkpoint_io, load
 from tandem_core.errors import CheckpointError, ConfigError
 from tandem_core.hooks import overrides
 from trainer.checkpoint.find import run_id
-from trainer.checkpoint.format import decode_for, encode, missing, rebuilt_form
+from trainer.checkpoint.format import decode_for, encode, missing, rebuilt_form, without_pickles
 from trainer.loop.optim import step_schedulers
 from trainer.profiler import action_key
 from trainer.secrets import redact, unresolved
@@ -158,7 +158,10 @@ def _warn_hparams(t: Trainer, ckpt: dict[str, Any], path: str) -> None:
     """Warn (rank 0) listing the hyperparameters that differ between the checkpoint and the task."""
     assert t.task is not None
     saved = ckpt.get("hyper_parameters") or {}
-    own = redact(encode(plain_hparams(t.task.hparams)[0], "hyper_parameters"), t.config_secrets)
+    own = without_pickles(
+        redact(encode(plain_hparams(t.task.hparams)[0], "hyper_parameters"), t.config_secrets)
+    )
+    saved = without_pickles(saved)
     differ = sorted(str(k) for k in {*saved, *own} if not _same(saved.get(k, _ABSENT), own.get(k, _ABSENT)))
     if differ and t.is_global_zero:
         shown = ", ".join(f"{k}: {saved.get(k, '<absent>')!r} -> {own.get(k, '<absent>')!r}" for k in differ)
@@ -232,8 +235,17 @@ def rebuild_task(
         from trainer.loggers.hparams_file import load_hparams_file
 
         ckpt["hyper_parameters"] = dict(load_hparams_file(hparams_file))
-    hparams = ckpt.get("hyper_parameters", {})
-    absent = {k: v for k, v in missing(hparams).items() if k not in overrides}
+    # Lightning's older keys first ("hparams", "module_arguments"), the current one winning
+    hparams = {
+        **(ckpt.get("hparams") or {}),
+        **(ckpt.get("module_arguments") or {}),
+        **(ckpt.get("hyper_parameters") or {}),
+    }
+    name = ckpt.get("hparams_name")
+    if not (isinstance(name, str) and name != "kwargs"):  # spread as keywords: only those __init__ takes
+        hparams = _accepted(cls, hparams)
+    overrides = _accepted(cls, overrides, warn=True)
+    absent = {k: v for k, v in missing(hparams, not weights_only).items() if k not in overrides}
     for k in unresolved(
         hparams
     ):  # a secret stored as its ${oc.env:NAME} text: not read from this environment
@@ -269,6 +281,25 @@ def rebuild_task(
     if isinstance(map_location, (str, torch.device)):
         task.to(map_location)
     return task
+
+
+def _accepted(cls: type, values: dict[str, Any], warn: bool = False) -> dict[str, Any]:
+    """`values` without the names `cls.__init__` does not take (all of them when it takes ``**kwargs``), as
+    Lightning filters them; with `warn`, each dropped one is said (a keyword passed to load_from_checkpoint)."""
+    import inspect
+
+    params = inspect.signature(cls.__init__).parameters  # type: ignore[misc]
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return values
+    dropped = [k for k in values if k not in params]
+    if dropped and warn:
+        warnings.warn(
+            f"{cls.__name__}.load_from_checkpoint: {dropped} are not arguments of {cls.__name__}.__init__ and are "
+            "ignored (as in Lightning).",
+            UserWarning,
+            stacklevel=4,
+        )
+    return {k: v for k, v in values.items() if k not in dropped}
 
 
 def check_window_saves(t: Trainer, val_every: int) -> None:

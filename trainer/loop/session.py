@@ -32,6 +32,7 @@ from trainer.profiler import action_key
 from trainer.states import TrainerStatus
 from trainer.task.base import Task
 from trainer.utilities.combined_loader import CombinedLoader
+from trainer.utilities.parsing import clean_namespace
 
 if TYPE_CHECKING:
     from trainer.task.datamodule import DataModule
@@ -75,6 +76,10 @@ class Session:
         if stage == "fit":
             resolve_max_epochs(t)  # an unset max_epochs becomes 1000 or -1 now, as in Lightning
         task._trainer = t
+        if (
+            task.hparams
+        ):  # as Lightning at each stage's start: values that cannot be pickled are dropped, said
+            clean_namespace(task.hparams)
         if self.dm is not None:
             self.dm.trainer = t
         self.anomaly = torch.is_anomaly_enabled()
