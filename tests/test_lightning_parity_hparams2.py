@@ -126,9 +126,6 @@ def test_load_from_checkpoint_as_lightnings(tmp_path):
     hparams keys are read; a keyword __init__ does not take is dropped (Tandem says so)."""
     got = []
     for lightning, cls in ((True, _PlNet), (False, _Net)):
-        trainer = (
-            (pl.Trainer(accelerator="cpu", **QUIET) if lightning else Trainer(**QUIET)) if False else None
-        )
         kwargs = dict(max_steps=1, limit_val_batches=0, **QUIET)
         trainer = pl.Trainer(accelerator="cpu", **kwargs) if lightning else Trainer(**kwargs)
         with warnings.catch_warnings():
