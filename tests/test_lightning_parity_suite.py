@@ -332,3 +332,39 @@ def test_ckpt_path_best_last_none_and_a_missing_file_as_in_lightning(tmp_path):
     ]
     kinds = lambda got: [o[1] for o in got if isinstance(o, tuple) and o[0] == "raises"]  # noqa: E731
     assert kinds(ours) == kinds(theirs) == ["FileNotFoundError", "ValueError", "ValueError", "ValueError"]
+
+
+def test_a_checkpoint_url_loads_and_a_mismatch_is_a_runtime_error_as_in_lightning(tmp_path, monkeypatch):
+    """load_from_checkpoint and ckpt_path take an http URL (downloaded under TORCH_HOME); a checkpoint with extra
+    weights is a RuntimeError under strict loading and loads with strict=False."""
+    import functools
+    import http.server
+    import threading
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "hub"))
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            got = []
+            for lightning, base in ((False, demos.BoringModel), (True, plb.BoringModel)):
+                seed_everything(0)
+                task = base()
+                task.extra = torch.nn.Linear(2, 2)
+                trainer = _trainer(lightning, tmp_path, max_steps=2, limit_val_batches=0)
+                trainer.fit(task)
+                trainer.save_checkpoint(tmp_path / f"{lightning}.ckpt")
+                url = f"http://127.0.0.1:{server.server_address[1]}/{lightning}.ckpt"
+                with pytest.raises(RuntimeError):
+                    base.load_from_checkpoint(url)
+                loaded = base.load_from_checkpoint(url, strict=False)
+                got.append(loaded.layer.weight.detach().clone())
+                assert torch.equal(loaded.layer.weight, task.layer.weight)
+                with pytest.raises(OSError):  # Lightning: urllib's HTTPError; Tandem: a FileNotFoundError
+                    base.load_from_checkpoint(f"http://127.0.0.1:{server.server_address[1]}/missing.ckpt")
+                trainer.validate(task, ckpt_path=url)
+                assert trainer.ckpt_path is not None
+        finally:
+            server.shutdown()
+            thread.join()

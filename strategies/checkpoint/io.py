@@ -31,6 +31,7 @@ from strategies.checkpoint.directory import (
     write_dir,
 )
 from strategies.checkpoint.files import atomic_save, read
+from strategies.checkpoint.remote import fetch, is_http
 from tandem_core.errors import CheckpointError, CheckpointNotFoundError
 
 if TYPE_CHECKING:
@@ -212,7 +213,10 @@ def load(
     """Read a checkpoint written by Trainer.save_checkpoint: a file, or a directory (its weights gathered
     whole into this process; its optimizer states are read only when resuming, by `restore`). Plain data
     only (torch.load's weights_only) unless weights_only=False is asked for a trusted file."""
-    path = _existing(os.fspath(path))
+    path = os.fspath(path)
+    if is_http(path):  # Lightning's URL checkpoints: downloaded, then read as any file
+        path = fetch(path)
+    path = _existing(path)
     if os.path.isdir(path):
         return read_dir(path)
     if not os.path.lexists(path):

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from strategies.checkpoint.directory import META
+from strategies.checkpoint.remote import fetch, is_http
 from tandem_core.errors import CheckpointError, ConfigError
 from tandem_core.rank_zero import rank_zero_warn
 
@@ -121,6 +122,8 @@ def choose(t: Trainer, stage: str, path: str | None, task_given: bool) -> str | 
         return _best(t, stage)
     if path == "last":
         return _last(t, stage)
+    if is_http(path):  # Lightning's URL checkpoint: downloaded (every rank its own copy), then read as a file
+        return fetch(path)
     return path
 
 
