@@ -23,6 +23,15 @@ class CheckpointError(TandemError):
     """A checkpoint is missing, unreadable, or belongs to a different model."""
 
 
+class IncompatibleCheckpointError(CheckpointError, RuntimeError):
+    """The checkpoint's weights do not fit the model (missing, unexpected or reshaped keys): a RuntimeError, as
+    torch's ``load_state_dict`` raises."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """The checkpoint file asked for does not exist (a FileNotFoundError, as Lightning raises)."""
+
+
 class DistributedError(TandemError):
     """Ranks disagree (shapes, unused parameters) or a collective failed."""
 

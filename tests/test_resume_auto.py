@@ -98,8 +98,12 @@ def _strays(root) -> None:
 def test_auto_starts_fresh_beside_other_experiments_strays_and_a_symlink_loop(tmp_path, capsys):
     _, reference = fit(tmp_path / "reference", 4)
     _strays(tmp_path)
-    with pytest.raises(CheckpointError, match="found no last checkpoint of this run"):
-        fit(tmp_path, 4, ckpt_path="last")
+    _strays(tmp_path / "last")
+    with pytest.warns(
+        UserWarning, match="No checkpoint will be loaded"
+    ):  # ckpt_path="last": Lightning's warning
+        _, fresh = fit(tmp_path / "last", 4, ckpt_path="last")
+    torch.testing.assert_close(weights(fresh), weights(reference), rtol=0, atol=0)
     capsys.readouterr()
     started = time.monotonic()
     trainer, task = fit(tmp_path, 4, resume="auto")

@@ -20,7 +20,7 @@ import callbacks as C
 from callbacks import ModelCheckpoint, OnExceptionCheckpoint, SpikeDetection
 from tandem_core.errors import CheckpointError
 from trainer import Trainer
-from trainer.checkpoint.find import resolve_path
+from trainer.checkpoint.find import choose
 from trainer.loggers.trackers import ModelUploads
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -79,15 +79,15 @@ def test_a_best_model_path_from_a_checkpoint_is_never_uploaded_nor_loaded(where,
     assert mc.best_model_path in own and float(mc.best_model_score) == 0.5
     sent = _uploads(mc)
     assert sent and all(p in own for p in sent), sent
-    assert resolve_path(trainer, "best") in own
+    assert choose(trainer, "validate", "best", True) in own
 
 
 def test_best_never_resolves_to_a_file_outside_the_run(tmp_path):
     mc = ModelCheckpoint(dirpath=str(tmp_path / "run"), monitor="val/score")
     trainer = fit(Scored(), [mc], 1)
     mc.best_model_path = _outside(tmp_path)  # however it got there
-    with pytest.raises(CheckpointError, match="found no best checkpoint"):
-        resolve_path(trainer, "best")
+    with pytest.raises(CheckpointError, match="did not write"):
+        choose(trainer, "validate", "best", True)
     assert _outside(tmp_path) not in _uploads(mc)
 
 

@@ -7,6 +7,7 @@ Names are imported on first use (PEP 562), so `import trainer` is cheap and `str
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING, Any
 
 import tandem_core  # noqa: F401 (NVML-based CUDA checks, set before anything asks torch about CUDA)
@@ -17,6 +18,7 @@ _EXPORTS = {
     "DataModule": "trainer.task.datamodule",
     "TandemError": "tandem_core.errors",
     "Task": "trainer.task.base",
+    "TaskOptimizer": "trainer.loop.task_optimizer",
     "Trainer": "trainer.trainer",
     "Tuner": "trainer.tuner",
     "seed_everything": "trainer.seed",
@@ -27,11 +29,18 @@ __all__ = list(_EXPORTS)
 if TYPE_CHECKING:
     from tandem_core.errors import TandemError  # noqa: F401
     from tandem_core.rank_zero import rank_zero_only  # noqa: F401
+    from trainer.loop.task_optimizer import TaskOptimizer  # noqa: F401
     from trainer.seed import seed_everything  # noqa: F401
     from trainer.task.base import Task  # noqa: F401
     from trainer.task.datamodule import DataModule  # noqa: F401
     from trainer.trainer import Trainer  # noqa: F401
     from trainer.tuner import Tuner  # noqa: F401
+
+
+if os.environ.get("POSSIBLE_USER_WARNINGS", "").lower() in ("0", "off"):  # Lightning's switch, read at import
+    from trainer.utilities.enums import disable_possible_user_warnings
+
+    disable_possible_user_warnings()
 
 
 def __getattr__(name: str) -> Any:

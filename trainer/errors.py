@@ -2,8 +2,10 @@
 
 from tandem_core.errors import (
     CheckpointError,
+    CheckpointNotFoundError,
     ConfigError,
     DistributedError,
+    IncompatibleCheckpointError,
     MissingExtraError,
     MissingFieldError,
     TandemError,
@@ -15,8 +17,10 @@ from tandem_core.errors import (
 
 __all__ = [
     "CheckpointError",
+    "CheckpointNotFoundError",
     "ConfigError",
     "DistributedError",
+    "IncompatibleCheckpointError",
     "MissingExtraError",
     "MissingFieldError",
     "TaskError",

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -67,3 +69,19 @@ def set_rng_state(state: dict[str, Any]) -> None:
         np.random.set_state((kind, keys.astype(np.uint32), pos, has_gauss, gauss))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@contextlib.contextmanager
+def isolate_rng(include_cuda: bool = True) -> Iterator[None]:
+    """Give back python's, numpy's and torch's generators (CUDA's too, with `include_cuda`) as they were on entry,
+    whatever the block draws (Lightning's ``lightning.pytorch.utilities.seed.isolate_rng``).
+
+    Example: ``with isolate_rng(): noise = torch.rand(3)`` leaves the next ``torch.rand`` unchanged."""
+    state = {k: v for k, v in get_rng_state().items() if k != "cuda"}
+    cuda = (torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []) if include_cuda else None
+    try:
+        yield
+    finally:
+        set_rng_state(state)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
 
 
@@ -55,3 +56,21 @@ def running_stage(phase: str | None, sanity_checking: bool) -> RunningStage | No
     if sanity_checking:
         return RunningStage.SANITY_CHECKING
     return _PHASES.get(phase) if phase is not None else None
+
+
+@dataclass
+class TrainerState:
+    """Lightning's view of a Trainer's state (``trainer.state == TrainerState(status=..., fn=..., stage=...)``):
+    Tandem's ``trainer.state`` compares equal to the TrainerState of the same status, entry point and stage."""
+
+    status: TrainerStatus = TrainerStatus.INITIALIZING
+    fn: TrainerFn | None = None
+    stage: RunningStage | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status == TrainerStatus.FINISHED
+
+    @property
+    def stopped(self) -> bool:
+        return self.status.stopped

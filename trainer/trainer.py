@@ -305,7 +305,21 @@ class Trainer(TrainerReadback, TrainerLoaders):
     @property
     def logger(self) -> Logger | None:
         """The first logger, or None without one."""
-        return self.loggers[0] if self.loggers else None
+        return self._loggers[0] if self._loggers else None
+
+    @logger.setter
+    def logger(self, logger: Logger | None) -> None:
+        """Replace the loggers by this one (None: no logger), as Lightning's setter."""
+        self.loggers = [logger] if logger else []
+
+    @property
+    def loggers(self) -> list[Logger]:
+        """Every logger, in the order given."""
+        return self._loggers
+
+    @loggers.setter
+    def loggers(self, loggers: list[Logger] | None) -> None:
+        self._loggers = list(loggers) if loggers else []
 
     @property
     def log_dir(self) -> str:

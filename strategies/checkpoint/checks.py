@@ -25,7 +25,7 @@ from typing import IO, Any
 
 import torch
 
-from tandem_core.errors import CheckpointError
+from tandem_core.errors import CheckpointError, CheckpointNotFoundError, IncompatibleCheckpointError
 
 FORMAT_VERSION = 2  # what save() writes as "tandem_version"; reading checks it
 _KINDS = {
@@ -43,7 +43,7 @@ def regular_file(path: str, what: str = "checkpoint", follow: bool = True) -> in
     try:
         st = os.stat(path) if follow else os.lstat(path)
     except FileNotFoundError:
-        raise CheckpointError(f"{what} {path!r} does not exist.") from None
+        raise CheckpointNotFoundError(f"{what} {path!r} does not exist.") from None
     except OSError as e:
         raise CheckpointError(f"{what} {path!r} cannot be examined ({e}).") from e
     if not stat.S_ISREG(st.st_mode):
@@ -234,7 +234,7 @@ def check_compatible(
             parts.append(f"unexpected keys {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
         if mismatched:
             parts.append(f"shape mismatches {mismatched[:5]}")
-        raise CheckpointError(
+        raise IncompatibleCheckpointError(
             f"checkpoint {path!r} was saved from a different model: " + "; ".join(parts) + ". " + remedy
         )
 

@@ -42,7 +42,8 @@ from strategies.checkpoint.directory import (
     write_dir,
 )
 from strategies.checkpoint.files import atomic_save, read
-from tandem_core.errors import CheckpointError
+from strategies.checkpoint.remote import fetch, is_http
+from tandem_core.errors import CheckpointError, CheckpointNotFoundError
 from tandem_core.fileio import wait_written
 
 if TYPE_CHECKING:
@@ -318,12 +319,15 @@ def load(
     """Read a checkpoint written by Trainer.save_checkpoint: a file, or a directory (its weights gathered
     whole into this process; its optimizer states are read only when resuming, by `restore`). Plain data
     only (torch.load's weights_only) unless weights_only=False is asked for a trusted file."""
-    wait_written(os.fspath(path))  # a save of it still in flight in this process (AsyncCheckpointIO)
-    path = _existing(os.fspath(path))
+    path = os.fspath(path)
+    if is_http(path):  # Lightning's URL checkpoints: downloaded, then read as any file
+        path = fetch(path)
+    wait_written(path)  # a save of it still in flight in this process (AsyncCheckpointIO)
+    path = _existing(path)
     if os.path.isdir(path):
         return read_dir(path)
     if not os.path.lexists(path):
-        raise CheckpointError(
+        raise CheckpointNotFoundError(
             f"checkpoint {path!r} does not exist; pass an existing file or ckpt_path='last'."
         )
     try:

@@ -18,7 +18,10 @@ import importlib
 import re
 from typing import Any, NoReturn
 
-_FLAG = re.compile(r"^_\w*(_AVAILABLE|_GREATER_EQUAL\w*|_LESS_EQUAL\w*|_IS_WINDOWS|_IS_INTERACTIVE)$")
+# `_RICH_AVAILABLE`, `_TORCH_GREATER_EQUAL_2_6`, `_TORCH_EQUAL_2_9`, `_IS_WINDOWS`, `_IS_INTERACTIVE`, ...
+_FLAG = re.compile(
+    r"^_(?:\w+_)?(?:AVAILABLE|(?:GREATER|LESS)_EQUAL_\w+|EQUAL_\d\w*|GE_\d\w*|IS_WINDOWS|IS_INTERACTIVE)$"
+)
 _REAL = {"pytorch": "pytorch_lightning", "fabric": "lightning_fabric"}
 
 

@@ -34,6 +34,22 @@ _ERRORS = {"MisconfigurationException": "tandem_core.errors:TandemError"}
 _UTILITIES = {  # the other helper's trainer.utilities holds the rest; looked up there by the same name
     "rank_zero_only": "tandem_core.rank_zero",
     **_ERRORS,
+    **dict.fromkeys(
+        (
+            "lightning_hasattr",
+            "lightning_getattr",
+            "lightning_setattr",
+            "clean_namespace",
+            "parse_class_init_keys",
+            "collect_init_args",
+            "get_init_args",
+        ),
+        "trainer.utilities.parsing",
+    ),  # fmt: skip
+    "extract_batch_size": "trainer.utilities.data",
+    "warning_cache": "trainer.utilities.data",
+    "recursive_detach": "trainer.utilities.memory",
+    "isolate_rng": "trainer.seed",
 }
 TANDEM: dict[str, dict[str, str]] = {
     "": _TOP,
@@ -41,12 +57,17 @@ TANDEM: dict[str, dict[str, str]] = {
         **_TOP,
         "load_hparams_from_yaml": "trainer.loggers.hparams_file",
         "save_hparams_to_yaml": "trainer.loggers.hparams_file",
+        "load_hparams_from_tags_csv": "trainer.loggers.hparams_file",
+        "save_hparams_to_tags_csv": "trainer.loggers.hparams_file",
+        "LightningOptimizer": "trainer.loop.task_optimizer:TaskOptimizer",
+        "HyperparametersMixin": "trainer.task.hparams",
     },
     "trainer": {
         **_TOP,
         "TrainerFn": "trainer.states",
         "TrainerStatus": "trainer.states",
         "RunningStage": "trainer.states",
+        "TrainerState": "trainer.states",
     },
     "callbacks": {
         "*": "callbacks",
@@ -115,6 +136,7 @@ TANDEM_FABRIC: dict[str, dict[str, str]] = {
         "seed_everything": "trainer.seed",
         "rank_zero_only": "tandem_core.rank_zero",
         "PossibleUserWarning": "trainer.utilities.enums",
+        "TrainingSpikeException": "callbacks.spike",
         **_ERRORS,
     },
 }
@@ -192,7 +214,14 @@ class _Loader(importlib.abc.Loader):
         return self.make(spec.name)
 
     def exec_module(self, module: types.ModuleType) -> None:
-        pass
+        """Nothing to run, except on `importlib.reload(lightning.pytorch)` under the Tandem run: Lightning's
+        package reads switches at import (POSSIBLE_USER_WARNINGS), so Tandem's package is imported again."""
+        if (
+            module.__name__ == "lightning.pytorch"
+            and isinstance(module, _NamesModule)
+            and "trainer" in sys.modules
+        ):
+            importlib.reload(sys.modules["trainer"])
 
 
 class AliasFinder(importlib.abc.MetaPathFinder):
@@ -242,8 +271,30 @@ def _package(name: str) -> types.ModuleType:
     return module
 
 
+_LIGHTNING_NAMES: dict[int, str] = {}
+
+
+def lightning_name(obj: Any) -> str | None:
+    """The Lightning name a Tandem object stands for where the two names differ (Task -> "LightningModule"),
+    so that a test parametrized by classes gets Lightning's test id under the Tandem run too."""
+    if not _LIGHTNING_NAMES:
+        for tables in (TANDEM, TANDEM_FABRIC):
+            for table in tables.values():
+                for name, target in table.items():
+                    if name == "*" or name.startswith("_"):
+                        continue
+                    try:
+                        found = _resolve(target, name)
+                    except AttributeError:
+                        continue
+                    if getattr(found, "__name__", name) != name:
+                        _LIGHTNING_NAMES.setdefault(id(found), name)
+    return _LIGHTNING_NAMES.get(id(obj))
+
+
 def install(mode: str) -> None:
     """Put the finder first on sys.meta_path (mode: "lightning" or "tandem")."""
     if mode not in ("lightning", "tandem"):
         raise ValueError(f"mode must be 'lightning' or 'tandem', not {mode!r}")
-    sys.meta_path.insert(0, AliasFinder(mode))
+    if not any(isinstance(f, AliasFinder) for f in sys.meta_path):  # once per process
+        sys.meta_path.insert(0, AliasFinder(mode))

@@ -90,6 +90,12 @@ if MODE == "tandem":
     shims.install()
 
 
+def pytest_make_parametrize_id(config: Any, val: Any, argname: str) -> str | None:
+    """Under the Tandem run, a parameter that is a Tandem object standing for a Lightning one of another name
+    (Task for LightningModule) gets Lightning's id, so that both runs name the test alike."""
+    return alias.lightning_name(val) if MODE == "tandem" and isinstance(val, type) else None
+
+
 def _write(row: dict[str, Any]) -> None:
     with open(OUT, "a") as f:
         f.write(json.dumps(row) + "\n")

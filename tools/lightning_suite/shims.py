@@ -3,8 +3,8 @@ the runner passes --noconftest and supplies these instead). Written for the runn
 
 from __future__ import annotations
 
-import importlib.util
 import os
+import signal
 import sys
 import types
 from typing import Any
@@ -12,30 +12,17 @@ from typing import Any
 import pytest
 import torch
 
-_NEEDS_HARDWARE = ("min_cuda_gpus", "tpu", "bf16_cuda", "deepspeed", "standalone", "mps", "xla")
-_PACKAGES = {
-    "rich": "rich",
-    "sklearn": "sklearn",
-    "omegaconf": "omegaconf",
-    "onnx": "onnx",
-    "tensorboard": "tensorboard",
-}
-
-
-def _version(text: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in text.split("+")[0].split(".")[:3] if p.isdigit())
-
 
 def RunIf(**kwargs: Any) -> pytest.MarkDecorator:  # noqa: N802 (Lightning's name)
-    """Skip on the conditions Lightning's RunIf checks that matter on a CPU-only machine."""
-    reasons = [k for k in _NEEDS_HARDWARE if kwargs.get(k)]
-    reasons += [k for k, mod in _PACKAGES.items() if kwargs.get(k) and importlib.util.find_spec(mod) is None]
-    torch_v = _version(torch.__version__)
-    if kwargs.get("min_torch") and torch_v < _version(kwargs["min_torch"]):
-        reasons.append("min_torch")
-    if kwargs.get("max_torch") and torch_v >= _version(kwargs["max_torch"]):
-        reasons.append("max_torch")
-    return pytest.mark.skipif(bool(reasons), reason=f"requires {', '.join(reasons)}")
+    """Lightning's own skip conditions (hardware, packages, versions, standalone), computed by the installed
+    Lightning's `_runif_reasons`: facts about this machine, the same in both runs, so that a test runs under Tandem
+    exactly when it runs under Lightning."""
+    from pytorch_lightning.utilities.testing._runif import _runif_reasons
+
+    reasons, marker_kwargs = _runif_reasons(**kwargs)
+    return pytest.mark.skipif(
+        condition=len(reasons) > 0, reason=f"Requires: [{' + '.join(reasons)}]", **marker_kwargs
+    )
 
 
 def install() -> None:
@@ -46,16 +33,39 @@ def install() -> None:
         RuntimeError, strict=True, condition=sys.platform == "win32", reason="gloo on Windows"
     )
     sys.modules["tests_pytorch.helpers.runif"] = module
+    # tests import conftest's helpers by name (`from tests_pytorch.conftest import mock_cuda_count`): the same
+    # pretences on torch's public API, which Tandem reads (Lightning's conftest patches its own internals)
+    conftest = types.ModuleType("tests_pytorch.conftest")
+    conftest.mock_cuda_count = _cuda_count  # type: ignore[attr-defined]
+    conftest.mock_mps_count = _mps_count  # type: ignore[attr-defined]
+    conftest.mock_xla_available = _no_xla  # type: ignore[attr-defined]
+    conftest.mock_tpu_available = _no_xla  # type: ignore[attr-defined]
+    sys.modules["tests_pytorch.conftest"] = conftest
 
 
 @pytest.fixture(autouse=True)
 def _restore_environment() -> Any:
+    """What Lightning's conftest restores after each test: the environment, the signal handlers, torch's
+    determinism and the process group (so that one test's leftovers never decide another's result)."""
     env = dict(os.environ)
+    handlers = {s: signal.getsignal(s) for s in signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}}
     yield
     os.environ.clear()
     os.environ.update(env)
+    for signum, handler in handlers.items():
+        if handler is not None:
+            signal.signal(signum, handler)
+    torch.use_deterministic_algorithms(False)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+# tests/tests_pytorch/loggers/conftest.py mocks the trackers' own packages (wandb, mlflow, ...) and imports nothing
+# of Lightning: its fixtures serve the Tandem run as they are (--noconftest would otherwise hide them)
+try:
+    from tests_pytorch.loggers.conftest import comet_mock, litlogger_mock, mlflow_mock, wandb_mock  # noqa: F401
+except ImportError:  # another Lightning version: the tests that need them fail on the missing fixture
+    pass
 
 
 @pytest.fixture
@@ -68,6 +78,14 @@ def datadir() -> Any:
 def _cuda_count(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
     monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: n > 0)
+
+
+def _mps_count(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: n > 0)
+
+
+def _no_xla(*_: Any, **__: Any) -> None:
+    pytest.skip("needs XLA (pretended by Lightning's conftest through its internals)")
 
 
 @pytest.fixture
@@ -91,13 +109,13 @@ def cuda_count_4(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def mps_count_0() -> None:
-    pass
+def mps_count_0(monkeypatch: pytest.MonkeyPatch) -> None:
+    _mps_count(monkeypatch, 0)
 
 
 @pytest.fixture
-def mps_count_1() -> None:
-    pytest.skip("needs MPS")
+def mps_count_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    _mps_count(monkeypatch, 1)
 
 
 @pytest.fixture
@@ -111,8 +129,20 @@ def tpu_available() -> None:
 
 
 @pytest.fixture
-def tmpdir_server() -> None:
-    pytest.skip("needs Lightning's HTTP test server")
+def tmpdir_server(tmp_path: Any) -> Any:
+    """An HTTP server on a free local port serving `tmp_path` (Lightning's tests load checkpoints from URLs);
+    yields its (host, port)."""
+    import functools
+    import http.server
+    import threading
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    with http.server.ThreadingHTTPServer(("localhost", 0), handler) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        yield server.server_address
+        server.shutdown()
+        thread.join()
 
 
 @pytest.fixture

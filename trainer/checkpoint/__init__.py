@@ -3,7 +3,7 @@ directory forms (io.py), what a file may hold (format.py) and reading sharded di
 
 from strategies.checkpoint.checks import check_compatible
 from strategies.checkpoint.io import atomic_save, load
-from trainer.checkpoint.find import find_last, resolve_path, run_id, stop_path
+from trainer.checkpoint.find import choose, find_last, run_id, stop_path
 from trainer.checkpoint.run import (
     Restoring,
     check_window_saves,
@@ -19,5 +19,5 @@ __all__ = [
     "Restoring", "atomic_save", "check_compatible", "check_window_saves", "expect_restore", "find_last", "finish",
     "load", "prepare_restore",
     "rebuild_task",
-    "resolve_path", "restore", "run_id", "save", "stop_path",
+    "choose", "restore", "run_id", "save", "stop_path",
 ]  # fmt: skip

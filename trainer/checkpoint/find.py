@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from strategies.checkpoint.directory import META
-from tandem_core.errors import CheckpointError
+from strategies.checkpoint.remote import fetch, is_http
+from tandem_core.errors import CheckpointError, ConfigError
+from tandem_core.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -97,25 +99,74 @@ def _other_run(t: Trainer, path: str) -> str | None:
     return "saved by another run: " + "; ".join(differ) if differ else None
 
 
-def resolve_path(t: Trainer, path: str) -> str:
-    """ "best" and "last" (Lightning's shorthands) through the checkpoint callback, else the path itself."""
-    if path == "best":
-        for cb in t.checkpoint_callbacks:
-            best = getattr(cb, "best_model_path", "")
-            if best and os.path.exists(best) and _confined(cb, best):
-                return best
-        raise CheckpointError(
-            "ckpt_path='best' found no best checkpoint; enable ModelCheckpoint(monitor=...) "
-            "in this Trainer's fit, or pass a file path."
+def choose(t: Trainer, stage: str, path: str | None, task_given: bool) -> str | None:
+    """What `<stage>(ckpt_path=path)` loads, read as Lightning reads it: None loads nothing when a task is given
+    (or in fit), and "best" (with a warning) when validate/test/predict get none after a fit; "best" is the first
+    checkpoint callback's best file (a ValueError without one); "last" is this run's newest last checkpoint, or
+    nothing with a warning. (Lightning's fit also resumes from an OnExceptionCheckpoint's file when ckpt_path is
+    None; Tandem resumes only when asked: ckpt_path, or resume="auto" with its ownership checks.)"""
+    if path is None and (task_given or stage == "fit" or t.task is None):
+        return None
+    if path is None:
+        from callbacks.on_exception import OnExceptionCheckpoint
+
+        crash = any(isinstance(cb, OnExceptionCheckpoint) for cb in t.callbacks)
+        tip = " There is also an on-exception checkpoint available, however it is used by default only when fitting."
+        path = "best"
+        rank_zero_warn(
+            f"`.{stage}(ckpt_path=None)` was called without a model. The best model of the previous `fit` call will "
+            f"be used.{tip if crash else ''} You can pass `.{stage}(ckpt_path='best')` to use the best model or "
+            f"`.{stage}(ckpt_path='last')` to use the last model. If you pass a value, this warning will be silenced."
         )
-    if path != "last":
-        return path
+    if path == "best":
+        return _best(t, stage)
+    if path == "last":
+        return _last(t, stage)
+    if is_http(path):  # Lightning's URL checkpoint: downloaded (every rank its own copy), then read as a file
+        return fetch(path)
+    return path
+
+
+def _best(t: Trainer, stage: str) -> str:
+    callbacks = t.checkpoint_callbacks
+    if len(callbacks) > 1:
+        rank_zero_warn(
+            f'`.{stage}(ckpt_path="best")` is called with several checkpoint callbacks: it uses the best checkpoint '
+            "path from first checkpoint callback."
+        )
+    if not callbacks:
+        raise ConfigError(
+            f'`.{stage}(ckpt_path="best")` is set but `ModelCheckpoint` is not configured: add one to the fit '
+            "(enable_checkpointing=True), or pass a file path."
+        )
+    cb = callbacks[0]
+    best = getattr(cb, "best_model_path", "")
+    if not best:
+        if t.config.fast_dev_run:
+            raise ConfigError(
+                f'`.{stage}(ckpt_path="best")` cannot run with fast_dev_run, which saves no checkpoint: pass an exact '
+                f"checkpoint path to `.{stage}(ckpt_path=...)`."
+            )
+        raise ConfigError(
+            f'`.{stage}(ckpt_path="best")` is set but `ModelCheckpoint` is not configured to save the best model '
+            "(none was saved: give it a monitor, or let a fit validate), or pass a file path."
+        )
+    if os.path.exists(best) and not _confined(cb, best):
+        raise CheckpointError(
+            f"ckpt_path='best' is {best!r}, a file this run's ModelCheckpoint did not write (its state was loaded "
+            "from another directory); pass that file's path to load it anyway."
+        )
+    return best
+
+
+def _last(t: Trainer, stage: str) -> str | None:
     last, problem = _own_last(t)
     if last is None:
-        raise CheckpointError(
-            "ckpt_path='last' found no last checkpoint of this run; enable ModelCheckpoint(save_last=True) "
-            "in the run you resume (same default_root_dir and logger name), or pass a file path."
+        rank_zero_warn(
+            f'.{stage}(ckpt_path="last") is set, but there is no last checkpoint available. No checkpoint will be '
+            "loaded. HINT: Set `ModelCheckpoint(..., save_last=True)`."
         )
+        return None
     if problem is not None:
         raise CheckpointError(
             f"ckpt_path='last' found {last!r}, {problem}; pass that file's path to resume it anyway, "

@@ -6,11 +6,15 @@ Example: ``optimizer: Callable[..., Optimizer]`` gets ``partial(Adam, lr=0.01)``
 CheckpointError at load time naming it and both fixes (annotate the parameter, or load a trusted file with
 ``weights_only=False``, which rebuilds every hyperparameter as it was saved); never a dict into ``__init__``.
 An omegaconf DictConfig/ListConfig value is stored as its container (interpolations as their text) and comes
-back as one (OmegaConf.create, which runs no code), as Lightning's pickled one does."""
+back as one (OmegaConf.create, which runs no code), as Lightning's pickled one does. Any other value (an
+``nn.Module``, an object) is stored as pickled bytes beside its description: plain data to torch.load, unpickled
+only by ``load_from_checkpoint(..., weights_only=False)`` (a file you trust: Lightning's result), and never when
+the bytes would hold a recorded secret in clear."""
 
 from __future__ import annotations
 
 import functools
+import pickle
 import re
 import sys
 from types import UnionType as _UnionType
@@ -21,6 +25,7 @@ import torch
 from tandem_core.errors import CheckpointError
 
 TARGET, PARTIAL, ARGS, NOT_SAVED, BARE = "_target_", "_partial_", "_args_", "_not_saved_", "_bare_"
+PICKLED = "_pickled_"  # beside NOT_SAVED: the value's pickle, read only from a trusted file
 OMEGACONF = "_omegaconf_"  # an omegaconf DictConfig/ListConfig value: its container (interpolations as text)
 _PLAIN = (type(None), bool, int, float, str, torch.Tensor, torch.dtype, torch.device, torch.Size)
 
@@ -45,12 +50,38 @@ def encode(value: Any, where: str = "hparams") -> Any:
         return out
     if isinstance(value, type) or callable(value) and hasattr(value, "__qualname__"):
         return {TARGET: _path(value, where), PARTIAL: True, BARE: True}  # the object itself, not a partial
-    return {NOT_SAVED: f"{type(value).__name__} (not plain data: pass it to load_from_checkpoint by name)"}
+    out: dict[str, Any] = {
+        NOT_SAVED: f"{type(value).__name__} (not plain data: pass it to load_from_checkpoint by name, or load a file "
+        "you trust with weights_only=False)"
+    }
+    try:
+        blob = pickle.dumps(value)
+    except Exception:  # noqa: BLE001 (anything unpicklable is only described)
+        return out
+    from trainer.secrets import recorded
+
+    if not any(secret and secret.encode() in blob for secret in recorded()):  # keys: the values found
+        out[PICKLED] = blob
+    return out
 
 
-def missing(hparams: dict[str, Any]) -> dict[str, str]:
-    """The top-level hyperparameters that were not plain data and so were not saved: name -> what they were."""
-    return {k: v[NOT_SAVED] for k, v in hparams.items() if isinstance(v, dict) and NOT_SAVED in v}
+def missing(hparams: dict[str, Any], trust: bool = False) -> dict[str, str]:
+    """The top-level hyperparameters that were not plain data and so cannot be given back: name -> what they were
+    (with `trust`, those stored pickled come back)."""
+    return {
+        k: v[NOT_SAVED]
+        for k, v in hparams.items()
+        if isinstance(v, dict) and NOT_SAVED in v and not (trust and PICKLED in v)
+    }
+
+
+def without_pickles(value: Any) -> Any:
+    """`value` (an encoded hyperparameter) without its pickled bytes: what two encodings compare on."""
+    if isinstance(value, dict):
+        return {k: without_pickles(v) for k, v in value.items() if k != PICKLED}
+    if isinstance(value, (list, tuple)):
+        return type(value)(without_pickles(v) for v in value)
+    return value
 
 
 def _path(obj: Any, where: str) -> str:
@@ -88,6 +119,8 @@ def decode(
         return items if isinstance(value, list) else tuple(items)
     if not isinstance(value, dict):
         return value
+    if trust and NOT_SAVED in value and isinstance(value.get(PICKLED), bytes):
+        return pickle.loads(value[PICKLED])  # a trusted file: the object as saved (Lightning's pickle)
     if value.get(PARTIAL) is True and isinstance(value.get(TARGET), str):
         return _rebuild(value, expected, where, path, trust)
     if value.keys() == {OMEGACONF}:  # plain data again in omegaconf's container (no code runs)

@@ -19,8 +19,8 @@ from strategies.large.weights import defer, expect
 from tandem_core.errors import CheckpointError, ConfigError
 from tandem_core.fileio import wait_written
 from tandem_core.hooks import overrides
-from trainer.checkpoint.find import resolve_path, run_id
-from trainer.checkpoint.format import decode_for, encode, missing, rebuilt_form
+from trainer.checkpoint.find import run_id
+from trainer.checkpoint.format import decode_for, encode, missing, rebuilt_form, without_pickles
 from trainer.loop.optim import step_schedulers
 from trainer.profiler import action_key
 from trainer.secrets import redact, unresolved
@@ -103,12 +103,11 @@ class Restoring:
 
 
 def prepare_restore(t: Trainer, path: str, stage: str, weights_only: bool = True) -> Restoring:
-    """Read `path` ("best", "last", a file or a directory; a file as plain data unless `weights_only` is
+    """Read `path` (a file or a directory, "best"/"last" already chosen by find.choose; a file as plain data unless `weights_only` is
     False) and restore what Lightning restores before the optimizers exist: the task's on_load_checkpoint
     (which may rename or drop keys of checkpoint["state_dict"]), then the weights, the DataModule's state,
     the callbacks' on_load_checkpoint and their states (a finetuning callback rebuilds its parameter groups
     from them in on_fit_start)."""
-    path = resolve_path(t, path)
     wait_written(path)  # a checkpoint this process is still writing in the background (AsyncCheckpointIO)
     path = _existing(path)
     check_same_file_everywhere(t, path)
@@ -149,7 +148,7 @@ def expect_restore(t: Trainer, path: str, weights_only: bool = True) -> None:
     modules are then materialized without reset_parameters)."""
     task = t.task
     if task is not None and has_meta(task):
-        expect(task, saved_names(_existing(resolve_path(t, path)), weights_only))
+        expect(task, saved_names(_existing(path), weights_only))
 
 
 def restore(t: Trainer, restoring: Restoring) -> None:
@@ -172,7 +171,10 @@ def _warn_hparams(t: Trainer, ckpt: dict[str, Any], path: str) -> None:
     """Warn (rank 0) listing the hyperparameters that differ between the checkpoint and the task."""
     assert t.task is not None
     saved = ckpt.get("hyper_parameters") or {}
-    own = redact(encode(plain_hparams(t.task.hparams)[0], "hyper_parameters"), t.config_secrets)
+    own = without_pickles(
+        redact(encode(plain_hparams(t.task.hparams)[0], "hyper_parameters"), t.config_secrets)
+    )
+    saved = without_pickles(saved)
     differ = sorted(str(k) for k in {*saved, *own} if not _same(saved.get(k, _ABSENT), own.get(k, _ABSENT)))
     if differ and t.is_global_zero:
         shown = ", ".join(f"{k}: {saved.get(k, '<absent>')!r} -> {own.get(k, '<absent>')!r}" for k in differ)
@@ -237,19 +239,34 @@ def rebuild_task(
     strict: bool | None,
     overrides: dict[str, Any],
     weights_only: bool = True,
+    hparams_file: str | None = None,
 ) -> Any:
-    """Task.load_from_checkpoint: cls(**saved hyperparameters, **overrides) with the saved weights. Inside
+    """Task.load_from_checkpoint: cls(**saved hyperparameters, **overrides) with the saved weights; with
+    `hparams_file` (Lightning's), that file's hyperparameters replace the saved ones. Inside
     ``Trainer.init_module(empty_init=True)`` under a sharding strategy the task is built on the meta device
     and the file only memory-mapped: its weights wait on the task and go in at setup, as shards."""
     on_meta = torch.get_default_device().type == "meta"
     where = map_location if map_location is not None else "cpu"
     ckpt = load(path, where, mmap=on_meta and os.path.isfile(path), weights_only=weights_only)
-    hparams = ckpt.get("hyper_parameters", {})
+    if hparams_file is not None:
+        from trainer.loggers.hparams_file import load_hparams_file
+
+        ckpt["hyper_parameters"] = dict(load_hparams_file(hparams_file))
+    # Lightning's older keys first ("hparams", "module_arguments"), the current one winning
+    hparams = {
+        **(ckpt.get("hparams") or {}),
+        **(ckpt.get("module_arguments") or {}),
+        **(ckpt.get("hyper_parameters") or {}),
+    }
     if "_instantiator" in hparams:  # a LightningCLI run's: rebuilt from the config it saved
         from trainer.cli.instantiate import rebuild
 
         return _load_weights(rebuild(cls, hparams, overrides, path), ckpt, path, map_location, strict)
-    absent = {k: v for k, v in missing(hparams).items() if k not in overrides}
+    name = ckpt.get("hparams_name")
+    if not (isinstance(name, str) and name != "kwargs"):  # spread as keywords: only those __init__ takes
+        hparams = _accepted(cls, hparams)
+    overrides = _accepted(cls, overrides, warn=True)
+    absent = {k: v for k, v in missing(hparams, not weights_only).items() if k not in overrides}
     for k in unresolved(
         hparams
     ):  # a secret stored as its ${oc.env:NAME} text: not read from this environment
@@ -294,6 +311,25 @@ def _load_weights(task: Any, ckpt: dict[str, Any], path: str, map_location: Any,
     if isinstance(map_location, (str, torch.device)):
         task.to(map_location)
     return task
+
+
+def _accepted(cls: type, values: dict[str, Any], warn: bool = False) -> dict[str, Any]:
+    """`values` without the names `cls.__init__` does not take (all of them when it takes ``**kwargs``), as
+    Lightning filters them; with `warn`, each dropped one is said (a keyword passed to load_from_checkpoint)."""
+    import inspect
+
+    params = inspect.signature(cls.__init__).parameters  # type: ignore[misc]
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return values
+    dropped = [k for k in values if k not in params]
+    if dropped and warn:
+        warnings.warn(
+            f"{cls.__name__}.load_from_checkpoint: {dropped} are not arguments of {cls.__name__}.__init__ and are "
+            "ignored (as in Lightning).",
+            UserWarning,
+            stacklevel=4,
+        )
+    return {k: v for k, v in values.items() if k not in dropped}
 
 
 def check_window_saves(t: Trainer, val_every: int) -> None:

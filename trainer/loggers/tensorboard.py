@@ -24,6 +24,8 @@ class TensorBoardLogger(Logger):
     through to the file when it is logged (trainer/loggers/event_file.py), so `flush_secs` bounds nothing.
     """
 
+    NAME_HPARAMS_FILE = "hparams.yaml"
+
     def __init__(
         self,
         save_dir: str = ".",
@@ -124,7 +126,7 @@ class TensorBoardLogger(Logger):
         # once the run has a directory, hparams.yaml is there ({} without hyperparameters, as Lightning's)
         has_dir = self._version is not None and os.path.isdir(self.log_dir)  # (log_dir claims a version)
         if (self._params is not None or has_dir) and not os.path.lexists(
-            os.path.join(self.log_dir, "hparams.yaml")
+            os.path.join(self.log_dir, self.NAME_HPARAMS_FILE)
         ):
             write_hparams_yaml(self.log_dir, self._params or {})
 

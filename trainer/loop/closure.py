@@ -233,7 +233,7 @@ def loss_of(out: Any, world_size: int) -> torch.Tensor | None:
             f"training_step returned {type(out).__name__}; return the loss tensor, a dict with key 'loss', or None "
             "to skip the batch (or set self.automatic_optimization = False and step the optimizer yourself)."
         )
-    if loss.ndim != 0:
+    if loss.numel() != 1:  # one element of any shape, e.g. (1, 1), trains as its scalar (as in Lightning)
         raise TaskError(
             f"training_step returned a loss of shape {tuple(loss.shape)}; reduce it to a scalar (e.g. .mean())."
         )

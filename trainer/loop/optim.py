@@ -320,34 +320,3 @@ def _clip(trainer: Trainer, optimizer: torch.optim.Optimizer) -> None:
     elif cfg.gradient_clip_val:
         group = getattr(trainer.strategy, "grad_norm_group", None)  # a pipeline's stages: the global norm
         clip_gradients(optimizer, cfg.gradient_clip_val, cfg.gradient_clip_algorithm, group)
-
-
-class TaskOptimizer:
-    """Wraps an optimizer for manual optimization: step() goes through the strategy and counts steps."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer, trainer: Trainer) -> None:
-        self._optimizer = optimizer
-        self._trainer = trainer
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        return self._optimizer
-
-    def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
-        """Step through the strategy (the closure, if any, runs inside it first) and count the step; `kwargs`
-        go to the optimizer's own ``step`` (Lightning's ``opt.step(closure=..., **kwargs)``)."""
-        out = optimizer_step(self._trainer, self._optimizer, closure, **kwargs)
-        self._trainer.state.global_step += 1
-        return out
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self._optimizer.zero_grad(set_to_none=set_to_none)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name == "_optimizer":  # unpickling asks before _optimizer exists
-            raise AttributeError(name)
-        return getattr(self._optimizer, name)
-
-    def __repr__(self) -> str:
-        """The wrapped optimizer's, prefixed ``Task`` (Lightning's wrapper prints ``Lightning`` + it)."""
-        return f"Task{self._optimizer!r}"

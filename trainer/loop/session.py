@@ -24,14 +24,16 @@ from trainer.loggers.reporting import finalize_loggers
 from trainer.loop.combined import combine_train, flatten_eval, is_collection, prepare_eval, stateful
 from trainer.loop.data import num_batches, shutdown_workers, with_worker_seeding
 from trainer.loop.hooks import Hooks, run_as
-from trainer.loop.optim import TaskOptimizer, check_optimizers, parse_optimizers
+from trainer.loop.optim import check_optimizers, parse_optimizers
 from trainer.loop.signals import StopSignals, exit_code
+from trainer.loop.task_optimizer import TaskOptimizer
 from trainer.loop.transfer import transfer_owners
 from trainer.option_notes import resolve_max_epochs
 from trainer.profiler import action_key
 from trainer.states import TrainerStatus
 from trainer.task.base import Task
 from trainer.utilities.combined_loader import CombinedLoader
+from trainer.utilities.parsing import clean_namespace
 
 if TYPE_CHECKING:
     from trainer.task.datamodule import DataModule
@@ -52,6 +54,7 @@ class Session:
     ) -> None:  # fmt: skip
         self.t, self.stage, self.ckpt_path, self.train, self.evals = trainer, stage, ckpt_path, train, evals
         self.weights_only = weights_only is not False
+        self.task_given = task is not None  # Lightning's "model provided": ckpt_path=None then loads nothing
         task = task if task is not None else trainer.task
         task, self.compiler = unwrap_compiled(task, trainer.compiler)  # fit(torch.compile(task)) as Lightning
         if not isinstance(task, Task):
@@ -75,6 +78,10 @@ class Session:
         if stage == "fit":
             resolve_max_epochs(t)  # an unset max_epochs becomes 1000 or -1 now, as in Lightning
         task._trainer = t
+        if (
+            task.hparams
+        ):  # as Lightning at each stage's start: values that cannot be pickled are dropped, said
+            clean_namespace(task.hparams)
         if self.dm is not None:
             self.dm.trainer = t
         self.anomaly = torch.is_anomaly_enabled()
@@ -130,6 +137,7 @@ class Session:
                 path = t._ckpt_path
         if path is None and stage == "fit" and t.config.resume == "auto":
             path = t.strategy.comm.broadcast(checkpoint.find_last(t))  # every rank loads the same file
+        path = checkpoint.choose(t, stage, path, self.task_given)  # "best", "last", None: Lightning's reading
         if path is not None:  # a task built on meta needs no reset_parameters for what the file restores
             checkpoint.expect_restore(t, path, self.weights_only)
         t.strategy.setup(task)

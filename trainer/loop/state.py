@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from trainer.seed import get_rng_state
-from trainer.states import RunningStage, TrainerFn, TrainerStatus, running_stage
+from trainer.states import RunningStage, TrainerFn, TrainerState, TrainerStatus, running_stage
 
 STAGES = ("fit", "validate", "test", "predict")  # what the user runs
 PHASES = ("train", "val", "test", "predict")  # what a loop is doing
@@ -56,6 +56,11 @@ class LoopState:
         """The running entry point (``TrainerFn.FITTING`` == "fit"), or None before the first."""
         return TrainerFn(self.entry) if self.entry is not None else None
 
+    @fn.setter
+    def fn(self, value: TrainerFn | str | None) -> None:
+        """Set the entry point (Lightning's tests set it before calling a Trainer method by hand)."""
+        self.entry = None if value is None else TrainerFn(value).value
+
     @property
     def stage(self) -> RunningStage | None:
         """What the loop is doing now, as Lightning's ``trainer.state.stage``: ``RunningStage.TRAINING`` ("train"),
@@ -78,6 +83,13 @@ class LoopState:
     @property
     def finished(self) -> bool:
         return self.status == TrainerStatus.FINISHED
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to Lightning's TrainerState of the same status, entry point and stage; otherwise only to itself
+        (two loop states are never compared field by field: they hold tensors)."""
+        if isinstance(other, TrainerState):
+            return (self.status, self.fn, self.stage) == (other.status, other.fn, other.stage)
+        return self is other
 
     @property
     def stopped(self) -> bool:

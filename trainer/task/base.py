@@ -220,7 +220,8 @@ class Task(LightningAttributes, TaskDefaults, ExportMixin, torch.nn.Module, Hype
         """Backward through the strategy and precision (scaling, DDP hooks), with the backward hooks."""
         trainer = self.trainer
         trainer.hooks.call("on_before_backward", loss)
-        trainer.strategy.backward(loss, run=lambda scaled: self.backward(scaled, *args, **kwargs))
+        sync = self.__dict__.get("_manual_sync", True)  # False inside optimizer.toggle_model(sync_grad=False)
+        trainer.strategy.backward(loss, sync=sync, run=lambda scaled: self.backward(scaled, *args, **kwargs))
         trainer.hooks.call("on_after_backward")
 
     @property
@@ -254,16 +255,12 @@ class Task(LightningAttributes, TaskDefaults, ExportMixin, torch.nn.Module, Hype
         weights_only: bool = True,
         **kwargs: Any,
     ) -> Task:
-        """A new task of this class built from the checkpoint's hyperparameters (updated by `kwargs`),
-        with its weights loaded (`strict` as in torch's load_state_dict; None: the task's strict_loading);
+        """A new task of this class built from the checkpoint's hyperparameters (those of `hparams_file`, a
+        ``.yaml``/``.yml`` or tags ``.csv``, instead when given; updated by `kwargs`), with its weights loaded (`strict` as in torch's load_state_dict; None: the task's strict_loading);
         `map_location` as torch.load's."""
         from trainer.checkpoint.run import rebuild_task
 
-        if hparams_file is not None:
-            raise TaskError(
-                "load_from_checkpoint(hparams_file=...) is not supported: Tandem keeps hparams in the checkpoint."
-            )
-        return rebuild_task(cls, checkpoint_path, map_location, strict, kwargs, weights_only)
+        return rebuild_task(cls, checkpoint_path, map_location, strict, kwargs, weights_only, hparams_file)
 
     def load_pretrained(self, path: str, strict: bool = True, key: str | None = "auto") -> None:
         """Load weights from `path` (``torch.save(model.state_dict())``, or a checkpoint's "state_dict"; read as

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from strategies.batch import move_to_device
-from tandem_core.errors import CheckpointError, TaskError
+from tandem_core.errors import CheckpointError
 from tandem_core.hooks import default
 from trainer.task.attributes import _no_loader
 from trainer.task.hparams import HyperparametersMixin
@@ -29,6 +29,10 @@ class DataModule(HyperparametersMixin):
     """
 
     trainer: Trainer | None = None  # set when a stage starts
+    # the checkpoint keys of its hyperparameters (Lightning's names and values)
+    CHECKPOINT_HYPER_PARAMS_KEY = "datamodule_hyper_parameters"
+    CHECKPOINT_HYPER_PARAMS_NAME = "datamodule_hparams_name"
+    CHECKPOINT_HYPER_PARAMS_TYPE = "datamodule_hparams_type"
 
     # Lightning's LightningDataModule has the four (raising); the session asks only for those defined
     train_dataloader = _no_loader("train_dataloader")
@@ -142,18 +146,27 @@ class DataModule(HyperparametersMixin):
 
     @classmethod
     def load_from_checkpoint(
-        cls, checkpoint_path: str, map_location: Any = None, hparams_file: str | None = None, **kwargs: Any
+        cls,
+        checkpoint_path: str,
+        map_location: Any = None,
+        hparams_file: str | None = None,
+        weights_only: bool | None = None,
+        **kwargs: Any,
     ) -> Any:
         """A new DataModule of this class from a Trainer checkpoint: built from the saved DataModule
-        hyperparameters (updated by `kwargs`), with its saved state loaded. Plain data only, as every load."""
+        hyperparameters (those of `hparams_file` instead when given; updated by `kwargs`), with its saved state
+        loaded. Plain data only unless `weights_only=False` (a file you trust), as Task.load_from_checkpoint."""
         from strategies.checkpoint.io import load
         from trainer.checkpoint.format import decode_for, missing, rebuilt_form
 
-        if hparams_file is not None:
-            raise TaskError(
-                "load_from_checkpoint(hparams_file=...) is not supported; pass the values as keywords."
-            )
-        ckpt = load(checkpoint_path, map_location if map_location is not None else "cpu")
+        trust = weights_only is False
+        ckpt = load(
+            checkpoint_path, map_location if map_location is not None else "cpu", weights_only=not trust
+        )
+        if hparams_file is not None:  # Lightning's: that file's hyperparameters replace the saved ones
+            from trainer.loggers.hparams_file import load_hparams_file
+
+            ckpt["datamodule_hyper_parameters"] = dict(load_hparams_file(hparams_file))
         hparams = ckpt.get("datamodule_hyper_parameters") or {}
         if "_instantiator" in hparams:  # a LightningCLI run's: rebuilt from the config it saved
             from trainer.cli.instantiate import rebuild
@@ -162,13 +175,13 @@ class DataModule(HyperparametersMixin):
             if ckpt.get("datamodule"):
                 dm.load_state_dict(ckpt["datamodule"])
             return dm
-        absent = {k: v for k, v in missing(hparams).items() if k not in kwargs}
+        absent = {k: v for k, v in missing(hparams, trust).items() if k not in kwargs}
         if absent:
             raise CheckpointError(
                 f"checkpoint {checkpoint_path!r} could not store DataModule hyperparameters {absent}; pass them: "
                 f"{cls.__name__}.load_from_checkpoint(path, {', '.join(f'{k}=...' for k in absent)})"
             )
-        kept = decode_for(cls, {k: v for k, v in hparams.items() if k not in kwargs}, checkpoint_path)
+        kept = decode_for(cls, {k: v for k, v in hparams.items() if k not in kwargs}, checkpoint_path, trust)
         dm = cls(**{**rebuilt_form(cls, ckpt, kept, "datamodule_"), **kwargs})
         if ckpt.get("datamodule"):  # Lightning loads the state only when one was saved
             dm.load_state_dict(ckpt["datamodule"])

@@ -5,10 +5,15 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import copy
+import dataclasses
 import inspect
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from types import FrameType
 from typing import Any
+
+import torch
+
+from tandem_core.rank_zero import rank_zero_warn
 
 # Set while LightningCLI builds a task or DataModule: save_hyperparameters() records these (the config as
 # the CLI parsed it, with "_instantiator"), so that load_from_checkpoint rebuilds nested classes from it.
@@ -97,13 +102,15 @@ def _frame_arguments(frame: FrameType, cls: type) -> dict[str, Any]:
 
 def init_arguments(frame: FrameType, mixin: type) -> dict[str, Any]:
     """The arguments of every __init__ of the super().__init__ chain that reached `frame`, as Lightning
-    collects them: from `frame` outwards, each frame of a method of a `mixin` subclass (one that calls
-    super(), so it has `__class__`) until the first frame that is not; a subclass's values win."""
+    collects them: from `frame` outwards, each frame of an ``__init__`` that calls super() (so it has
+    `__class__`) whose ``self`` is a `mixin` (a plain mixin class in the chain counts too), until the first frame
+    that is not; a subclass's values win."""
     chain: list[dict[str, Any]] = []
     current: FrameType | None = frame
     while current is not None and current.f_back is not None:
         cls = current.f_locals.get("__class__")
-        if isinstance(cls, type) and issubclass(cls, mixin):
+        owner = _self_of(current, cls) if current.f_code.co_name == "__init__" else None
+        if isinstance(cls, type) and isinstance(owner, mixin):
             chain.append(_frame_arguments(current, cls))
         elif chain:  # past the outermost __init__ of the chain
             break
@@ -112,6 +119,27 @@ def init_arguments(frame: FrameType, mixin: type) -> dict[str, Any]:
     for args in chain:  # the innermost (the parent's) first: a child's value of the same name wins
         values.update(args)
     return values
+
+
+def _self_of(frame: FrameType, cls: Any) -> Any:
+    """The instance an ``__init__`` frame of `cls` builds (its first parameter, whatever its name)."""
+    if not isinstance(cls, type):
+        return None
+    params = list(inspect.signature(cls.__init__).parameters)  # type: ignore[misc]
+    return frame.f_locals.get(params[0]) if params else None
+
+
+_PRIMITIVE_TYPES = (bool, int, float, str)
+
+
+def _given_config(given: Any) -> None:
+    """Lightning's check of `save_hyperparameters(config)`: a mapping, Namespace or omegaconf config."""
+    from argparse import Namespace
+
+    if isinstance(given, _PRIMITIVE_TYPES):
+        raise ValueError(f"Primitives {_PRIMITIVE_TYPES} are not allowed.")
+    if not isinstance(given, (Mapping, Namespace)) and not is_omegaconf(given):
+        raise ValueError(f"Unsupported config type of {type(given)}.")
 
 
 class HyperparametersMixin:
@@ -155,13 +183,19 @@ class HyperparametersMixin:
         from_cli = _GIVEN.get()
         if from_cli is not None:
             init = dict(from_cli)
+        elif dataclasses.is_dataclass(self):  # a dataclass task: its fields taken by __init__ (Lightning's)
+            init = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
         else:
             init = init_arguments(frame, HyperparametersMixin) if frame is not None else {}
         object.__setattr__(self, "_log_hyperparams", logger)
-        if len(args) == 1 and not isinstance(args[0], str):
-            given = args[
+        if len(args) == 1 and not isinstance(args[0], str) and not args[0]:
+            return  # an empty container: nothing to record (Lightning's)
+        objects = [a for a in args if not isinstance(a, str)]
+        if len(objects) == 1:
+            given = objects[
                 0
             ]  # one object: its name among the __init__ arguments rebuilds it on load (Lightning's)
+            _given_config(given)
             object.__setattr__(self, "_hparams_name", next((k for k, v in init.items() if v is given), None))
             if is_omegaconf(given):  # kept as the DictConfig itself, as Lightning keeps it
                 object.__setattr__(self, "_hparams", given)
@@ -175,4 +209,11 @@ class HyperparametersMixin:
             object.__setattr__(self, "_hparams", AttributeDict())
         ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
         self.hparams.update({k: v for k, v in values.items() if k not in ignored})
+        self.remove_ignored_hparams(list(ignored))  # a subclass's ignore drops what its base class saved
+        for key, value in self.hparams.items():
+            if isinstance(value, torch.nn.Module):
+                rank_zero_warn(
+                    f"Attribute {key!r} is an instance of `nn.Module` and is already saved during checkpointing. "
+                    f"It is recommended to ignore them using `self.save_hyperparameters(ignore=[{key!r}])`."
+                )
         object.__setattr__(self, "_hparams_initial", _frozen_copy(self.hparams))

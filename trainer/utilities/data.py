@@ -1,16 +1,19 @@
 """Small data helpers of Lightning's: move_data_to_device, suggested_max_num_workers, is_picklable,
-has_len_all_ranks."""
+has_len_all_ranks, extract_batch_size (with its once-per-message ``warning_cache``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import warnings
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 
 from strategies.batch import apply_to_tensors
+from tandem_core.errors import ConfigError
 
 
 def move_data_to_device(batch: Any, device: torch.device | str | int) -> Any:
@@ -78,3 +81,55 @@ def has_len_all_ranks(
             stacklevel=2,
         )
     return True
+
+
+class WarningCache(set):
+    """Warns each distinct message once (Lightning's ``warning_cache``); ``clear()`` forgets them."""
+
+    def warn(self, message: str, stacklevel: int = 5, category: type[Warning] = UserWarning) -> None:
+        if message not in self:
+            self.add(message)
+            warnings.warn(message, category, stacklevel=stacklevel)
+
+
+warning_cache = WarningCache()
+
+
+def _sizes(batch: Any) -> Iterator[int | None]:
+    """The dim-0 length of each leaf of `batch` (1 for a 0-dim tensor, None for a leaf that is no tensor)."""
+    if isinstance(batch, torch.Tensor):
+        yield batch.size(0) if batch.ndim else 1
+    elif isinstance(batch, (Iterable, Mapping)) and not isinstance(batch, str):
+        for item in batch.values() if isinstance(batch, Mapping) else batch:
+            yield from _sizes(item)
+    elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        for field in dataclasses.fields(batch):
+            yield from _sizes(getattr(batch, field.name))
+    else:
+        yield None
+
+
+def extract_batch_size(batch: Any) -> int:
+    """The batch size of `batch`: the dim-0 length of its first tensor (a nested dict, list, tuple or dataclass is
+    searched in order); a UserWarning when its leaves disagree, a ConfigError when it holds no tensor. As Lightning's
+    (``self.log`` infers the size the same way: pass ``batch_size=`` where it cannot)."""
+    message = (
+        "We could not infer the batch_size from the batch. Either simplify its structure or provide the batch_size "
+        "as `self.log(..., batch_size=batch_size)`."
+    )
+    found: int | None = None
+    try:
+        for size in _sizes(batch):
+            if found is None:
+                found = size
+            elif found != size:
+                warning_cache.warn(
+                    "Trying to infer the `batch_size` from an ambiguous collection. The batch size we found is "
+                    f"{found}. To avoid any miscalculations, use `self.log(..., batch_size=batch_size)`."
+                )
+                break
+    except RecursionError:
+        raise RecursionError(message) from None
+    if found is None:
+        raise ConfigError(message)
+    return found

@@ -34,6 +34,15 @@ class GradClipAlgorithmType(LightningEnum):
     VALUE = "value"
     NORM = "norm"
 
+    @staticmethod
+    def supported_type(val: str) -> bool:
+        """Whether `val` names an algorithm ("value" or "norm")."""
+        return any(x.value == val for x in GradClipAlgorithmType)
+
+    @staticmethod
+    def supported_types() -> list[str]:
+        return [x.value for x in GradClipAlgorithmType]
+
 
 class PossibleUserWarning(UserWarning):
     """A warning that may be a false positive (Lightning's category of the same name)."""

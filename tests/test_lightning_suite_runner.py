@@ -1,0 +1,80 @@
+"""tools/lightning_suite's runner without running Lightning's tests: which files it selects, which flags take the
+installed Lightning's value, how a failure is classified (internal / mocked / behaviour), and Lightning's names
+for Tandem's classes in test ids."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+from conftest import ROOT
+
+pytest.importorskip("pytorch_lightning")
+sys.path.append(f"{ROOT}/tools/lightning_suite")
+import absent  # noqa: E402
+import classify  # noqa: E402
+import run  # noqa: E402
+
+
+def test_the_file_list_is_every_test_file_but_the_excluded(tmp_path):
+    base = tmp_path / "tests_pytorch"
+    for rel in ("trainer/test_trainer.py", "accelerators/test_gpu.py", "graveyard/test_tpu.py",
+                "loggers/test_comet.py", "loggers/test_csv.py", "helpers/datasets.py", "test_cli.py"):  # fmt: skip
+        (base / rel).parent.mkdir(parents=True, exist_ok=True)
+        (base / rel).write_text("")
+    assert run.select(str(base), None) == [
+        "tests_pytorch/loggers/test_csv.py", "tests_pytorch/test_cli.py", "tests_pytorch/trainer/test_trainer.py",
+    ]  # fmt: skip
+    assert run.select(str(base), ["accelerators/test_gpu.py"]) == ["tests_pytorch/accelerators/test_gpu.py"]
+    assert run.excluded("graveyard/test_tpu.py") and run.excluded("trainer/test_trainer.py") is None
+
+
+@pytest.mark.parametrize(
+    ("name", "flag"),
+    [("_IS_WINDOWS", True), ("_TORCH_EQUAL_2_9", True), ("_TORCH_GREATER_EQUAL_2_6", True), ("_KINETO_AVAILABLE", True),
+     ("_JSONARGPARSE_SIGNATURES_AVAILABLE", True), ("_TM_GE_0_11", True), ("_CPU_PERCENT", False), ("_Loop", False)],
+)  # fmt: skip
+def test_environment_flags_are_told_by_name(name, flag):
+    assert bool(absent._FLAG.match(name)) is flag
+
+
+def _failure(source: str, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
+    namespace: dict = {}
+    exec(source, namespace)
+    item = types.SimpleNamespace(obj=namespace["test_x"], path="nowhere.py")
+    try:
+        raise AssertionError("a public result differs")
+    except AssertionError as e:
+        excinfo = types.SimpleNamespace(value=e, traceback=[])
+    monkeypatch.setattr(classify, "_test_source", lambda item: source)  # inspect cannot read exec'd code
+    return classify.failure(item, excinfo)
+
+
+def test_a_failure_is_internal_only_when_the_test_touches_a_private(monkeypatch):
+    private = 'def test_x():\n    with mock.patch("lightning.pytorch.callbacks.EarlyStopping._run_early_stopping_check"): pass\n'
+    mocked = 'def test_x():\n    with mock.patch("lightning.pytorch.accelerators.cpu.get_cpu_stats"): pass\n'
+    foreign = 'def test_x():\n    with mock.patch("lightning.pytorch.core.datamodule.DataLoader"): pass\n'
+    public = 'def test_x():\n    with mock.patch("lightning.pytorch.Trainer.fit"): pass\n'
+    assert _failure(private, monkeypatch)[0] == "internal"
+    assert _failure(mocked, monkeypatch) == (
+        "mocked",
+        "mocks Lightning internal lightning.pytorch.accelerators.cpu.get_cpu_stats",
+    )
+    assert (
+        _failure(foreign, monkeypatch)[0] == "mocked"
+        and "another library" in _failure(foreign, monkeypatch)[1]
+    )
+    assert _failure(public, monkeypatch) == ("behaviour", "AssertionError: a public result differs")
+
+
+def test_tandem_classes_get_lightnings_names_in_test_ids():
+    import alias
+
+    from trainer import DataModule, Task
+
+    assert (
+        alias.lightning_name(Task) == "LightningModule"
+        and alias.lightning_name(DataModule) == "LightningDataModule"
+    )
+    assert alias.lightning_name(int) is None
