@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -16,6 +17,9 @@ from torch import nn
 from strategies.autotune import AUTO_ITERATIONS, AUTO_MIN_GAIN, TRIAL_ITERATIONS, AutoTuner
 from strategies.buckets import AutoBuckets, BucketLayout, BucketStats, assign_buckets
 from tandem_core.errors import DistributedError
+
+if TYPE_CHECKING:
+    from strategies.fault_tolerance.averaging import CrossGroup
 
 __all__ = [
     "AUTO_ITERATIONS",
@@ -70,6 +74,7 @@ class Reducer:
         broadcast_buffers: bool = True,
         rebuild_buckets: bool = True,
         static_graph: bool = False,
+        cross_group: CrossGroup | None = None,
     ) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise DistributedError("Reducer needs a process group: call dist.init_process_group first")
@@ -92,6 +97,9 @@ class Reducer:
         # runs once and its answer is reused (it costs a traversal of the whole autograd graph per step)
         self.static_graph = static_graph
         self._static_unused: list[int] | None = None
+        # fault tolerance (strategies/fault_tolerance/averaging.py): each bucket is averaged across the live
+        # replica groups as well; it sets the divisor and launches the collectives
+        self.cross_group = cross_group
         # named_parameters() drops repeats, so a tied weight is one parameter with one hook.
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         if not named:
@@ -242,11 +250,16 @@ class Reducer:
             b = buckets[self._next]
             self._next += 1
             self.stats[b.index].launch_s = time.perf_counter() - self._t0
-            b.buf.div_(self.world_size)  # before compressing, so that fp16 sums cannot overflow
+            cross = self.cross_group
+            # before compressing, so that fp16 sums cannot overflow
+            b.buf.div_(self.world_size if cross is None else cross.divisor())
             if b.comp is not None:
                 b.comp.copy_(b.buf)
             tensor = b.buf if b.comp is None else b.comp
-            b.work = dist.all_reduce(tensor, group=self.process_group, async_op=True)
+            if cross is None:
+                b.work = dist.all_reduce(tensor, group=self.process_group, async_op=True)
+            else:
+                b.work = cross.all_reduce(tensor)
         if self.find_unused_parameters and self._next == len(buckets) and self._used_work is None:
             # Whether any rank used a parameter decides if a None .grad stays None (torch DDP semantics).
             self._used_t = torch.tensor(self._used, dtype=torch.int32, device=buckets[0].buf.device)

@@ -5,6 +5,7 @@
     tandem validate --config examples/configs/digits.yaml --ckpt-path runs/.../last.ckpt
     tandem fit --config examples/configs/digits.yaml --print-config                 # show, do not run
     tandem fit --config lightning_cli.yaml --trainer.max_epochs=3 --model.lr 0.1   # LightningCLI's form
+    tandem lighthouse --bind 10.0.0.1:29510 --min-replicas 1    # torchft's lighthouse (docs/fault-tolerance.md)
 
 Options come from the config files (merged in order), then the ``key=value`` overrides, which win.
 LightningCLI's ``--section.key=value`` and ``--section.key value`` are overrides too (docs/configuration.md).
@@ -38,7 +39,12 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Example: tandem fit --config examples/configs/digits.yaml trainer.max_epochs=3 task.lr=0.05. "
         "Sections and options: docs/configuration.md.",
     )
-    p.add_argument("command", nargs="?", metavar="{fit,validate,test,predict}", help="what to run")
+    p.add_argument(
+        "command",
+        nargs="?",
+        metavar="{fit,validate,test,predict}",
+        help="what to run ('tandem lighthouse -h': fault tolerance's lighthouse)",
+    )
     p.add_argument(
         "-c",
         "--config",
@@ -73,9 +79,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `tandem` and `python -m trainer`; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["lighthouse"]:  # fault tolerance's lighthouse: options of its own
+        from strategies.fault_tolerance.lighthouse import main as lighthouse
+
+        return lighthouse(argv[1:])
     parser = _parser()
     try:
-        argv, print_flags = lightning_options(sys.argv[1:] if argv is None else list(argv))
+        argv, print_flags = lightning_options(argv)
     except ValueError as e:
         parser.error(str(e))
     args = parser.parse_intermixed_args(argv)
