@@ -20,6 +20,8 @@ from strategies.fault_tolerance.options import EXTRA, Resolved
 from strategies.fault_tolerance.transport import SafeTransport
 from tandem_core.errors import FaultToleranceError, require
 
+_LIGHTHOUSE_RETRIES = 100
+
 
 def require_torchft(verbose: bool = False) -> None:
     """MissingExtraError naming the extra when torchft is not installed. Unless `verbose` (or RUST_LOG is
@@ -126,6 +128,8 @@ class ReplicaManager:
                 hostname=r.address,
                 checkpoint_transport=self.transport,
                 init_sync=True,  # a first quorum at step 0 gives every group one group's weights
+                # the lighthouse may restart: its server keeps asking it (quorum_timeout_s still bounds a step)
+                quorum_retries=_LIGHTHOUSE_RETRIES,
             )
 
     def quorum(self) -> None:

@@ -67,23 +67,30 @@ class Net(Task):
 
 
 class StepLog(Callback):
-    def __init__(self, group: int) -> None:
-        self.group, self.last = group, None
+    def __init__(self, group: int, stop_file: str | None) -> None:
+        self.group, self.last, self.stop_file = group, None, stop_file
 
     def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx):
+        if self.stop_file and os.path.exists(self.stop_file):  # every group stops at the step the file names
+            with open(self.stop_file) as f:
+                text = f.read().strip()
+            trainer.should_stop = bool(text) and trainer.global_step >= int(text)
+        weights = [
+            p.full_tensor() if hasattr(p, "full_tensor") else p for p in task.parameters()
+        ]  # (every rank)
         if trainer.strategy.comm.rank != 0:
             return
         now = time.monotonic()
         dt = 0.0 if self.last is None else now - self.last
         self.last = now
-        weights = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in task.parameters()]
         ids = ",".join(map(str, task.ids))
         replicas = trainer.strategy.replicas
         committed = int(bool(replicas.committed)) if replicas is not None else 1
+        live = replicas.manager.participants if replicas is not None and replicas.manager is not None else 0
         print(
             f"STEP g={self.group} gs={trainer.global_step} ep={trainer.current_epoch} b={batch_idx + 1} "
             f"t={now:.3f} pid={os.getpid()} ids={ids} w={digest(weights)} rng={digest([torch.get_rng_state()])} "
-            f"dt={dt:.3f} c={committed}",
+            f"dt={dt:.3f} c={committed} p={live}",
             flush=True,
         )
 
@@ -99,6 +106,7 @@ def main() -> None:
     p.add_argument("--width", type=int, default=32)
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--ckpt-every", type=int, default=0, help="ModelCheckpoint every K steps, resume='auto'")
+    p.add_argument("--stop-file", help="stop at the global step this file names, once it exists")
     p.add_argument("--timeout-s", type=float, default=10.0)
     p.add_argument("--quorum-timeout-s", type=float, default=30.0)
     args = p.parse_args()
@@ -120,7 +128,7 @@ def main() -> None:
     strategy = DDPStrategy(**common) if args.strategy == "ddp" else FSDPStrategy(min_params=1, **common)
     name = "plain" if args.plain else f"group{group}"
     root = os.path.join(args.out, name)
-    callbacks: list[Callback] = [StepLog(group)]
+    callbacks: list[Callback] = [StepLog(group, args.stop_file)]
     if args.ckpt_every:
         callbacks.append(ModelCheckpoint(dirpath=os.path.join(root, "ckpts"), every_n_train_steps=args.ckpt_every,
                                          save_last=True, save_top_k=0))  # fmt: skip
