@@ -1,5 +1,5 @@
 """In-place fault tolerance in the two-node network lab (issue 44): two replica groups, one per node, each a
-single-node torchrun of tests/scripts/replica_train.py, the lighthouse on node0 (tests/ftlab.py).
+single-node torchrun of tests/scripts/replica_train.py, the lighthouse on node0 (benchmarks/ft_lab.py).
 
 One run goes through five kills of either group's worker at random steps, a cut of the link and the
 lighthouse killed and restarted, and must end with both groups agreeing; a second compares a run without
@@ -16,10 +16,10 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from ftlab import FtJob, Step
-from netlab import TwoNodeJob, lab_fixture
+from netlab import lab_fixture
 from torch.utils.data import DistributedSampler
 
+from benchmarks.ft_lab import LabJob, Step
 from benchmarks.lab import Lab
 
 pytestmark = pytest.mark.slow
@@ -41,7 +41,7 @@ def _expected_ids(group: int, epoch: int, batch: int) -> str:
     return ",".join(map(str, list(sampler)[(batch - 1) * BATCH : (batch - 1) * BATCH + 4]))
 
 
-def _check_history(job: FtJob) -> dict[int, dict[int, Step]]:
+def _check_history(job: LabJob) -> dict[int, dict[int, Step]]:
     """Every STEP line of both groups: global steps strictly increasing per group, each batch the group's own
     share at that position, and at every global step both groups reached the same weights and RNG."""
     by_gs: dict[int, dict[int, Step]] = {0: {}, 1: {}}
@@ -58,7 +58,7 @@ def _check_history(job: FtJob) -> dict[int, dict[int, Step]]:
     return by_gs
 
 
-def _done_line(job: FtJob, node: int) -> str:
+def _done_line(job: LabJob, node: int) -> str:
     lines = [
         line for line in job.output(node).splitlines() if "fault tolerance" in line and ": done:" in line
     ]
@@ -71,7 +71,7 @@ def test_five_kills_a_cut_link_and_the_lighthouse_in_one_run(lab, tmp_path):
     rng = random.Random(seed)
     print(f"\nseed {seed} (TANDEM_FT_SEED reruns it)")
     args = ["--epochs", "100000", "--step-sleep", "0.05", "--ckpt-every", "25", "--timeout-s", "10"]
-    job = FtJob(lab, tmp_path, [*args, "--quorum-timeout-s", "30"], min_replicas=1, restarts=8)
+    job = LabJob(lab, tmp_path, [*args, "--quorum-timeout-s", "30"], min_replicas=1, restarts=8)
     for node in (0, 1):  # the later group rejoins the first (min_replicas=1): both in the quorum
         job.wait_step(node, 1, timeout=180)
     outages = []
@@ -149,17 +149,15 @@ def test_five_kills_a_cut_link_and_the_lighthouse_in_one_run(lab, tmp_path):
 
 def test_without_failures_it_equals_plain_ddp(lab, tmp_path):
     args = ["--epochs", "3"]
-    plain = TwoNodeJob(lab, tmp_path, [os.path.join(os.path.dirname(__file__), "scripts", "replica_train.py"),
-                                       str(tmp_path), "--plain", *args])  # fmt: skip
-    results = plain.wait(240)
-    assert [r.returncode for r in results] == [0, 0], results[0].output[-3000:]
-    job = FtJob(lab, tmp_path / "ft", args, min_replicas=2)
+    plain = LabJob(lab, tmp_path / "plain", args, mode="plain")
+    assert plain.wait(240) == [0, 0], plain.output(0)[-3000:]
+    job = LabJob(lab, tmp_path / "ft", args, min_replicas=2)
     assert job.wait(timeout=240) == [0, 0], (job.output(0)[-3000:], job.output(1)[-3000:])
     by_gs = _check_history(job)
-    ref, w0 = torch.load(tmp_path / "plain.pt"), torch.load(tmp_path / "ft" / "group0.pt")
+    ref, w0 = torch.load(tmp_path / "plain" / "plain.pt"), torch.load(tmp_path / "ft" / "group0.pt")
     assert all(torch.equal(ref[k], w0[k]) for k in ref), "fault-tolerant ddp without failures != plain ddp"
     assert all(s.committed and s.participants == 2 for s in by_gs[0].values())
-    plain_dt = [float(m) for m in re.findall(r"dt=([\d.]+)", results[0].output)[5:]]
+    plain_dt = [s.dt for s in plain.steps(0)][5:]
     ft_dt = [s.dt for s in by_gs[0].values()][5:]
     print(
         f"\nstep time without failures, median of {len(ft_dt)} steps: plain ddp {statistics.median(plain_dt) * 1e3:.1f} ms, "

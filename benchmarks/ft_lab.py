@@ -1,6 +1,12 @@
-"""A fault-tolerant job in the two-node network lab (benchmarks/lab.py): the lighthouse on node0, one replica
-group per node, each its own single-node torchrun (which restarts its killed worker), running
-tests/scripts/replica_train.py; and readers of the per-step lines that script prints."""
+"""Jobs of tests/scripts/replica_train.py in the two-node network lab (benchmarks/lab.py), for the fault-tolerance
+tests (tests/test_ft_lab.py) and benchmark (benchmarks/fault_tolerance.py):
+
+- `mode="ft"`: the lighthouse on node0 and one replica group per node, each its own single-node torchrun (which
+  restarts its killed worker);
+- `mode="plain"`: plain DDP, one torchrun agent per node in one rendezvous (a killed worker restarts both);
+
+and readers of the per-step lines the script prints.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +15,23 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from netlab import ROOT, clean_env
-
 from benchmarks.lab import Lab
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "replica_train.py")
+RDZV_PORT = 29500  # plain mode's rendezvous, inside node0's namespace
+_RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without a surrounding job's rank variables, unbuffered, with this checkout importable."""
+    env = {k: v for k, v in os.environ.items() if k not in _RANK_VARS and not k.startswith("TORCHELASTIC_")}
+    env.update(PYTHONUNBUFFERED="1", PYTHONPATH=ROOT, OMP_NUM_THREADS="1", **extra)
+    return env
 
 
 @dataclass
@@ -45,14 +60,15 @@ class Step:
         )  # fmt: skip
 
 
-class FtJob:
-    """The lighthouse on node0 and one replica group per node; `out` holds the logs and the weights."""
+class LabJob:
+    """Two nodes running replica_train.py (see the module's docstring); `out` holds the logs and the weights."""
 
     def __init__(
         self,
         lab: Lab,
         out: Path,
         script_args: list[str],
+        mode: str = "ft",
         min_replicas: int = 1,
         restarts: int = 0,
         heartbeat_ms: int = 5000,
@@ -61,19 +77,26 @@ class FtJob:
         out.mkdir(parents=True, exist_ok=True)
         self.stop_file = out / "stop"
         self.lighthouse: subprocess.Popen[str] | None = None
-        self.url = self.start_lighthouse()
+        self.url = self.start_lighthouse() if mode == "ft" else ""
         self.procs: list[subprocess.Popen[str]] = []
         self.start = time.monotonic()
+        run_id = uuid.uuid4().hex[:8]
         for node in (0, 1):
-            env = clean_env(
-                TANDEM_REPLICA_GROUP=str(node),
-                TANDEM_REPLICA_GROUPS="2",
-                TORCHFT_LIGHTHOUSE=self.url,
-                GLOO_SOCKET_IFNAME=lab.iface(node),
-            )
-            argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
-                    f"--max-restarts={restarts}", "--monitor-interval=0.1", SCRIPT, str(out),
-                    "--min-replicas", str(min_replicas), "--stop-file", str(self.stop_file), *script_args]  # fmt: skip
+            env = clean_env(GLOO_SOCKET_IFNAME=lab.iface(node))
+            launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1",
+                        f"--max-restarts={restarts}", "--monitor-interval=0.1"]  # fmt: skip
+            if mode == "ft":
+                env.update(
+                    TANDEM_REPLICA_GROUP=str(node), TANDEM_REPLICA_GROUPS="2", TORCHFT_LIGHTHOUSE=self.url
+                )
+                launcher += ["--standalone"]
+                script = ["--min-replicas", str(min_replicas)]
+            else:
+                launcher += ["--nnodes=2", "--rdzv-backend=c10d", f"--rdzv-endpoint={lab.addr(0)}:{RDZV_PORT}",
+                             f"--rdzv-id={run_id}", f"--local-addr={lab.addr(node)}"]  # fmt: skip
+                launcher += ["--rdzv-conf=is_host=1"] if node == 0 else []
+                script = ["--plain"]
+            argv = [*launcher, SCRIPT, str(out), "--stop-file", str(self.stop_file), *script, *script_args]
             with open(self.log(node), "w") as log:
                 self.procs.append(lab.popen(node, argv, stdout=log, stderr=subprocess.STDOUT, env=env))
 
