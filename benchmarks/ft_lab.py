@@ -164,12 +164,17 @@ class LabJob:
             f"node{node} did not reach step {gs} within {timeout:.0f}s:\n{self.output(node)[-4000:]}"
         )
 
+    def worker_pid(self, node: int) -> int:
+        """The pid of `node`'s newest training worker (the script prints one WORKER line as it starts)."""
+        lines = [line for line in self.output(node).splitlines() if line.startswith("WORKER ")]
+        assert lines, self.output(node)[-3000:]
+        return int(lines[-1].rsplit("pid=", 1)[1])
+
     def kill_worker(self, node: int) -> int:
         """SIGKILL the training worker of `node` (its torchrun agent restarts it); its pid."""
-        step = self.last(node)
-        assert step is not None
-        os.kill(step.pid, signal.SIGKILL)
-        return step.pid
+        pid = self.worker_pid(node)
+        os.kill(pid, signal.SIGKILL)
+        return pid
 
     def stop_at(self, gs: int) -> None:
         """Both groups stop after global step `gs`."""

@@ -10,7 +10,14 @@ from strategies.fault_tolerance.options import lighthouse_host_port
 from tandem_core.errors import ConfigError
 from trainer.config import build
 
-ENV = ("TANDEM_REPLICA_GROUP", "TANDEM_REPLICA_GROUPS", "TORCHFT_LIGHTHOUSE")
+ENV = (
+    "TANDEM_REPLICA_GROUP",
+    "TANDEM_REPLICA_GROUPS",
+    "TORCHFT_LIGHTHOUSE",
+    "SLURM_JOB_ID",
+    "SLURM_NODEID",
+    "SLURM_NNODES",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -50,6 +57,16 @@ def test_the_environment_fills_in_the_group_the_count_and_the_lighthouse(monkeyp
         replica_groups=2, replica_group=0, lighthouse="http://127.0.0.1:1", address="10.9.8.7"
     )
     assert given.resolved().address == "10.9.8.7" and given.resolved().replica_group == 0
+
+
+def test_under_slurm_each_node_is_a_replica_group_by_default(monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "12")
+    monkeypatch.setenv("SLURM_NODEID", "2")
+    monkeypatch.setenv("SLURM_NNODES", "4")
+    r = FaultTolerance(lighthouse="http://127.0.0.1:1").resolved()
+    assert (r.replica_group, r.replica_groups) == (2, 4)
+    monkeypatch.setenv("TANDEM_REPLICA_GROUP", "0")  # the explicit variable wins
+    assert FaultTolerance(lighthouse="http://127.0.0.1:1").resolved().replica_group == 0
 
 
 @pytest.mark.parametrize(

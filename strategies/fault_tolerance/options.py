@@ -28,7 +28,8 @@ class FaultTolerance:
     Each replica group is one launcher job (a torchrun per node, say) of `devices` processes; gradients are
     averaged inside it as usual, then across the live groups through torchft's manager. `replica_group`
     (this group's index, 0..replica_groups-1) defaults to the TANDEM_REPLICA_GROUP variable, `replica_groups`
-    to TANDEM_REPLICA_GROUPS, `lighthouse` to TORCHFT_LIGHTHOUSE. `address` is where this group's manager and
+    to TANDEM_REPLICA_GROUPS (under SLURM, without them: SLURM_NODEID and SLURM_NNODES, a group per node),
+    `lighthouse` to TORCHFT_LIGHTHOUSE. `address` is where this group's manager and
     store listen and what peers reach it by; by default the local address of the route to the lighthouse.
     A step waits at most `quorum_timeout_s` for `min_replicas` groups, then fails with the reason;
     `timeout_s` bounds a collective across groups and the state transfer to a rejoining group;
@@ -158,8 +159,14 @@ def route_address(host: str, port: int) -> str:
         ) from None
 
 
+#: under SLURM, one replica group per node by default (a torchrun per node inside the allocation)
+_SLURM = {GROUP_ENV: "SLURM_NODEID", GROUPS_ENV: "SLURM_NNODES"}
+
+
 def _env_int(var: str, name: str) -> int:
     value = os.environ.get(var)
+    if value is None and os.environ.get("SLURM_JOB_ID") and _SLURM[var] in os.environ:
+        value = os.environ[_SLURM[var]]
     if value is None or not value.strip().isdigit():
         shown = "unset" if value is None else repr(value)
         raise ConfigError(

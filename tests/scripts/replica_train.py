@@ -146,6 +146,7 @@ def main() -> None:
         deterministic=True,
     )
     task = Net(args.width, args.step_sleep)
+    print(f"WORKER g={group} rank={os.environ.get('RANK', '0')} pid={os.getpid()}", flush=True)
     trainer.fit(task, loader)
     weights = {
         k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
