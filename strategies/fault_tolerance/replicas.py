@@ -43,7 +43,7 @@ class Costs:
     degraded: int = 0  # steps committed by fewer than all replica groups (averaged over the live ones)
     skipped_batches: int = 0  # batches the missing groups' shares held at those steps: never trained on
     dropped_batches: int = 0  # batches of the uncommitted steps (this group's)
-    rejoins: int = 0  # times a group took a live peer's state
+    rejoins: int = 0  # times a live group sent its state to a group behind it (not the first quorum's)
 
 
 class Replicas:
@@ -174,6 +174,8 @@ class Replicas:
     def _send(self) -> dict[str, Any]:
         """torchft's state_dict callback (its quorum thread; this group's main thread waits in the quorum)."""
         assert self.live is not None
+        if self.live.position()["global_step"] > 0:  # (not the first quorum's init sync) counted here, so
+            self.costs.rejoins += 1  # that the state sent carries it and both groups count alike
         ckpt = self.live.snapshot(self._in_loop)
         ckpt["fault_tolerance"] = {"config": self._fingerprint(), "position": self.live.position()}
         return ckpt
@@ -206,7 +208,6 @@ class Replicas:
         if theirs_at["global_step"] == 0 and not self._in_loop:  # the first quorum of the job (init sync)
             self._say(f"took a live replica group's initial weights and state ({size:.1f} MB) before step 1")
             return
-        self.costs.rejoins += 1
         where = "rejoined" if not self._in_loop else "healed in place"
         self._say(f"{where} from a live replica group at global step {theirs_at['global_step']} (epoch "
                   f"{theirs_at['epoch']}, batch {theirs_at['batch_in_epoch']} of the epoch): weights, optimizer, "
