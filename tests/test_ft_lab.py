@@ -137,7 +137,10 @@ def test_five_kills_a_cut_link_and_the_lighthouse_in_one_run(lab, tmp_path):
     _check_history(job)
     w0, w1 = torch.load(tmp_path / "group0.pt"), torch.load(tmp_path / "group1.pt")
     assert all(torch.equal(w0[k], w1[k]) for k in w0)
-    assert f"DONE g=0 gs={stop}" in job.output(0) and f"DONE g=1 gs={stop}" in job.output(1)
+    ends = [re.findall(r"DONE g=\d gs=(\d+)", job.output(n)) for n in (0, 1)]
+    assert ends[0] == ends[1] and len(ends[0]) == 1 and int(ends[0][0]) >= stop, (
+        ends
+    )  # both finished, together
     done = [_done_line(job, n) for n in (0, 1)]
     print(f"costs: {done[0]}")
     counts = dict(

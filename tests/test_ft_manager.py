@@ -87,6 +87,7 @@ def lighthouse():
     server.shutdown()
 
 
+@pytest.mark.slow  # (a few seconds, but it needs the extra, which make test-slow installs)
 @needs_torchft
 def test_a_quorum_below_min_replicas_waits_bounded_then_fails_with_the_reason(lighthouse):
     from strategies.fault_tolerance.manager import ReplicaManager
@@ -107,6 +108,7 @@ def test_a_quorum_below_min_replicas_waits_bounded_then_fails_with_the_reason(li
         manager.shutdown()
 
 
+@pytest.mark.slow
 @needs_torchft
 def test_the_lighthouse_command_listens_on_the_given_address_until_stopped(tmp_path):
     url_file = tmp_path / "url"
