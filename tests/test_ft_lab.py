@@ -1,8 +1,9 @@
 """In-place fault tolerance in the two-node network lab (issue 44): two replica groups, one per node, each a
 single-node torchrun of tests/scripts/replica_train.py, the lighthouse on node0 (benchmarks/ft_lab.py).
 
-One run goes through five kills of either group's worker at random steps, a cut of the link and the
-lighthouse killed and restarted, and must end with both groups agreeing; a second compares a run without
+One run goes through five kills of either group's worker at random steps, a cut of the link, the lighthouse
+killed and restarted, and both groups killed at once (each falls back to its checkpoint), and must end with
+both groups agreeing; a second compares a run without
 failures with plain DDP over both nodes (same weights, and the per-step quorum's cost)."""
 
 from __future__ import annotations
@@ -41,14 +42,16 @@ def _expected_ids(group: int, epoch: int, batch: int) -> str:
     return ",".join(map(str, list(sampler)[(batch - 1) * BATCH : (batch - 1) * BATCH + 4]))
 
 
-def _check_history(job: LabJob) -> dict[int, dict[int, Step]]:
-    """Every STEP line of both groups: global steps strictly increasing per group, each batch the group's own
-    share at that position, and at every global step both groups reached the same weights and RNG."""
+def _check_history(job: LabJob, resumed_after: float = float("inf")) -> dict[int, dict[int, Step]]:
+    """Every STEP line of both groups: global steps strictly increasing per group (before and after
+    `resumed_after`, when both groups went back to a checkpoint), each batch the group's own share at that
+    position, and at every global step both groups reached the same weights and RNG."""
     by_gs: dict[int, dict[int, Step]] = {0: {}, 1: {}}
     for node in (0, 1):
         steps = job.steps(node)
-        gs = [s.gs for s in steps]
-        assert all(b > a for a, b in zip(gs, gs[1:])), f"node{node}'s global step went backwards: {gs}"
+        for part in ([s for s in steps if s.t < resumed_after], [s for s in steps if s.t >= resumed_after]):
+            gs = [s.gs for s in part]
+            assert all(b > a for a, b in zip(gs, gs[1:])), f"node{node}'s global step went backwards: {gs}"
         for s in steps:
             assert s.ids == _expected_ids(node, s.epoch, s.batch), (node, s)
             by_gs[node][s.gs] = s
@@ -66,7 +69,7 @@ def _done_line(job: LabJob, node: int) -> str:
     return lines[-1].split(": done: ", 1)[1]
 
 
-def test_five_kills_a_cut_link_and_the_lighthouse_in_one_run(lab, tmp_path):
+def test_five_kills_a_cut_link_the_lighthouse_and_both_groups_in_one_run(lab, tmp_path):
     seed = int(os.environ.get("TANDEM_FT_SEED", time.time_ns() % 10_000))
     rng = random.Random(seed)
     print(f"\nseed {seed} (TANDEM_FT_SEED reruns it)")
@@ -130,11 +133,27 @@ def test_five_kills_a_cut_link_and_the_lighthouse_in_one_run(lab, tmp_path):
     during = [s for n in (0, 1) for s in job.steps(n) if s.t > killed_at]
     assert [job.last(n).pid for n in (0, 1)] == pids, "a group restarted when the lighthouse was away"  # type: ignore[union-attr]
     print(f"lighthouse down 5s: no group restarted; the longest step {max(s.dt for s in during):.1f}s")
+    # both groups killed at once: no live group is left, each falls back to its own last checkpoint (every 25
+    # steps), as a restart of everything does today; the first back trains on, the other joins it
+    offsets = [len(job.output(n)) for n in (0, 1)]
+    both_at = time.monotonic()
+    killed = [job.last(n).gs for n in (0, 1)]  # type: ignore[union-attr]
+    for node in (0, 1):
+        job.kill_worker(node)
+    restored = []
+    for node in (0, 1):
+        job.wait_for(node, "Restored from", timeout=150, after=offsets[node])
+        found = re.findall(r"Restored from \S+ \(epoch \d+, step (\d+)\)", job.output(node)[offsets[node] :])
+        restored.append(int(found[0]))
+        assert killed[node] - 25 - 2 <= restored[node] <= killed[node], (node, restored, killed)
+    for node in (0, 1):
+        job.wait_step(node, max(killed) + 3, timeout=90)
+    print(f"both groups killed at steps {killed}: resumed from their checkpoints at steps {restored}")
     stop = max(job.last(n).gs for n in (0, 1)) + 10  # type: ignore[union-attr]
     job.stop_at(stop)
     codes = job.wait(timeout=120)
     assert codes == [0, 0], (codes, job.output(0)[-3000:], job.output(1)[-3000:])
-    _check_history(job)
+    _check_history(job, resumed_after=both_at)
     w0, w1 = torch.load(tmp_path / "group0.pt"), torch.load(tmp_path / "group1.pt")
     assert all(torch.equal(w0[k], w1[k]) for k in w0)
     ends = [re.findall(r"DONE g=\d gs=(\d+)", job.output(n)) for n in (0, 1)]
