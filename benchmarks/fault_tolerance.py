@@ -57,8 +57,9 @@ def run(lab: Lab, out: Path, args: argparse.Namespace, mode: str, kill: bool, ck
     out_row: dict[str, float] = {"wall_s": wall, "step_ms": 1e3 * statistics.median(s.dt for s in steps[5:])}
     if mode == "plain":
         out_row["steps_lost"] = len(steps) - len({s.gs for s in steps})  # recomputed after the restart
-        if killed_at is not None:
-            resumed = [s for s in steps if s.t - job.start > killed_at]
+        if killed_at is not None:  # back: the first step recomputed after the restart
+            reached = max(s.gs for s in steps if s.t - job.start <= killed_at)
+            resumed = [s for s in steps if s.t - job.start > killed_at and s.gs <= reached]
             out_row["back_s"] = resumed[0].t - job.start - killed_at if resumed else float("nan")
     else:
         out_row["steps_lost"] = sum(not s.committed for s in steps)  # not committed: the update dropped

@@ -358,3 +358,15 @@ def test_a_group_taking_a_live_state_trains_on_exactly_as_the_live_group(take_at
     assert starts[0] == (take_at, take_at % 10) and trainer.global_step == 30
     for (n, a), b in zip(live.state_dict().items(), joining.state_dict().values()):
         assert torch.equal(a, b), n
+
+
+def test_with_no_live_group_ahead_a_group_keeps_what_its_checkpoint_restored():
+    replicas, live = _replicas(FakeManager())
+    manager, replicas.manager = replicas.manager, None
+    ckpt_state = {"manager": {"step": 40, "batches_committed": 80}, "costs": {"committed": 40, "degraded": 3}}
+    replicas.load_state_dict(ckpt_state)  # the checkpoint's strategy state, restored before fit's loop
+    replicas.manager = manager  # (built at the start of fit: join() builds it when there is none)
+    replicas.join(live)  # type: ignore[arg-type]
+    assert manager.state == {"step": 40, "batches_committed": 80} and manager.quorums == 1  # type: ignore[union-attr]
+    assert live.restored == [] and replicas.costs.committed == 40 and replicas.costs.degraded == 3
+    assert replicas.state_dict() == {"manager": manager.state, "costs": {**vars(replicas.costs)}}  # type: ignore[union-attr]
