@@ -43,22 +43,23 @@ def _expected_ids(group: int, epoch: int, batch: int) -> str:
 
 
 def _check_history(job: LabJob, resumed_after: float = float("inf")) -> dict[int, dict[int, Step]]:
-    """Every STEP line of both groups: global steps strictly increasing per group (before and after
-    `resumed_after`, when both groups went back to a checkpoint), each batch the group's own share at that
-    position, and at every global step both groups reached the same weights and RNG."""
-    by_gs: dict[int, dict[int, Step]] = {0: {}, 1: {}}
+    """Every STEP line of both groups: each batch the group's own share at that position; and before and after
+    `resumed_after` (when both groups went back to a checkpoint) separately: global steps strictly increasing
+    per group, and at every global step both groups reached the same weights and RNG."""
+    segments: list[dict[int, dict[int, Step]]] = [{0: {}, 1: {}}, {0: {}, 1: {}}]
     for node in (0, 1):
-        steps = job.steps(node)
-        for part in ([s for s in steps if s.t < resumed_after], [s for s in steps if s.t >= resumed_after]):
-            gs = [s.gs for s in part]
-            assert all(b > a for a, b in zip(gs, gs[1:])), f"node{node}'s global step went backwards: {gs}"
-        for s in steps:
+        for s in job.steps(node):
             assert s.ids == _expected_ids(node, s.epoch, s.batch), (node, s)
-            by_gs[node][s.gs] = s
-    common = sorted(set(by_gs[0]) & set(by_gs[1]))
-    differ = [g for g in common if (by_gs[0][g].w, by_gs[0][g].rng) != (by_gs[1][g].w, by_gs[1][g].rng)]
-    assert not differ, f"the groups' weights or RNG differ at global steps {differ[:10]}"
-    return by_gs
+            part = segments[s.t >= resumed_after][node]
+            assert not part or s.gs > max(part), (
+                f"node{node}'s global step went back from {max(part)} to {s.gs}"
+            )
+            part[s.gs] = s
+    for by_gs in segments:
+        common = sorted(set(by_gs[0]) & set(by_gs[1]))
+        differ = [g for g in common if (by_gs[0][g].w, by_gs[0][g].rng) != (by_gs[1][g].w, by_gs[1][g].rng)]
+        assert not differ, f"the groups' weights or RNG differ at global steps {differ[:10]}"
+    return segments[0]
 
 
 def _done_line(job: LabJob, node: int) -> str:
