@@ -145,8 +145,10 @@ class Replicas:
                 if errored
                 else "fewer than min_replicas groups"
             )
-            self._say(f"step at global step {self.live.position()['global_step']} not committed ({reason}): its update "
-                      f"is dropped ({self.costs.uncommitted} so far)")  # fmt: skip
+            self._say(
+                f"step at global step {self.live.position()['global_step']} not committed ({reason}): its update "
+                f"is dropped ({self.costs.uncommitted} so far)"
+            )
             if self._since_commit >= self.options.max_uncommitted_steps:
                 raise FaultToleranceError(
                     f"replica group {self.resolve().replica_group}: {self._since_commit} consecutive steps could "
@@ -163,9 +165,11 @@ class Replicas:
         if participants != self._participants:
             step = self.live.position()["global_step"]
             if participants < groups:
-                self._say(f"{participants} of {groups} replica groups in the quorum at global step {step}: "
-                          f"gradients are averaged over the live groups and the missing groups' shares of the "
-                          f"data are skipped until they rejoin")  # fmt: skip
+                self._say(
+                    f"{participants} of {groups} replica groups in the quorum at global step {step}: "
+                    f"gradients are averaged over the live groups and the missing groups' shares of the "
+                    f"data are skipped until they rejoin"
+                )
             elif self._participants is not None:
                 self._say(f"all {groups} replica groups in the quorum again at global step {step}")
             self._participants = participants
@@ -194,7 +198,7 @@ class Replicas:
                 f"replica group {self.resolve().replica_group} cannot join: it trains another model or config "
                 f"than the live replica group ({shown}). Start every replica group with the same code, script "
                 "and config."
-            )  # fmt: skip
+            )
         theirs_at, ours_at = ckpt["fault_tolerance"]["position"], self.live.position()
         if self._in_loop and theirs_at != ours_at:
             raise FaultToleranceError(
@@ -209,11 +213,13 @@ class Replicas:
             self._say(f"took a live replica group's initial weights and state ({size:.1f} MB) before step 1")
             return
         where = "rejoined" if not self._in_loop else "healed in place"
-        self._say(f"{where} from a live replica group at global step {theirs_at['global_step']} (epoch "
-                  f"{theirs_at['epoch']}, batch {theirs_at['batch_in_epoch']} of the epoch): weights, optimizer, "
-                  f"loop position, RNG and the loader's position taken over ({size:.1f} MB, applied in "
-                  f"{took:.2f}s); so far {self.costs.degraded} steps ran without some group, skipping "
-                  f"{self.costs.skipped_batches} batches of the missing groups' shares")  # fmt: skip
+        self._say(
+            f"{where} from a live replica group at global step {theirs_at['global_step']} (epoch "
+            f"{theirs_at['epoch']}, batch {theirs_at['batch_in_epoch']} of the epoch): weights, optimizer, "
+            f"loop position, RNG and the loader's position taken over ({size:.1f} MB, applied in "
+            f"{took:.2f}s); so far {self.costs.degraded} steps ran without some group, skipping "
+            f"{self.costs.skipped_batches} batches of the missing groups' shares"
+        )
 
     def _load_states(self, ckpt: dict[str, Any]) -> None:
         assert self.live is not None
@@ -234,7 +240,7 @@ class Replicas:
             "strategy": f"{type(s).__name__}({', '.join(f'{k}={getattr(s, k)!r}' for k in _KNOBS if hasattr(s, k))})",
             "ranks per replica group": s.comm.world_size,
             "replica_groups": self.resolve().replica_groups,
-        }  # fmt: skip
+        }
 
     # ----- checkpoints and the end -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -254,9 +260,11 @@ class Replicas:
         if self.manager is None:
             return
         c = self.costs
-        self._say(f"done: {c.committed} steps committed, {c.uncommitted} dropped ({c.dropped_batches} batches), "
-                  f"{c.degraded} at a smaller world size ({c.skipped_batches} batches of missing groups skipped), "
-                  f"{c.rejoins} rejoin(s) from a live peer")  # fmt: skip
+        self._say(
+            f"done: {c.committed} steps committed, {c.uncommitted} dropped ({c.dropped_batches} batches), "
+            f"{c.degraded} at a smaller world size ({c.skipped_batches} batches of missing groups skipped), "
+            f"{c.rejoins} rejoin(s) from a live peer"
+        )
         self.manager.shutdown()
         self.manager, self.live, self._open, self._in_loop = None, None, False, False
 
