@@ -61,7 +61,7 @@ class Replicas:
         self._in_loop = False
         self._participants: int | None = None
         self._since_commit = 0
-        self._last_heal: dict[str, Any] | None = None
+        self.overhead_s, self._steps = 0.0, 0  # time in the per-step quorum and commit, and the steps timed
 
     # ----- set-up --------------------------------------------------------------------------------
     def resolve(self) -> Resolved:
@@ -126,7 +126,9 @@ class Replicas:
             return self._decision
         assert self.manager is not None and self.live is not None
         errored = self.manager.errored
+        started = time.perf_counter()
         decision = self._decision = self.manager.commit()
+        self.overhead_s += time.perf_counter() - started
         self._open = False
         per_step = self.live.micro_batches * self.strategy.comm.world_size
         if decision:
@@ -159,7 +161,11 @@ class Replicas:
 
     def _quorum(self) -> None:
         assert self.manager is not None and self.live is not None
+        started = time.perf_counter()
         self.manager.quorum()
+        if self._in_loop:  # (the first quorum waits for the groups to start: not a per-step cost)
+            self.overhead_s += time.perf_counter() - started
+            self._steps += 1
         self._open, self._decision = True, None
         participants, groups = self.manager.participants, self.resolve().replica_groups
         if participants != self._participants:
@@ -260,10 +266,15 @@ class Replicas:
         if self.manager is None:
             return
         c = self.costs
+        per_step = (
+            f"; quorum and commit: {1e3 * self.overhead_s / self._steps:.1f} ms a step on average"
+            if self._steps
+            else ""
+        )
         self._say(
             f"done: {c.committed} steps committed, {c.uncommitted} dropped ({c.dropped_batches} batches), "
             f"{c.degraded} at a smaller world size ({c.skipped_batches} batches of missing groups skipped), "
-            f"{c.rejoins} rejoin(s) from a live peer"
+            f"{c.rejoins} rejoin(s) from a live peer{per_step}"
         )
         self.manager.shutdown()
         self.manager, self.live, self._open, self._in_loop = None, None, False, False
