@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -63,6 +64,8 @@ def run(lab: Lab, out: Path, args: argparse.Namespace, mode: str, kill: bool, ck
             out_row["back_s"] = resumed[0].t - job.start - killed_at if resumed else float("nan")
     else:
         out_row["steps_lost"] = sum(not s.committed for s in steps)  # not committed: the update dropped
+        said = re.findall(r"quorum and commit: ([\d.]+) ms a step", job.output(0))
+        out_row["quorum_ms"] = float(said[-1]) if said else float("nan")  # measured inside the worker
         if killed_at is not None:
             after = [s for s in steps if s.t - job.start > killed_at]
             out_row["longest_step_s"] = max(s.dt for s in after)
@@ -95,7 +98,8 @@ def main() -> None:
         killed["wall_lost_s"] = killed["wall_s"] - base["wall_s"]
         rows[f"fault-tolerant ddp, no failure (checkpoint every {n})"] = base
         rows["fault-tolerant ddp, 1 kill, rejoin from the live group"] = killed
-    keys = ["step_ms", "wall_s", "steps_lost", "wall_lost_s", "back_s", "longest_step_s", "degraded_steps"]
+    keys = ["step_ms", "quorum_ms", "wall_s", "steps_lost", "wall_lost_s", "back_s", "longest_step_s"]
+    keys.append("degraded_steps")
     width = max(map(len, rows))
     print(f"{'':<{width}}  " + "  ".join(f"{k:>14}" for k in keys))
     for name, row in rows.items():
