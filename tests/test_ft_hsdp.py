@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from strategies.fault_tolerance.manager import require_torchft
 from strategies.fault_tolerance.shards import load_optimizer, load_weights, to_local
 from tests.conftest import ROOT, run_distributed
 
@@ -39,6 +40,7 @@ def _torchrun(nproc: int, out: str, *args: str, env: dict[str, str]) -> subproce
 
 def test_hsdp_without_failures_trains_as_plain_fsdp_over_every_rank(tmp_path):
     pytest.importorskip("torchft", reason="needs the fault-tolerance extra (make test-slow installs it)")
+    require_torchft()  # (quiets torchft's logs of every quorum, as a job's would be)
     from torchft._torchft import LighthouseServer
 
     lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2, join_timeout_ms=1000, quorum_tick_ms=50)

@@ -80,6 +80,7 @@ needs_torchft = pytest.mark.skipif(
 
 @pytest.fixture
 def lighthouse():
+    require_torchft()  # (quiets torchft's logs of every quorum, as a job's would be)
     from torchft._torchft import LighthouseServer
 
     server = LighthouseServer(bind="127.0.0.1:0", min_replicas=2, join_timeout_ms=100, quorum_tick_ms=50)
