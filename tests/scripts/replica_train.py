@@ -107,9 +107,13 @@ def main() -> None:
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--ckpt-every", type=int, default=0, help="ModelCheckpoint every K steps, resume='auto'")
     p.add_argument("--stop-file", help="stop at the global step this file names, once it exists")
+    p.add_argument("--restart-delay", type=float, default=0.0, help="a restarted worker waits this long first "
+                   "(stands for a larger job's restart: loading the model and its checkpoint)")  # fmt: skip
     p.add_argument("--timeout-s", type=float, default=10.0)
     p.add_argument("--quorum-timeout-s", type=float, default=30.0)
     args = p.parse_args()
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        time.sleep(args.restart_delay)
     seed_everything(0)
     group = int(os.environ.get("TANDEM_REPLICA_GROUP", "0"))
     g = torch.Generator().manual_seed(0)
