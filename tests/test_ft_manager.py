@@ -78,12 +78,18 @@ needs_torchft = pytest.mark.skipif(
 )
 
 
-@pytest.fixture
-def lighthouse():
+def _lighthouse(min_replicas: int):
     require_torchft()  # (quiets torchft's logs of every quorum, as a job's would be)
     from torchft._torchft import LighthouseServer
 
-    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=2, join_timeout_ms=100, quorum_tick_ms=50)
+    return LighthouseServer(
+        bind="127.0.0.1:0", min_replicas=min_replicas, join_timeout_ms=100, quorum_tick_ms=50
+    )
+
+
+@pytest.fixture
+def lighthouse():
+    server = _lighthouse(2)
     yield int(server.address().rsplit(":", 1)[1])
     server.shutdown()
 
@@ -109,21 +115,29 @@ def test_a_quorum_below_min_replicas_waits_bounded_then_fails_with_the_reason(li
         manager.shutdown()
 
 
-@pytest.mark.slow
-@needs_torchft
-def test_the_lighthouse_command_listens_on_the_given_address_until_stopped(tmp_path):
+def _start_lighthouse(tmp_path: Path, min_replicas: int = 1) -> tuple[subprocess.Popen[str], str]:
+    """`tandem lighthouse` on 127.0.0.1 and a free port, as a process; (the process, its URL)."""
     url_file = tmp_path / "url"
     env = {**os.environ, "PYTHONPATH": ROOT}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "trainer", "lighthouse", "--bind", "127.0.0.1:0", "--min-replicas", "1",
+        [sys.executable, "-m", "trainer", "lighthouse", "--bind", "127.0.0.1:0", "--min-replicas", str(min_replicas),
          "--address-file", str(url_file)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not url_file.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert url_file.exists(), (
+        proc.communicate(timeout=10)[0] if proc.poll() is not None else "no address file"
+    )
+    return proc, url_file.read_text().strip()
+
+
+@pytest.mark.slow
+@needs_torchft
+def test_the_lighthouse_command_listens_on_the_given_address_until_stopped(tmp_path):
+    proc, url = _start_lighthouse(tmp_path)
     try:
-        deadline = time.monotonic() + 60
-        while not url_file.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        url = url_file.read_text().strip()
         port = int(url.rsplit(":", 1)[1])
         assert url == f"http://127.0.0.1:{port}" and _listening(port) == ["0100007F"]
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
@@ -131,4 +145,29 @@ def test_the_lighthouse_command_listens_on_the_given_address_until_stopped(tmp_p
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, out
-    assert "listening on http://127.0.0.1:" in out and "stopped" in out and not url_file.exists()
+    assert "listening on http://127.0.0.1:" in out and "stopped" in out and not (tmp_path / "url").exists()
+
+
+@pytest.mark.slow
+@needs_torchft
+def test_a_lighthouse_gone_for_good_stops_the_group_after_the_quorum_timeout(tmp_path):
+    from strategies.fault_tolerance.manager import ReplicaManager
+
+    lighthouse, url = _start_lighthouse(tmp_path)  # a process: killed, its connections end with it
+    r = _resolved(int(url.rsplit(":", 1)[1]), quorum_timeout_s=3, timeout_s=5)
+    manager = ReplicaManager(r, 0, 1, torch.device("cpu"), lambda obj: obj, dict, lambda state: None)
+    try:
+        manager.quorum()  # a quorum of this group alone (min_replicas=1)
+        assert manager.participants == 1 and manager.commit()
+        lighthouse.kill()
+        lighthouse.communicate(timeout=30)
+        start = time.monotonic()
+        with pytest.raises(
+            FaultToleranceError, match=r"within quorum_timeout_s=3s through the lighthouse at http://127"
+        ):
+            manager.quorum()
+        took = time.monotonic() - start
+        assert 2.5 < took < 15, took
+        print(f"\nthe lighthouse gone: the next quorum failed after {took:.1f}s (quorum_timeout_s=3)")
+    finally:
+        manager.shutdown()
