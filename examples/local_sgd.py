@@ -1,4 +1,4 @@
-"""A strategy written outside Tandem: Local SGD (docs/strategies.md, "Writing a strategy").
+"""A strategy written outside Tandem: Local SGD (docs/strategies/writing.md).
 
 Each process trains its own replica on its shard of the data and the replicas' parameters are averaged every
 `average_every` optimizer steps, instead of averaging every step's gradients as DDP does: k times fewer

@@ -1,4 +1,4 @@
-"""The strategy of docs/strategies.md "Writing a strategy" (examples/local_sgd.py) runs as written: alone it
+"""The strategy of docs/strategies/writing.md (examples/local_sgd.py) runs as written: alone it
 trains as one device; at two ranks averaging every step trains as strategy="ddp" (plain SGD: the update is
 linear in the gradient), and averaging every third step leaves the replicas apart between averages."""
 
