@@ -22,9 +22,10 @@ test: $(STAMP)
 	$(PY) -m pytest -m "not slow and not trackers"
 
 # multi-process Lightning ports, the two-node network lab (root + iproute2; skipped with a reason otherwise),
-# and the W&B / MLflow loggers against their real clients (offline W&B, a local mlflow server)
+# the W&B / MLflow loggers against their real clients (offline W&B, a local mlflow server), and fault
+# tolerance on torchft with its lighthouse (the lab)
 test-slow: $(STAMP)
-	$(PY) -m pip install -q -e ".[notebook,trackers,docs]"
+	$(PY) -m pip install -q -e ".[notebook,trackers,docs,fault-tolerance]"
 	$(PY) -m pytest -m "slow or trackers"
 
 bench: $(STAMP)

@@ -99,6 +99,7 @@ _LAZY = {
     "DDPStrategy": "strategies.ddp",
     "DataParallelStrategy": "strategies.data_parallel",
     "FSDPStrategy": "strategies.fsdp",
+    "FaultTolerance": "strategies.fault_tolerance",
     "ModelParallelStrategy": "strategies.model_parallel",
     "PipelineStrategy": "strategies.pipeline",
     "checkpoint_modules": "strategies.large.activation",  # activation checkpointing (docs/large_models.md)
@@ -107,7 +108,7 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    """DDPStrategy and DataParallelStrategy on first use (PEP 562), like Lightning's `from ...strategies import`."""
+    """DDPStrategy, FaultTolerance and the other strategies on first use (PEP 562), like Lightning's `from ...strategies import`."""
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'strategies' has no attribute {name!r}")
@@ -121,6 +122,7 @@ __all__ = [
     "DDPStrategy",
     "DataParallelStrategy",
     "FSDPStrategy",
+    "FaultTolerance",
     "ModelParallelStrategy",
     "ParallelStrategy",
     "PipelineStrategy",

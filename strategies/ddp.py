@@ -11,6 +11,8 @@ import torch
 import torch.distributed as dist
 
 from strategies.comm_device import to_comm
+from strategies.fault_tolerance.options import FaultTolerance
+from strategies.fault_tolerance.replicas import Replicas, fault_tolerant_step
 from strategies.precision import Precision
 from strategies.process_group import ProcessGroupStrategy, ShardSampler
 from tandem_core.errors import ConfigError, check_choice
@@ -33,6 +35,10 @@ class DDPStrategy(ProcessGroupStrategy):
 
     `zero=1` (strategy="ddp_zero1") shards the optimizer states over the ranks with torch's
     ZeroRedundancyOptimizer after the Reducer averaged the gradients (strategies/zero.py).
+
+    `fault_tolerance=FaultTolerance(...)` makes this job one replica group of a job that keeps training
+    through failures: each bucket is averaged inside the group, then across the live groups through torchft;
+    a failed group rejoins from a live peer (strategies/fault_tolerance/, docs/fault-tolerance.md).
 
     A plain ``python train.py`` starts `devices` workers through torch's elastic launcher; under torchrun
     or SLURM the process joins the existing group. In a notebook, or with ``start_method="fork"``
@@ -60,6 +66,7 @@ class DDPStrategy(ProcessGroupStrategy):
         peer_timeout_s: float | None = 20.0,
         start_method: str = "popen",
         zero: int = 0,
+        fault_tolerance: FaultTolerance | dict[str, Any] | None = None,
         *,
         cluster_environment: Any = None,
         precision_plugin: Precision | None = None,
@@ -99,11 +106,30 @@ class DDPStrategy(ProcessGroupStrategy):
         self.bucket_cap_mb, self.find_unused_parameters = bucket_cap_mb, find_unused_parameters
         self.gradient_as_bucket_view, self.comm_hook = gradient_as_bucket_view, comm_hook
         self.static_graph, self.broadcast_buffers = static_graph, broadcast_buffers
+        self.fault_tolerance = FaultTolerance.of(fault_tolerance)
+        if self.fault_tolerance is not None:
+            self._check_fault_tolerance()
+            self.replicas = Replicas(self.fault_tolerance, self)
         self.reducer: Reducer | None = None
         self._splits: BucketSplits | None = None  # set while the task is compiled (strategies/compiled.py)
         self._unsynced = False  # gradients accumulated by backward(sync=False) and not reduced since
 
+    def _check_fault_tolerance(self) -> None:
+        refused = {
+            "zero=1": self.zero,
+            "bucket_cap_mb='auto'": self.bucket_cap_mb == "auto",
+            "find_unused_parameters=True": self.find_unused_parameters,
+        }
+        for what, on in refused.items():
+            if on:
+                raise ConfigError(
+                    f"DDPStrategy(fault_tolerance=...) does not support {what}: every replica group must "
+                    "fill the same buckets in the same order and average them the same way; drop one of them."
+                )
+
     def setup(self, task: Task) -> None:
+        if self.replicas is not None:
+            self.replicas.resolve()  # a missing replica group or lighthouse is a ConfigError now
         if self.zero and self.precision.name == "16-mixed":
             raise ConfigError(
                 "DDPStrategy(zero=1) does not support precision='16-mixed' (the gradient scaler steps the whole "
@@ -126,8 +152,16 @@ class DDPStrategy(ProcessGroupStrategy):
 
         if self.reducer is not None:
             self.reducer.remove_hooks()
+        cross = None
+        if self.replicas is not None:  # buckets averaged across replica groups too, in a fixed layout
+            from strategies.fault_tolerance.averaging import CrossGroup
+
+            replicas = self.replicas
+            cross = CrossGroup(lambda: replicas.manager, None, self.comm.world_size)  # type: ignore[arg-type,return-value]
         self.reducer = Reducer(
             task,
+            rebuild_buckets=cross is None,
+            cross_group=cross,
             bucket_cap_mb=self.bucket_cap_mb,
             gradient_as_bucket_view=self.gradient_as_bucket_view,
             find_unused_parameters=self.find_unused_parameters,
@@ -170,6 +204,8 @@ class DDPStrategy(ProcessGroupStrategy):
     def step(
         self, task: Task, hook: str, batch: Any, batch_idx: int, dataloader_idx: int | None = None
     ) -> Any:
+        if hook == "training_step" and self.replicas is not None:
+            self.replicas.begin_step()  # this step's quorum (a live peer's state first, if behind)
         if hook == "training_step" and self.broadcast_buffers and self.reducer is not None:
             self.comm.run("buffer broadcast", self.reducer.sync_buffers)
         if self._splits is not None:
@@ -200,7 +236,10 @@ class DDPStrategy(ProcessGroupStrategy):
     def optimizer_step(
         self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None, **kwargs: Any
     ) -> Any:
-        """With zero=1, the optimizer's ZeRO twin steps this rank's share and broadcasts it."""
+        """With zero=1, the optimizer's ZeRO twin steps this rank's share and broadcasts it. With fault
+        tolerance the closure (forward, backward, averaging) runs first and the step only if committed."""
+        if self.replicas is not None:
+            return fault_tolerant_step(self, super().optimizer_step, optimizer, closure, **kwargs)
         if self.zero:
             return self.sharded_optimizers.step(optimizer, closure, **kwargs)
         return super().optimizer_step(optimizer, closure, **kwargs)

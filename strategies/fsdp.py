@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from strategies.checkpoint.io import ShardedCheckpointIO
+from strategies.fault_tolerance.options import FaultTolerance
+from strategies.fault_tolerance.replicas import Replicas, fault_tolerant_step
 from strategies.fsdp_wrap import check_supported, resolve_classes, shard_task
 from strategies.large.activation import checkpoint_modules, checkpointed, resolve_ops
 from strategies.large.init import init_context, materialize, recast, sync_replicas
@@ -46,6 +48,9 @@ class FSDPStrategy(ProcessGroupStrategy):
     `activation_checkpointing_policy` (Lightning's: a set of module classes) recomputes those modules'
     activations in backward instead of keeping them; `activation_checkpointing_save_ops` (e.g. ["aten.mm"])
     makes it selective: those ops' outputs are kept (strategies/large/activation.py).
+    `fault_tolerance=FaultTolerance(...)` makes this job one replica group of a fault-tolerant job (HSDP with
+    in-place recovery): sharded inside the group, the sharded gradients averaged across the live groups through
+    torchft after each reduce-scatter (strategies/fault_tolerance/, docs/fault-tolerance.md).
     """
 
     name = "fsdp"
@@ -71,6 +76,7 @@ class FSDPStrategy(ProcessGroupStrategy):
         start_method: str = "popen",  # the base's; 'fork' (a notebook) is refused at launch: no fork start
         activation_checkpointing_policy: Any = None,
         activation_checkpointing_save_ops: list[Any] | None = None,
+        fault_tolerance: FaultTolerance | dict[str, Any] | None = None,
         *,
         cluster_environment: Any = None,
         precision_plugin: Precision | None = None,
@@ -115,6 +121,14 @@ class FSDPStrategy(ProcessGroupStrategy):
         # the parameters fully_shard replaced, by id (weakly: a WeakSet would compare tensors with ==)
         self._before_sharding: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
         self._checked: set[int] = set()  # optimizers already checked
+        self.fault_tolerance = FaultTolerance.of(fault_tolerance)
+        if self.fault_tolerance is not None:
+            if hybrid:
+                raise ConfigError(
+                    "FSDPStrategy(hybrid=True, fault_tolerance=...): fault tolerance is the replication across "
+                    "groups already (each group shards over its own ranks); drop hybrid=True."
+                )
+            self.replicas = Replicas(self.fault_tolerance, self)
 
     @property
     def sharded(self) -> bool:
@@ -147,6 +161,8 @@ class FSDPStrategy(ProcessGroupStrategy):
         return precision if isinstance(precision, Precision) else plugin_for(precision, fsdp=True)
 
     def setup(self, task: Task) -> None:
+        if self.replicas is not None:
+            self.replicas.resolve()  # a missing replica group or lighthouse is a ConfigError now
         precision = self.precision.name
         if precision == "16-mixed":
             raise ConfigError(
@@ -205,6 +221,13 @@ class FSDPStrategy(ProcessGroupStrategy):
         return init_context("meta" if empty_init else None, self.precision.param_dtype)
 
     # ----- steps --------------------------------------------------------------------------------
+    def step(
+        self, task: Task, hook: str, batch: Any, batch_idx: int, dataloader_idx: int | None = None
+    ) -> Any:
+        if hook == "training_step" and self.replicas is not None:
+            self.replicas.begin_step()  # this step's quorum (a live peer's state first, if behind)
+        return super().step(task, hook, batch, batch_idx, dataloader_idx)
+
     def backward(
         self, loss: torch.Tensor, sync: bool = True, run: Callable[[torch.Tensor], Any] | None = None
     ) -> None:
@@ -216,6 +239,23 @@ class FSDPStrategy(ProcessGroupStrategy):
         scaled = self.precision.scale(loss)
         scaled.backward() if run is None else run(scaled)  # noqa: B018 (a call, not an expression)
         self._unsynced = self.sharded and not sync
+        if sync and self.replicas is not None:  # HSDP: each shard's gradient averaged across the groups
+            from strategies.fault_tolerance.averaging import average_across
+
+            assert self._task is not None and self.replicas.manager is not None
+            grads = [p.grad for p in self._task.parameters() if p.grad is not None]
+            average_across(
+                self.replicas.manager, [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+            )
+
+    def optimizer_step(
+        self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None, **kwargs: Any
+    ) -> Any:
+        """With fault tolerance the closure (forward, backward, averaging) runs first, the step only if
+        committed."""
+        if self.replicas is not None:
+            return fault_tolerant_step(self, super().optimizer_step, optimizer, closure, **kwargs)
+        return super().optimizer_step(optimizer, closure, **kwargs)
 
     def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         if id(optimizer) not in self._checked:

@@ -7,7 +7,7 @@ import atexit
 import datetime
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -26,6 +26,9 @@ from strategies.parallel import ParallelStrategy
 from strategies.precision import Precision
 from strategies.sharding import ShardSampler, shard_loader  # noqa: F401 (ShardSampler: re-exported)
 from tandem_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from strategies.fault_tolerance.replicas import Replicas
 
 
 def _unpin_default_group() -> None:
@@ -134,6 +137,9 @@ class ProcessGroupStrategy(ParallelStrategy):
         self.peer_timeout_s = peer_timeout_s
         self._alone = False  # a group of one made here (launch)
         self.comm: ProcessGroupComm = ProcessGroupComm(timeout_s, self._planned_world)
+        # in-place fault tolerance (DDPStrategy/FSDPStrategy(fault_tolerance=...)): this job is one replica
+        # group of several (strategies/fault_tolerance/)
+        self.replicas: Replicas | None = None
         # where the processes come from and their ranks (None: the Trainer's plugin, else detected)
         self.cluster_environment = cluster_environment
         self.layer_sync: LayerSync | None = None  # the Trainer's (sync_batchnorm=True: TorchSyncBatchNorm)
@@ -314,6 +320,9 @@ class ProcessGroupStrategy(ParallelStrategy):
             sync.revert(task)
             self._synced = None
 
+        if self.replicas is not None:
+            self.replicas.shutdown()
+
     @property
     def process_group_backend(self) -> str | None:
         """The torch.distributed backend asked for (None until chosen: gloo on the CPU, nccl on CUDA)."""
@@ -334,4 +343,20 @@ class ProcessGroupStrategy(ParallelStrategy):
             return loader
         seed = int(os.environ.get("TANDEM_GLOBAL_SEED", 0))
         overfit = bool(self._overfit_batches)
-        return shard_loader(loader, stage, self.comm.rank, self.comm.world_size, seed, overfit)
+        rank, world = self.comm.rank, self.comm.world_size
+        if self.replicas is not None and stage == "train":  # each replica group trains on its own share
+            self.replicas.check_loader(loader)
+            rank, world = self.replicas.data_shard(rank, world)
+        return shard_loader(loader, stage, rank, world, seed, overfit)
+
+    # ----- checkpoints --------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if self.replicas is not None:
+            state["fault_tolerance"] = self.replicas.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if self.replicas is not None and state.get("fault_tolerance"):
+            self.replicas.load_state_dict(state["fault_tolerance"])

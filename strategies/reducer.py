@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -20,6 +20,9 @@ from strategies.comm_device import broadcast_tensors, comm_device
 from strategies.timing import HostTimer, timer_for
 from strategies.unused import UsedParameters
 from tandem_core.errors import DistributedError
+
+if TYPE_CHECKING:
+    from strategies.fault_tolerance.averaging import CrossGroup
 
 __all__ = [
     "AUTO_ITERATIONS",
@@ -63,6 +66,7 @@ class Reducer:
         static_graph: bool = False,
         device: torch.device | None = None,
         record_stats: bool | None = None,
+        cross_group: CrossGroup | None = None,
     ) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise DistributedError("Reducer needs a process group: call dist.init_process_group first")
@@ -85,6 +89,9 @@ class Reducer:
         # runs once and its answer is reused (it costs a traversal of the whole autograd graph per step)
         self.static_graph = static_graph
         self._static_unused: list[int] | None = None
+        # fault tolerance (strategies/fault_tolerance/averaging.py): each bucket is averaged across the live
+        # replica groups as well; it sets the divisor and launches the collectives
+        self.cross_group = cross_group
         # named_parameters() drops repeats, so a tied weight is one parameter with one hook.
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         if not named:
@@ -265,11 +272,16 @@ class Reducer:
             self._next += 1
             if self._timed:
                 self._marks.append((b.index, "launch_s", self._timer.mark()))
-            b.buf.div_(self.world_size)  # before compressing, so that fp16 sums cannot overflow
+            cross = self.cross_group
+            # before compressing, so that fp16 sums cannot overflow
+            b.buf.div_(self.world_size if cross is None else cross.divisor())
             if b.comp is not None:
                 b.comp.copy_(b.buf)
             tensor = b.buf if b.comp is None else b.comp
-            b.work = dist.all_reduce(tensor, group=self.process_group, async_op=True)
+            if cross is None:
+                b.work = dist.all_reduce(tensor, group=self.process_group, async_op=True)
+            else:
+                b.work = cross.all_reduce(tensor)
         if self._used is not None and self._next == len(buckets) and not self._used.started:
             self._used.start()  # whether any rank used a parameter: a None .grad stays None if none did
 

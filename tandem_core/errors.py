@@ -36,6 +36,11 @@ class DistributedError(TandemError):
     """Ranks disagree (shapes, unused parameters) or a collective failed."""
 
 
+class FaultToleranceError(DistributedError):
+    """In-place fault tolerance cannot go on: no lighthouse, no quorum of replica groups in time, a rejoining
+    group that trains another model or config, a replica group left behind (strategies/fault_tolerance/)."""
+
+
 def did_you_mean(name: str, choices: Iterable[str]) -> str:
     """Return ", did you mean 'x'?" for the closest choice, or ''."""
     close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)

@@ -36,6 +36,20 @@ def save(t: Trainer, path: str, weights_only: bool = False) -> None:
     task, comm, io = t.task, t.strategy.comm, checkpoint_io(t.strategy)
     if task is None:
         raise CheckpointError("save_checkpoint needs a task: call it during or after fit().")
+    states = io.collect(task, None if weights_only else t.optimizers)
+    if weights_only:
+        ranks = None
+    else:
+        mid_window = t.state.mid_window(t.config.accumulate_grad_batches, task.automatic_optimization)
+        ranks = comm.gather_object(t.state.rank_state(io.window_grads(task) if mid_window else None))
+    io.write(contents(t, states, ranks), path, comm)
+
+
+def contents(t: Trainer, states: dict[str, Any], ranks: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """The checkpoint dict around `states` (the weights, and the optimizer states unless `ranks` is None:
+    a weights-only checkpoint); `ranks` holds each rank's own part (RNG, window gradients)."""
+    task = t.task
+    assert task is not None
     hparams, form = plain_hparams(task.hparams)  # a DictConfig as plain data, rebuilt on load
     ckpt: dict[str, Any] = {
         "tandem_version": FORMAT_VERSION,
@@ -43,18 +57,16 @@ def save(t: Trainer, path: str, weights_only: bool = False) -> None:
         "run_id": run_id(
             t
         ),  # resume="auto" and ckpt_path="last" resume only a file of this experiment and task
-        **io.collect(task, None if weights_only else t.optimizers),
+        **states,
         # secrets of the config as their ${oc.env:NAME} text (trainer/secrets.py)
         "hyper_parameters": redact(encode(hparams, "hyper_parameters"), t.config_secrets),
         "config": redact(t.resolved_config, t.config_secrets),  # the run config that built this trainer
     }
     ckpt.update(_forms(task, form, ""))
-    if weights_only:
+    if ranks is None:
         ckpt.update(t.state.state_dict())
     else:
-        mid_window = t.state.mid_window(t.config.accumulate_grad_batches, task.automatic_optimization)
-        grads = io.window_grads(task) if mid_window else None
-        ckpt.update(t.state.state_dict(ranks=comm.gather_object(t.state.rank_state(grads))))
+        ckpt.update(t.state.state_dict(ranks=ranks))
         # what a ReduceLROnPlateau needs when resuming from inside an epoch's end
         ckpt["loop"]["callback_metrics"] = {k: v.detach().cpu() for k, v in t.callback_metrics.items()}
         ckpt.update(
@@ -71,7 +83,7 @@ def save(t: Trainer, path: str, weights_only: bool = False) -> None:
             )
             ckpt.update(_forms(t.datamodule, form, "datamodule_"))
         t.hooks.call("on_save_checkpoint", ckpt)
-    io.write(ckpt, path, comm)
+    return ckpt
 
 
 def _forms(owner: Any, form: str | None, prefix: str) -> dict[str, Any]:
@@ -119,12 +131,20 @@ def prepare_restore(t: Trainer, path: str, stage: str, weights_only: bool = True
     loaded = io.restore(path, task, None, ckpt)
     ckpt = {**ckpt, "state_dict": loaded["state_dict"]}
     _warn_hparams(t, ckpt, path)
+    restore_callbacks(t, ckpt, stage)
+    if stage != "fit":
+        t.print(f"Restored from {path} (epoch {ckpt['epoch']}, step {ckpt['global_step']})")
+    return Restoring(path, ckpt)
+
+
+def restore_callbacks(t: Trainer, ckpt: dict[str, Any], stage: str) -> None:
+    """The DataModule's state, the callbacks' on_load_checkpoint and their states."""
     if resumable(ckpt) and t.datamodule is not None and "datamodule" in ckpt:
         with t.profile(action_key(t.datamodule, "load_state_dict")):
             t.datamodule.load_state_dict(ckpt["datamodule"])
     for cb in t.callbacks:
         if overrides(cb, "on_load_checkpoint"):
-            cb.on_load_checkpoint(t, task, ckpt)
+            cb.on_load_checkpoint(t, t.task, ckpt)
     if resumable(ckpt):
         states = ckpt.get("callbacks", {})
         for cb in t.callbacks:
@@ -136,11 +156,8 @@ def prepare_restore(t: Trainer, path: str, stage: str, weights_only: bool = True
                 f"the checkpoint holds the state of callbacks this Trainer does not have, which is not "
                 f"restored: {lost}. Pass the same callbacks as the run that wrote it to resume them.",
                 UserWarning,
-                stacklevel=4,
+                stacklevel=5,
             )
-    if stage != "fit":
-        t.print(f"Restored from {path} (epoch {ckpt['epoch']}, step {ckpt['global_step']})")
-    return Restoring(path, ckpt)
 
 
 def expect_restore(t: Trainer, path: str, weights_only: bool = True) -> None:
@@ -157,14 +174,21 @@ def restore(t: Trainer, restoring: Restoring) -> None:
     assert task is not None
     if resumable(ckpt):
         checkpoint_io(t.strategy).restore(path, task, t.optimizers, ckpt, weights=False)
-        for cfg, state in zip(t.lr_scheduler_configs, ckpt["lr_schedulers"]):
-            cfg.scheduler.load_state_dict(state)
-        t.strategy.load_state_dict(ckpt.get("strategy", {}))
-        _restore_loop(t, ckpt)
-        if t.is_global_zero:  # the step its loggers write next (trainer/loggers/reporting.py)
-            for lg in t.loggers:
-                getattr(lg, "resumed_at", lambda step: None)(t.global_step)
+        restore_training(t, ckpt)
     t.print(f"Restored from {path} (epoch {t.current_epoch}, step {t.global_step})")
+
+
+def restore_training(t: Trainer, ckpt: dict[str, Any], loop: bool = True) -> None:
+    """The schedulers', the strategy's and (with `loop`) the loop's states; the optimizers' are restored."""
+    for cfg, state in zip(t.lr_scheduler_configs, ckpt["lr_schedulers"]):
+        cfg.scheduler.load_state_dict(state)
+    t.strategy.load_state_dict(ckpt.get("strategy", {}))
+    if not loop:
+        return
+    _restore_loop(t, ckpt)
+    if t.is_global_zero:  # the step its loggers write next (trainer/loggers/reporting.py)
+        for lg in t.loggers:
+            getattr(lg, "resumed_at", lambda step: None)(t.global_step)
 
 
 def _warn_hparams(t: Trainer, ckpt: dict[str, Any], path: str) -> None:

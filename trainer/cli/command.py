@@ -6,6 +6,7 @@
     tandem fit --config examples/configs/digits.yaml --print-config                 # show, do not run
     tandem plan --config examples/configs/digits.yaml trainer.strategy=fsdp trainer.devices=4   # memory per rank
     tandem fit --config lightning_cli.yaml --trainer.max_epochs=3 --model.lr 0.1   # LightningCLI's form
+    tandem lighthouse --bind 10.0.0.1:29510 --min-replicas 1    # torchft's lighthouse (docs/fault-tolerance.md)
 
 Options come from the config files (merged in order), then the ``key=value`` overrides, which win.
 LightningCLI's ``--section.key=value`` and ``--section.key value`` are overrides too (docs/configuration.md).
@@ -44,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
         nargs="?",
         metavar="{fit,validate,test,predict,plan}",
         help="what to run (plan: each rank's predicted peak memory in a training step; exit status 3 when it "
-        "does not fit)",
+        "does not fit; 'tandem lighthouse -h': fault tolerance's lighthouse)",
     )
     p.add_argument(
         "-c",
@@ -80,9 +81,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `tandem` and `python -m trainer`; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["lighthouse"]:  # fault tolerance's lighthouse: options of its own
+        from strategies.fault_tolerance.lighthouse import main as lighthouse
+
+        return lighthouse(argv[1:])
     parser = _parser()
     try:
-        argv, print_flags = lightning_options(sys.argv[1:] if argv is None else list(argv))
+        argv, print_flags = lightning_options(argv)
     except ValueError as e:
         parser.error(str(e))
     args = parser.parse_intermixed_args(argv)

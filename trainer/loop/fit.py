@@ -7,8 +7,10 @@ import time
 from typing import TYPE_CHECKING
 
 from strategies.checkpoint.io import checkpoint_io
+from strategies.fault_tolerance import join_replicas
 from tandem_core.rank_zero import rank_zero_warn
 from trainer import checkpoint
+from trainer.checkpoint.live import LiveState
 from trainer.loggers.logged import forget
 from trainer.loggers.reporting import finalize_loggers, log_stage_start
 from trainer.loop.epoch import EpochRun, max_steps_reached, stop_requested
@@ -31,6 +33,7 @@ def fit(t: Trainer) -> None:
     log_stage_start(t)  # hyperparameters and graph: as Lightning, before the training state is restored
     if session.restoring is not None:  # as Lightning: optimizer and loop states after on_fit_start
         checkpoint.restore(t, session.restoring)
+    join_replicas(t.strategy, LiveState(t))  # fault tolerance: a group behind takes a live peer's state
     task.zero_grad()  # as Lightning, at the start of every stage
     if state.window_grads is not None:  # resumed inside an accumulation window: its gradients so far
         checkpoint_io(t.strategy).set_window_grads(task, state.window_grads)
