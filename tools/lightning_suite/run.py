@@ -167,8 +167,10 @@ CLASSES = ("internal", "mocked", "behaviour")
 
 
 def table(
-    lightning: dict[str, dict], tandem: dict[str, dict], tag: str, files: list[str]
+    lightning: dict[str, dict], tandem: dict[str, dict], tag: str, files: list[str], documented: str = ""
 ) -> tuple[str, dict[str, int]]:
+    """The Markdown table; `documented`: docs/porting.md's text outside the table, where a behaviour failure's
+    test name counts it as a documented deliberate difference."""
     per_file: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     reasons: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     themes: collections.Counter = collections.Counter()
@@ -197,6 +199,7 @@ def table(
             reasons[f][f"{t['class']}: {t['reason']}"] += 1
             if t["class"] == "behaviour":
                 themes[t["reason"]] += 1
+                c["documented"] += _named(nodeid, documented)
             elif t["class"] == "mocked":
                 mocked.append(f"- `{nodeid.removeprefix('tests_pytorch/')}`: {t['reason']}")
     total: collections.Counter = collections.Counter()
@@ -207,11 +210,12 @@ def table(
         "*internal*: the test reads or patches a Lightning private (an underscored name, an object of Lightning's "
         "private loop, progress, fetcher, connector or result classes, a module Lightning does not export); "
         "*mocked*: it checks a public result behind a mock of a Lightning internal that is not private by name "
-        "(listed below the table); *behaviour*: a public name, attribute or result differs. *skipped*: skipped "
+        "(listed below the table); *behaviour*: a public name, attribute or result differs (of which *documented*: the "
+        "test is named in this page as a deliberate difference). *skipped*: skipped "
         "under Tandem (a hardware or optional-package condition). Regenerate: `make lightning-suite`.",
         "",
-        "| file | Lightning | Tandem | relaxed | internal | mocked | behaviour | skipped | main reasons |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| file | Lightning | Tandem | relaxed | internal | mocked | behaviour | documented | skipped | main reasons |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for f in sorted(per_file):
         c = per_file[f]
@@ -219,13 +223,21 @@ def table(
         top = _md("; ".join(f"{r} ({n})" for r, n in reasons[f].most_common(3)))
         lines.append(
             f"| {f.removeprefix('tests_pytorch/')} | {c['lightning']} | {c['tandem']} | {c['relaxed']} "
-            f"| {c['internal']} | {c['mocked']} | {c['behaviour']} | {c['skipped']} | {top[:300]} |"
+            f"| {c['internal']} | {c['mocked']} | {c['behaviour']} | {c['documented']} | {c['skipped']} | {top[:300]} |"
         )
     lines.append(
         f"| **total ({len(per_file)} files)** | **{total['lightning']}** | **{total['tandem']}** | "
         f"**{total['relaxed']}** | **{total['internal']}** | **{total['mocked']}** | **{total['behaviour']}** | "
-        f"**{total['skipped']}** | |"
+        f"**{total['documented']}** | **{total['skipped']}** | |"
     )
+    lines += [
+        "",
+        f"Totals over {len(per_file)} files: {total['lightning']} tests pass under Lightning; {total['tandem']} pass "
+        f"against Tandem ({total['relaxed']} relaxed); {total['behaviour']} public-behaviour failures, of which "
+        f"{total['documented']} are documented deliberate differences (named in this page outside the table) and "
+        f"{total['behaviour'] - total['documented']} are not; {total['internal']} internal only; {total['mocked']} "
+        f"mocked; {total['skipped']} skipped.",
+    ]
     lines += ["", "Most frequent public-behaviour failures:", ""]
     lines += [_md(f"- {n} x {r}") for r, n in themes.most_common(15)]
     lines += ["", f"A public result behind a mock of a Lightning internal ({len(mocked)}):", ""]
@@ -235,22 +247,33 @@ def table(
     return "\n".join(lines), dict(total)
 
 
+def outside_table(doc: str) -> str:
+    """docs/porting.md's text without the generated table."""
+    text = open(doc).read() if os.path.exists(doc) else ""
+    if BEGIN in text:
+        text = text.split(BEGIN, 1)[0] + text.split(END, 1)[-1]
+    return text
+
+
+def _named(nodeid: str, text: str) -> bool:
+    """Whether the test (its function name, without parameters) is named in `text`."""
+    return nodeid.split("::")[-1].split("[")[0] in text
+
+
 def undocumented(
     lightning: dict[str, dict], tandem: dict[str, dict], files: list[str], doc: str
 ) -> list[str]:
     """The public-behaviour failures whose test docs/porting.md does not name outside the generated table (each
     must be fixed or be a documented deliberate difference)."""
-    text = open(doc).read() if os.path.exists(doc) else ""
-    if BEGIN in text:
-        text = text.split(BEGIN, 1)[0] + text.split(END, 1)[-1]
-    out = []
-    for nodeid, row in sorted(lightning.items()):
-        t = tandem.get(nodeid, {})
-        if row["outcome"] == "passed" and row["file"] in files and t.get("class") == "behaviour":
-            name = nodeid.split("::")[-1].split("[")[0]
-            if name not in text:
-                out.append(nodeid)
-    return out
+    text = outside_table(doc)
+    return [
+        nodeid
+        for nodeid, row in sorted(lightning.items())
+        if row["outcome"] == "passed"
+        and row["file"] in files
+        and tandem.get(nodeid, {}).get("class") == "behaviour"
+        and not _named(nodeid, text)
+    ]
 
 
 def _md(text: str) -> str:
@@ -323,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(l_out: str, t_out: str, tag: str, files: list[str], args: argparse.Namespace) -> int:
     lightning, tandem = load(l_out), load(t_out)
-    body, total = table(lightning, tandem, tag, files)
+    body, total = table(lightning, tandem, tag, files, outside_table(args.doc))
     print(body)
     if not args.no_doc:
         write_doc(args.doc, body)
