@@ -98,3 +98,10 @@ def test_a_behaviour_failure_counts_as_documented_only_when_named_outside_the_ta
     assert "2 are documented deliberate differences" in body and "and 2 are not" in body
     missing = run.undocumented(rows, tandem, files, str(doc))
     assert [m.split("::")[1] for m in missing] == ["test_in_table", "test_open"]
+
+
+def test_a_failing_statement_on_a_name_bound_to_a_private_is_internal():
+    source = "def test_x():\n    cl = CombinedLoader([1])\n    iterator = cl._iterator\n    assert iterator.state == {}\n"
+    assert classify._reaches_private("assert iterator.state == {}", source)
+    assert classify._reaches_private("cl._load_state_dicts([])", source)
+    assert not classify._reaches_private("assert cl.state == {}", source)
