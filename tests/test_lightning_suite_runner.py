@@ -105,3 +105,6 @@ def test_a_failing_statement_on_a_name_bound_to_a_private_is_internal():
     assert classify._reaches_private("assert iterator.state == {}", source)
     assert classify._reaches_private("cl._load_state_dicts([])", source)
     assert not classify._reaches_private("assert cl.state == {}", source)
+    mocked = "def test_y():\n    stateful = Mock(spec=_Stateful)\n    other = Mock()\n"
+    assert classify._reaches_private("stateful.load_state_dict.assert_not_called()", mocked)
+    assert not classify._reaches_private("other.load_state_dict.assert_not_called()", mocked)

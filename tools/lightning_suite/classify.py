@@ -183,12 +183,14 @@ def failure(item: Any, excinfo: Any) -> tuple[str, str]:
     return "behaviour", first[:160]
 
 
-_PRIVATE_ASSIGN = re.compile(r"^\s*(\w+)\s*=\s*[\w.]+\._[a-z]\w*\s*$", re.M)
+# `x = obj._private` or `x = Mock(spec=_PrivateClass)`: x stands for a Lightning internal
+_PRIVATE_ASSIGN = re.compile(r"^\s*(\w+)\s*=(?!=)[^\n]*?(?:\._[a-z]\w*|\b_[A-Z]\w*)[^\n]*$", re.M)
 
 
 def _reaches_private(line: str, source: str) -> bool:
     """Whether the test's failing statement reaches a Lightning internal: an underscored attribute, a loop,
-    connector or progress object, or a name the test bound to one (`iterator = loader._iterator`)."""
+    connector or progress object, or a name the test bound to one (`iterator = loader._iterator`,
+    `stateful = Mock(spec=_Stateful)`)."""
     if _INTERNAL_LINE.search(line):
         return True
     bound = set(_PRIVATE_ASSIGN.findall(source))
