@@ -38,7 +38,13 @@ def _interrupted_fit(lightning: bool, tmp_path: Any) -> tuple[type, bool, str, s
     task = (plb.BoringModel if lightning else demos.BoringModel)()
     with pytest.raises(BaseException) as raised:
         trainer.fit(task)
-    return raised.type, trainer.interrupted, str(trainer.state.status.value), str(trainer.state.fn.value), seen
+    return (
+        raised.type,
+        trainer.interrupted,
+        str(trainer.state.status.value),
+        str(trainer.state.fn.value),
+        seen,
+    )
 
 
 def test_a_keyboard_interrupt_in_fit_reaches_the_caller_where_lightning_exits(tmp_path):
@@ -53,3 +59,22 @@ def test_a_keyboard_interrupt_in_fit_reaches_the_caller_where_lightning_exits(tm
     signal.signal(signal.SIGINT, before)  # Lightning leaves SIGINT ignored in the process
     assert theirs[0] is SystemExit and ours[0] is KeyboardInterrupt
     assert ours[1:] == theirs[1:] == (True, "interrupted", "fit", ["KeyboardInterrupt"])
+
+
+def test_ddp_takes_an_accelerator_object_with_its_parallel_devices_as_lightning():
+    """utilities/test_all_gather_grad.py's spawn_launch: DDPStrategy(accelerator=CPUAccelerator(),
+    parallel_devices=[cpu] * 3) is one CPU process per device in Lightning; Tandem refused the object as another
+    device type. A mismatched accelerator stays an error."""
+    import torch
+
+    from strategies import DDPStrategy
+    from strategies.accelerators import CPUAccelerator
+    from trainer.errors import ConfigError
+
+    devices = [torch.device("cpu")] * 3
+    theirs = pl.strategies.DDPStrategy(accelerator=pl.accelerators.CPUAccelerator(), parallel_devices=devices)
+    ours = DDPStrategy(accelerator=CPUAccelerator(), parallel_devices=devices)
+    assert list(ours.parallel_devices) == list(theirs.parallel_devices) == devices
+    assert ours.devices == theirs.num_processes == 3
+    with pytest.raises(ConfigError, match="choose one device type"):
+        DDPStrategy(accelerator="cuda", parallel_devices=devices)
