@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from strategies import attempt, fork, group_exit, launch, slurm
+from strategies.accelerators import by_name
 from strategies.base import pick_device
 from strategies.comm import ProcessGroupComm
 from strategies.comm_device import comm_device
@@ -117,7 +118,8 @@ class ProcessGroupStrategy(ParallelStrategy):
             if len(kinds) != 1:
                 raise ConfigError(f"parallel_devices must all be of one device type, got {parallel_devices}")
             kind = kinds.pop()
-            if accelerator is not None and {"gpu": "cuda"}.get(str(accelerator), accelerator) != kind:
+            named = by_name(accelerator)  # an Accelerator object (CPUAccelerator()) as its name
+            if named is not None and {"gpu": "cuda"}.get(str(named), named) != kind:
                 raise ConfigError(
                     f"parallel_devices on {kind} but accelerator={accelerator!r}: choose one device type"
                 )
