@@ -62,8 +62,10 @@ class MissingExtraError(TandemError, ModuleNotFoundError):
 def require(module: str, feature: str, extra: str) -> None:
     """Raise MissingExtraError unless `module` can be imported (`feature` needs it; `extra` installs it)."""
     import importlib.util
+    import sys
 
-    if importlib.util.find_spec(module) is None:
+    # a module already imported counts (find_spec raises on one whose __spec__ is None: made at run time)
+    if sys.modules.get(module) is None and importlib.util.find_spec(module) is None:
         raise MissingExtraError(
             f"{feature} needs the {module!r} package, which is not installed: "
             f"pip install 'tandem-trainer[{extra}]' (or pip install {module})."
