@@ -111,7 +111,12 @@ class ProcessGroupStrategy(ParallelStrategy):
         precision_plugin: Precision | None = None,
         checkpoint_io: Any = None,
         parallel_devices: list[torch.device] | None = None,
+        timeout: datetime.timedelta | None = None,
     ) -> None:
+        if timeout is not None:  # Lightning's keyword: the same limit as a timedelta
+            if timeout_s != 1800.0 and timeout_s != timeout.total_seconds():
+                raise ConfigError(f"timeout={timeout!r} and timeout_s={timeout_s} disagree: give one of them")
+            timeout_s = timeout.total_seconds()
         if parallel_devices:  # Lightning's keyword: one device per process on this node
             kinds = {torch.device(d).type for d in parallel_devices}
             if len(kinds) != 1:

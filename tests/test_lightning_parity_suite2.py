@@ -59,3 +59,54 @@ def test_to_torchscript_is_deprecated_and_refuses_bad_arguments_as_lightning(cal
                 out = net.to_torchscript(method=method)(torch.ones(3, 4))
             seen[name] = out.tolist()
     assert seen["lightning"] == seen["tandem"]
+
+
+OLD_NAMES = [
+    ("PrecisionPlugin", (), "Precision"),
+    ("DoublePrecisionPlugin", (), "DoublePrecision"),
+    ("HalfPrecisionPlugin", (), "HalfPrecision"),
+    ("MixedPrecisionPlugin", ("bf16-mixed", "cpu"), "MixedPrecision"),
+    ("FSDPPrecisionPlugin", ("bf16-mixed",), "FSDPPrecision"),
+    ("FSDPMixedPrecisionPlugin", ("bf16-mixed", "cpu"), "FSDPPrecision"),
+]
+
+
+@pytest.mark.parametrize(("old", "args", "new"), OLD_NAMES)
+def test_old_precision_plugin_names_warn_and_build_the_new_class_as_lightning(old, args, new):
+    """Lightning's pre-2.2 names (its graveyard keeps them) warn a deprecation and build an instance of the new
+    class with the same precision; Tandem's names do the same."""
+    import pytorch_lightning.plugins as theirs
+
+    import trainer.plugins as ours
+
+    got = {}
+    for side, module in (("lightning", theirs), ("tandem", ours)):
+        with pytest.warns(DeprecationWarning):
+            plugin = getattr(module, old)(*args)
+        assert isinstance(plugin, getattr(module, new))
+        got[side] = getattr(plugin, "precision", None)
+    assert got["lightning"] == got["tandem"]
+
+
+def test_deprecated_strategy_keywords_as_lightning():
+    """`DDPStrategy.is_distributed` warns and is True; FSDPStrategy's deprecated `activation_checkpointing` with
+    the policy too is a ValueError, alone a deprecation; `timeout=timedelta` is the process group's limit."""
+    import datetime
+
+    from pytorch_lightning.strategies import DDPStrategy as TheirDDP
+    from pytorch_lightning.strategies import FSDPStrategy as TheirFSDP
+
+    from strategies import DDPStrategy, FSDPStrategy
+
+    for ddp in (TheirDDP, DDPStrategy):
+        with pytest.warns(DeprecationWarning):
+            assert ddp().is_distributed is True
+    for fsdp in (TheirFSDP, FSDPStrategy):
+        with pytest.raises(ValueError):
+            fsdp(activation_checkpointing=torch.nn.Linear, activation_checkpointing_policy={torch.nn.Linear})
+    with pytest.warns(DeprecationWarning):
+        ours = FSDPStrategy(activation_checkpointing=[torch.nn.Linear])
+    assert ours.activation_checkpointing_policy == {torch.nn.Linear}
+    limit = datetime.timedelta(seconds=30)
+    assert TheirDDP(timeout=limit)._timeout == limit
+    assert DDPStrategy(timeout=limit).timeout_s == 30 == FSDPStrategy(timeout=limit).timeout_s
