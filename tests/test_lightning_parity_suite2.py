@@ -3,6 +3,7 @@ compared with Lightning on the same script: to_torchscript's deprecation and err
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any
 
@@ -110,3 +111,77 @@ def test_deprecated_strategy_keywords_as_lightning():
     limit = datetime.timedelta(seconds=30)
     assert TheirDDP(timeout=limit)._timeout == limit
     assert DDPStrategy(timeout=limit).timeout_s == 30 == FSDPStrategy(timeout=limit).timeout_s
+
+
+def _stand_in_wandb(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A `wandb` module of mocks (the client is an optional extra): each logger's calls into it are compared."""
+    import sys
+    import types
+    from unittest import mock
+
+    run_kind = type("Run", (), {})
+    run = mock.Mock(spec=run_kind, id="r1", config=mock.Mock(), define_metric=mock.Mock(), log=mock.Mock())
+    run.log_artifact, run.use_artifact = mock.Mock(), mock.Mock()
+    run.name = "run"
+    module = types.ModuleType("wandb")
+    for name in ("Api", "Artifact", "Image", "Audio", "Video", "Table", "require", "watch"):
+        setattr(module, name, mock.Mock())
+    module.init = mock.Mock(return_value=run)
+    module.run = None
+    for sub, attrs in (
+        ("wandb.sdk", {}),
+        ("wandb.sdk.lib", {"RunDisabled": run_kind}),
+        ("wandb.wandb_run", {"Run": run_kind}),
+    ):
+        part = types.ModuleType(sub)
+        for k, v in attrs.items():
+            setattr(part, k, v)
+        monkeypatch.setitem(sys.modules, sub, part)
+    monkeypatch.setitem(sys.modules, "wandb", module)
+    return module
+
+
+def test_wandb_logger_calls_and_checkpoint_metadata_as_lightning(monkeypatch, tmp_path):
+    """The same fit with WandbLogger(log_model=True) and ModelCheckpoint(monitor="step"): wandb.init's arguments,
+    the uploaded artifact's metadata (a step score is an int; Lightning's keys), `trainer.log_dir` (the logger's
+    save_dir) and the checkpoint directory; then log_audio/log_video and download_artifact's calls."""
+    import pytorch_lightning.loggers.wandb as their_module
+    from pytorch_lightning import Trainer as TheirTrainer
+    from pytorch_lightning.callbacks import ModelCheckpoint as TheirCheckpoint
+    from pytorch_lightning.demos.boring_classes import BoringModel as TheirModel
+
+    from callbacks import ModelCheckpoint
+    from trainer import Trainer
+    from trainer.demos import BoringModel
+    from trainer.loggers import WandbLogger
+
+    monkeypatch.setattr(their_module, "_WANDB_AVAILABLE", True)
+    seen = {}
+    for side, logger_cls, trainer_cls, ckpt_cls, model_cls in (
+        ("lightning", their_module.WandbLogger, TheirTrainer, TheirCheckpoint, TheirModel),
+        ("tandem", WandbLogger, Trainer, ModelCheckpoint, BoringModel),
+    ):
+        wandb = _stand_in_wandb(monkeypatch)
+        save_dir = tmp_path / side
+        logger = logger_cls(save_dir=str(save_dir), log_model=True, project="p", anonymous=False)
+        fit = trainer_cls(
+            default_root_dir=str(save_dir), logger=logger, callbacks=[ckpt_cls(monitor="step")], max_epochs=1,
+            limit_train_batches=3, limit_val_batches=1, enable_progress_bar=False, enable_model_summary=False,
+        )  # fmt: skip
+        fit.fit(model_cls())
+        (artifact_call,) = wandb.Artifact.call_args_list
+        metadata = dict(artifact_call.kwargs["metadata"])
+        logger.log_audio("a", ["x.wav"], sample_rate=[16000])
+        logger.log_video("v", ["y.mp4"], fps=[4])
+        wandb.run = None
+        logger_cls.download_artifact("team/p/model:v0", str(tmp_path), "model")
+        seen[side] = {
+            "init": wandb.init.call_args.kwargs | {"dir": None},
+            "score": (metadata.pop("score"), type(artifact_call.kwargs["metadata"]["score"])),
+            "metadata": metadata,
+            "log_dir_is_save_dir": fit.log_dir == logger.save_dir,
+            "ckpt_dir": os.path.relpath(fit.checkpoint_callback.dirpath, save_dir),
+            "media": (wandb.Audio.call_args, wandb.Video.call_args),
+            "api": wandb.Api.return_value.artifact.call_args,
+        }
+    assert seen["lightning"] == seen["tandem"]
