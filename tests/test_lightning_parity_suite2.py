@@ -185,3 +185,21 @@ def test_wandb_logger_calls_and_checkpoint_metadata_as_lightning(monkeypatch, tm
             "api": wandb.Api.return_value.artifact.call_args,
         }
     assert seen["lightning"] == seen["tandem"]
+
+
+def test_an_offline_wandb_logger_leaves_the_environment_alone_where_lightning_sets_wandb_mode(monkeypatch):
+    """Deliberate difference (loggers/test_wandb.py::test_wandb_pickle): offline, Lightning sets WANDB_MODE=dryrun
+    in the process environment, where it stays for every later W&B run of the process (another logger's, one
+    meant to be online); Tandem gives wandb.init mode="offline" for its own run only."""
+    import pytorch_lightning.loggers.wandb as their_module
+
+    from trainer.loggers import WandbLogger
+
+    monkeypatch.setattr(their_module, "_WANDB_AVAILABLE", True)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    wandb = _stand_in_wandb(monkeypatch)
+    assert their_module.WandbLogger(offline=True).experiment is not None
+    assert os.environ.pop("WANDB_MODE") == "dryrun"
+    wandb.init.reset_mock()
+    assert WandbLogger(offline=True).experiment is not None
+    assert "WANDB_MODE" not in os.environ and wandb.init.call_args.kwargs["mode"] == "offline"
