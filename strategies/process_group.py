@@ -337,7 +337,15 @@ class ProcessGroupStrategy(ParallelStrategy):
     def root_device(self) -> torch.device:
         """The device of this process's local rank."""
         if self._root_device is None:
-            self._root_device = pick_device(self.accelerator or "auto", self.comm.local_rank)
+            device = pick_device(self.accelerator or "auto", self.comm.local_rank)
+            if (
+                device.type == "mps"
+            ):  # torch.distributed has no backend for MPS tensors (Lightning refuses too)
+                raise ConfigError(
+                    f"{type(self).__name__} runs one process per device, which Apple MPS does not support (no "
+                    "torch.distributed backend for MPS tensors); use strategy='auto' on MPS, or accelerator='cpu'."
+                )
+            self._root_device = device
         return self._root_device
 
     # ----- data ---------------------------------------------------------------------------------

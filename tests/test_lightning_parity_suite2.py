@@ -203,3 +203,28 @@ def test_an_offline_wandb_logger_leaves_the_environment_alone_where_lightning_se
     wandb.init.reset_mock()
     assert WandbLogger(offline=True).experiment is not None
     assert "WANDB_MODE" not in os.environ and wandb.init.call_args.kwargs["mode"] == "offline"
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn", "ddp_find_unused_parameters_true"])
+def test_ddp_family_on_mps_is_refused_when_built_as_lightning(monkeypatch, strategy):
+    """On a machine with MPS and no CUDA (mocked), a DDP-family strategy with accelerator "mps" (or "auto") is
+    a ValueError when the Trainer is built, under both; a one-device run on MPS is accepted by both."""
+    from pytorch_lightning import Trainer as TheirTrainer
+
+    from trainer import Trainer
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    import lightning_fabric.accelerators.mps as their_mps  # (Lightning asks its own accelerator)
+
+    monkeypatch.setattr(their_mps, "_get_all_available_mps_gpus", lambda: [0])
+    monkeypatch.setattr(their_mps.MPSAccelerator, "is_available", lambda *_: True)
+    quiet = dict(
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False
+    )
+    for trainer_cls in (TheirTrainer, Trainer):
+        for accelerator in ("mps", "auto"):
+            with pytest.raises(ValueError):
+                trainer_cls(accelerator=accelerator, strategy=strategy, devices=1, **quiet)
+        assert trainer_cls(accelerator="mps", devices=1, **quiet).strategy.root_device.type == "mps"
