@@ -208,7 +208,8 @@ def test_an_offline_wandb_logger_leaves_the_environment_alone_where_lightning_se
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn", "ddp_find_unused_parameters_true"])
 def test_ddp_family_on_mps_is_refused_when_built_as_lightning(monkeypatch, strategy):
     """On a machine with MPS and no CUDA (mocked), a DDP-family strategy with accelerator "mps" (or "auto") is
-    a ValueError when the Trainer is built, under both; a one-device run on MPS is accepted by both."""
+    a ValueError when the Trainer is built, under both; a one-device run on MPS is accepted by both, also as
+    accelerator="gpu"."""
     from pytorch_lightning import Trainer as TheirTrainer
 
     from trainer import Trainer
@@ -227,4 +228,5 @@ def test_ddp_family_on_mps_is_refused_when_built_as_lightning(monkeypatch, strat
         for accelerator in ("mps", "auto"):
             with pytest.raises(ValueError):
                 trainer_cls(accelerator=accelerator, strategy=strategy, devices=1, **quiet)
-        assert trainer_cls(accelerator="mps", devices=1, **quiet).strategy.root_device.type == "mps"
+        for accelerator in ("mps", "gpu"):  # Lightning's "gpu" is MPS where MPS is the GPU
+            assert trainer_cls(accelerator=accelerator, devices=1, **quiet).strategy.root_device.type == "mps"
