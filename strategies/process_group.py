@@ -25,7 +25,7 @@ from strategies.multinode import bind_gloo_interface, is_multinode
 from strategies.parallel import ParallelStrategy
 from strategies.precision import Precision
 from strategies.sharding import ShardSampler, shard_loader  # noqa: F401 (ShardSampler: re-exported)
-from tandem_core.errors import ConfigError
+from tandem_core.errors import ConfigError, LaunchError
 
 if TYPE_CHECKING:
     from strategies.fault_tolerance.replicas import Replicas
@@ -213,6 +213,13 @@ class ProcessGroupStrategy(ParallelStrategy):
             self._check_launched(devices, nodes)
             env.validate_settings(devices, nodes)
         else:
+            if env.local_rank() > 0:  # a worker would start workers of its own, each starting more
+                raise LaunchError(
+                    f"this process has local rank {env.local_rank()} but {type(env).__name__}."
+                    "creates_processes_externally is False, so it would start new workers itself: a worker "
+                    "never launches. Start the script once (python train.py) or through torchrun/srun, and make "
+                    "a custom ClusterEnvironment return True from creates_processes_externally when it starts them."
+                )
             if slurm.in_batch_script():  # the batch script's one process: as a plain `python train.py` here
                 slurm.check_batch_script(devices, nodes)
             if nodes > 1:

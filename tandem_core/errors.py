@@ -36,6 +36,11 @@ class DistributedError(TandemError):
     """Ranks disagree (shapes, unused parameters) or a collective failed."""
 
 
+class LaunchError(DistributedError, RuntimeError):
+    """Starting the workers would go wrong: a worker (LOCAL_RANK > 0) told by its cluster environment to start
+    workers of its own (a RuntimeError too, as Lightning raises one there)."""
+
+
 class FaultToleranceError(DistributedError):
     """In-place fault tolerance cannot go on: no lighthouse, no quorum of replica groups in time, a rejoining
     group that trains another model or config, a replica group left behind (strategies/fault_tolerance/)."""

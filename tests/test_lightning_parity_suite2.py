@@ -230,3 +230,29 @@ def test_ddp_family_on_mps_is_refused_when_built_as_lightning(monkeypatch, strat
                 trainer_cls(accelerator=accelerator, strategy=strategy, devices=1, **quiet)
         for accelerator in ("mps", "gpu"):  # Lightning's "gpu" is MPS where MPS is the GPU
             assert trainer_cls(accelerator=accelerator, devices=1, **quiet).strategy.root_device.type == "mps"
+
+
+def test_a_worker_told_to_start_workers_is_a_runtime_error_as_lightning(monkeypatch, tmp_path):
+    """LOCAL_RANK=1 with a cluster environment whose creates_processes_externally is False (a wrong custom
+    environment): both refuse to start workers from a worker with a RuntimeError at fit, before any group."""
+    from pytorch_lightning import Trainer as TheirTrainer
+    from pytorch_lightning.demos.boring_classes import BoringModel as TheirModel
+    from pytorch_lightning.plugins.environments import LightningEnvironment as TheirEnvironment
+
+    from trainer import Trainer
+    from trainer.demos import BoringModel
+    from trainer.plugins.environments import LightningEnvironment
+
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    for trainer_cls, environment, model in (
+        (TheirTrainer, TheirEnvironment, TheirModel),
+        (Trainer, LightningEnvironment, BoringModel),
+    ):
+        wrong = type("Wrong", (environment,), {"creates_processes_externally": property(lambda self: False)})
+        fit = trainer_cls(
+            default_root_dir=str(tmp_path), strategy="ddp", accelerator="cpu", devices=2, plugins=[wrong()],
+            barebones=True,
+        )  # fmt: skip
+        with pytest.raises(RuntimeError):
+            fit.fit(model())
+        assert not torch.distributed.is_initialized()
