@@ -19,6 +19,11 @@ class TaskError(TandemError, RuntimeError):
     where Lightning raises one, e.g. a callback that needs automatic optimization)."""
 
 
+class NoDataError(TaskError, TypeError):
+    """A stage has no data: none passed, no *_dataloader() defined, or one that returned None (a TypeError too,
+    as Lightning raises one there)."""
+
+
 class CheckpointError(TandemError):
     """A checkpoint is missing, unreadable, or belongs to a different model."""
 

@@ -256,3 +256,33 @@ def test_a_worker_told_to_start_workers_is_a_runtime_error_as_lightning(monkeypa
         with pytest.raises(RuntimeError):
             fit.fit(model())
         assert not torch.distributed.is_initialized()
+
+
+@pytest.mark.parametrize(("fn", "keyword", "method"), [
+    ("fit", "train_dataloaders", "train_dataloader"), ("validate", "dataloaders", "val_dataloader"),
+    ("test", "dataloaders", "test_dataloader"), ("predict", "dataloaders", "predict_dataloader"),
+])  # fmt: skip
+def test_a_stage_without_data_is_a_type_error_as_lightning(tmp_path, fn, keyword, method):
+    """No loader given and no *_dataloader() defined, or one that returns None: a TypeError under both (Tandem's
+    NoDataError is a TaskError too); RunningStage.dataloader_prefix names the same methods."""
+    from pytorch_lightning import Trainer as TheirTrainer
+    from pytorch_lightning.demos.boring_classes import BoringModel as TheirModel
+    from pytorch_lightning.trainer.states import RunningStage as TheirStage
+
+    from trainer import Trainer
+    from trainer.demos import BoringModel
+    from trainer.states import RunningStage
+
+    assert [s.dataloader_prefix for s in TheirStage] == [
+        RunningStage(s.value).dataloader_prefix for s in TheirStage
+    ]
+    for trainer_cls, model_cls in ((TheirTrainer, TheirModel), (Trainer, BoringModel)):
+        model = model_cls()
+        for name in ("train_dataloader", "val_dataloader", "test_dataloader", "predict_dataloader"):
+            setattr(model, name, None)
+        run = getattr(trainer_cls(default_root_dir=str(tmp_path), fast_dev_run=1, logger=False), fn)
+        with pytest.raises(TypeError):
+            run(model, **{keyword: None})
+        setattr(model, method, lambda: None)
+        with pytest.raises(TypeError):
+            run(model)
