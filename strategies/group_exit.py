@@ -112,7 +112,7 @@ def _release_default_arguments() -> list[Any]:
     modules = [m for name, m in list(sys.modules.items()) if name.startswith("torch.distributed.") and m]
     for module in modules:
         for value in list(vars(module).values()):
-            functions += list(vars(value).values()) if isinstance(value, type) else [value]
+            functions += list(vars(value).values()) if issubclass(type(value), type) else [value]
     for fn in functions:
         defaults = fn.__defaults__ if type(fn) is types.FunctionType else None
         if isinstance(defaults, tuple) and any(issubclass(type(d), dist.ProcessGroup) for d in defaults):
