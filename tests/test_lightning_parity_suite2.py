@@ -286,3 +286,23 @@ def test_a_stage_without_data_is_a_type_error_as_lightning(tmp_path, fn, keyword
         setattr(model, method, lambda: None)
         with pytest.raises(TypeError):
             run(model)
+
+
+def test_lightning_cli_builds_a_profiler_class_named_on_the_command_line_as_lightning(tmp_path, monkeypatch):
+    """`--trainer.profiler=SimpleProfiler --trainer.profiler.filename=...`: both CLIs build that profiler for the
+    Trainer (Tandem's Trainer annotates `profiler` with its Profiler class, so jsonargparse resolves the name)."""
+    pytest.importorskip("jsonargparse")
+    from pytorch_lightning.cli import LightningCLI as TheirCLI
+    from pytorch_lightning.demos.boring_classes import BoringModel as TheirModel
+
+    from trainer.cli import LightningCLI
+    from trainer.demos import BoringModel
+
+    monkeypatch.chdir(tmp_path)
+    args = ["--trainer.profiler=SimpleProfiler", "--trainer.profiler.filename=perf", "--trainer.logger=false"]
+    seen = {}
+    for name, cli_cls, model in (("lightning", TheirCLI, TheirModel), ("tandem", LightningCLI, BoringModel)):
+        cli = cli_cls(model, run=False, args=args, save_config_callback=None)
+        profiler = cli.trainer.profiler
+        seen[name] = (type(profiler).__name__, profiler.filename)
+    assert seen["lightning"] == seen["tandem"] == ("SimpleProfiler", "perf")

@@ -34,7 +34,7 @@ from trainer.loop.hooks import Hooks
 from trainer.loop.session import Session, set_torch_flags
 from trainer.loop.state import LoopState
 from trainer.options import TrainerConfig
-from trainer.profiler import make_profiler
+from trainer.profiler import Profiler, make_profiler
 from trainer.readback import TrainerReadback
 from trainer.task.base import Task
 from trainer.task.datamodule import DataModule
@@ -98,7 +98,13 @@ class Trainer(TrainerReadback, TrainerLoaders):
 
     __init__.__signature__ = TrainerConfig.signature(  # type: ignore[attr-defined]
         "self",
-        {"Strategy": Strategy, "Logger": Logger, "Callback": Callback, "timedelta": datetime.timedelta},
+        {
+            "Strategy": Strategy,
+            "Logger": Logger,
+            "Callback": Callback,
+            "Profiler": Profiler,
+            "timedelta": datetime.timedelta,
+        },  # fmt: skip
     )
     __init__.__doc__ = TrainerConfig.docstring()
 
