@@ -306,3 +306,19 @@ def test_lightning_cli_builds_a_profiler_class_named_on_the_command_line_as_ligh
         profiler = cli.trainer.profiler
         seen[name] = (type(profiler).__name__, profiler.filename)
     assert seen["lightning"] == seen["tandem"] == ("SimpleProfiler", "perf")
+
+
+def test_two_stateful_callbacks_with_one_state_key_are_a_runtime_error_as_lightning():
+    """Both refuse, when the Trainer is built, two callbacks whose states would share one checkpoint key."""
+    from pytorch_lightning import Callback as TheirCallback
+    from pytorch_lightning import Trainer as TheirTrainer
+
+    from callbacks import Callback
+    from trainer import Trainer
+
+    for trainer_cls, base in ((TheirTrainer, TheirCallback), (Trainer, Callback)):
+        same = type(
+            "Same", (base,), {"state_key": property(lambda self: "k"), "state_dict": lambda self: {"a": 1}}
+        )
+        with pytest.raises(RuntimeError):
+            trainer_cls(callbacks=[same(), same()], logger=False)
