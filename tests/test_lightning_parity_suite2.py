@@ -322,3 +322,32 @@ def test_two_stateful_callbacks_with_one_state_key_are_a_runtime_error_as_lightn
         )
         with pytest.raises(RuntimeError):
             trainer_cls(callbacks=[same(), same()], logger=False)
+
+
+def test_callbacks_from_installed_packages_entry_points_are_not_loaded_where_lightning_loads_them(
+    monkeypatch,
+):
+    """Deliberate difference (trainer/connectors/test_callback_connector.py::test_configure_external_callbacks):
+    Lightning builds, with every Trainer, the callbacks that any installed package registers under the entry point
+    group "lightning.pytorch.callbacks_factory" (code the script never named runs in its process); Tandem loads
+    no entry point, so a Trainer's callbacks are the ones the script or its config gives."""
+    from unittest import mock
+
+    import lightning_fabric.utilities.registry as their_registry
+    from pytorch_lightning import Callback as TheirCallback
+    from pytorch_lightning import Trainer as TheirTrainer
+
+    from trainer import Trainer
+
+    point = mock.Mock()
+    point.name = "from_a_package"
+    point.load.return_value = lambda: [TheirCallback()]
+    query = mock.MagicMock(return_value=[point])
+    monkeypatch.setattr(their_registry, "entry_points", query)
+    quiet = dict(
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, logger=False
+    )
+    assert len(TheirTrainer(**quiet).callbacks) == 1 and point.load.called
+    point.load.reset_mock()
+    with mock.patch("importlib.metadata.entry_points", query):
+        assert Trainer(**quiet).callbacks == [] and not point.load.called
