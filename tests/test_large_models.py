@@ -152,6 +152,19 @@ def _check_init(sd: dict[str, torch.Tensor], world: int) -> list[str]:
     return bad
 
 
+def _deviations(sd: dict[str, torch.Tensor]) -> dict[str, float]:
+    """The largest deviation of a Linear weight's spread and mean from the uniform distribution's, in standard
+    errors, and the largest |w| over the bound (for the docs; _check_init holds the limits)."""
+    spread = mean = over = 0.0
+    for name, t in sd.items():
+        if name.endswith("weight") and "norm" not in name:
+            bound, n = 1 / math.sqrt(t.shape[1]), t.numel()
+            spread = max(spread, abs(t.std().item() / (bound / math.sqrt(3)) - 1) / (0.45 / math.sqrt(n)))
+            mean = max(mean, abs(t.mean().item()) / (bound / math.sqrt(3 * n)))
+            over = max(over, t.abs().max().item() / bound)
+    return {"spread_se": spread, "mean_se": mean, "max_over_bound": over}
+
+
 def _reference(path: str, data: TensorDataset, dp: int, steps: int) -> dict[str, torch.Tensor]:
     """One process, without meta: the same model loaded with the file's weights, SGD on the global batches
     (the loader is not shuffled: data-parallel rank r takes samples r, r + dp, ...; a step's global batch is
@@ -196,6 +209,7 @@ def _phase(name: str, rank: int, world: int, tmp: str, report: dict) -> None:
                 sd = _full(task)
                 if rank == 0:
                     report[f"{name}/init"] = _check_init(sd, world)
+                    report[f"{name}/deviations"] = _deviations(sd)
                     torch.save(sd, os.path.join(tmp, f"{name}-{world}.pt"))
                 del sd
 
