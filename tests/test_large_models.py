@@ -6,12 +6,13 @@
   at 2 ranks and <= 0.35 x at 4; every weight as its module's reset_parameters made it (finite, in the right
   bounds, with the right spread; the shards of one tensor not repeating each other); then 2 SGD steps equal to
   the same model built without meta in one process, loaded with the same weights (float64 <= 1e-10).
-- a sharded start from a full file (Task.load_pretrained; fsdp): every rank but the reader holds at most its
-  shard plus the largest tensor (torch's allocator peak and VmHWM), and the weights equal the file's.
+- a sharded start from a full file (fsdp): Task.load_pretrained of a weights file, and fit(ckpt_path=...) of the
+  run's single-file checkpoint at step 2: every rank but the reader holds at most its shard plus the largest
+  tensor (torch's allocator peak and VmHWM), the weights equal the file's, the resume's first batch is step 2.
 - activation checkpointing (full and selective) under FSDP: gradients equal to none within 1e-12 (float64).
 - a pipeline built on meta: each rank allocates only its own stages; loaded weights equal the file's.
 
-Wall time (2 cores, idle): ~2 min at 2 ranks, ~3 min at 4 ranks. Memory: up to ~6 GB at 4 ranks (run it
+Wall time (2 cores, the lock held): 4.8 min at 2 ranks (2026-11-28), 6.3 min at 4 ranks. Memory: up to ~6 GB at 4 ranks (run it
 under the shared lock)."""
 
 from __future__ import annotations
