@@ -1,9 +1,10 @@
 """The largest transformer that trains 2 steps at 4 ranks on this machine, per strategy, Tandem and Lightning
 2.6 side by side on the same model and API (``trainer.init_module(empty_init=True)``, fp32, AdamW).
 
-A ladder of GPT sizes (d=2048, 16 heads, vocab 8192; 50M parameters a block) is climbed from a rung below a
-rough estimate until a rung fails; the largest that trained is reported, as a fraction of the machine's limit
-(its memory / 16 bytes per parameter: fp32 weights, gradients and AdamW's two moments, held once). Each rung
+A ladder of GPT sizes (d=2048, 16 heads, vocab 8192; 50M parameters a block) is climbed from the rung below 3/4
+of a rough estimate until a rung fails (or down from it until one trains); the largest that trained is reported,
+as a fraction of the machine's limit (its memory / 16 bytes per parameter: fp32 weights, gradients and AdamW's
+two moments, held once). Each rung
 runs as 4 fresh processes under torchrun; a guard watches the node's available memory and kills the rung's
 process group when it falls below a floor (the machine is shared: no rung may drive it into the OOM killer).
 A rung killed by the guard, failing, or past its time limit counts as not trained.
@@ -134,8 +135,16 @@ def rung(contender: str, layers: int, d: int, limit_s: float) -> dict:
            os.path.abspath(__file__), "--worker", contender, str(layers), str(d), result]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
     start, lowest, why = time.time(), meminfo("MemAvailable"), None
+    # stderr to a file: a pipe nobody reads while the rung runs could fill and block it
+    log = open(result + ".err", "w+")
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stderr=log, text=True)  # fmt: skip
+
+    def stop(signum: int, frame: object) -> None:  # this script stopped (a timeout): its rung goes with it
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
     while proc.poll() is None:
         free = meminfo("MemAvailable")
         lowest = min(lowest, free)
@@ -148,7 +157,10 @@ def rung(contender: str, layers: int, d: int, limit_s: float) -> dict:
             proc.wait()
             break
         time.sleep(0.1)
-    err = proc.stderr.read() if proc.stderr else ""
+    log.seek(0)
+    err = log.read()
+    log.close()
+    os.remove(result + ".err")
     out = {"layers": layers, "d": d, "params": params(layers, d), "seconds": time.time() - start,
            "lowest_available_gib": lowest / 2**30}  # fmt: skip
     if why is None and proc.returncode == 0 and os.path.exists(result):
@@ -168,28 +180,37 @@ def rung(contender: str, layers: int, d: int, limit_s: float) -> dict:
 
 
 def climb(contender: str, quick: bool) -> dict:
-    """The contender's ladder, from a rung below the rough estimate up to the first that fails."""
+    """The contender's ladder: from the rung nearest below 3/4 of the rough estimate, up to the first rung that
+    fails (or, when that first rung fails, down to the first that trains)."""
     available = meminfo("MemAvailable")
     total = meminfo("MemTotal")
     if quick:
         rungs, d, limit = [1, 2], 256, 300.0
+        start = 0
     else:
         estimate = (available - FLOOR - WORLD * BASE) / CONTENDERS[contender]
-        below = [n for n in LADDER if params(n) <= 0.6 * estimate] or LADDER[:1]
-        rungs, d, limit = LADDER[LADDER.index(below[-1]) :], D, 900.0
+        below = [n for n in LADDER if params(n) <= 0.75 * estimate] or LADDER[:1]
+        rungs, d, limit = LADDER, D, 900.0
+        start = LADDER.index(below[-1])
     tried = []
-    for layers in rungs:
+
+    def attempt(layers: int) -> dict:
         got = rung(contender, layers, d, limit)
         tried.append(got)
         print(f"  {contender} {layers} blocks ({got['params'] / 1e9:.2f} B params): "
               f"{'trained' if got['trained'] else 'failed: ' + got.get('why', '')} in {got['seconds']:.0f} s",
               flush=True)  # fmt: skip
-        if not got["trained"]:
-            break
+        return got
+
+    first = attempt(rungs[start])
+    step = 1 if first["trained"] else -1
+    i = start + step
+    while 0 <= i < len(rungs) and attempt(rungs[i])["trained"] == first["trained"]:
+        i += step
     best = max((t["params"] for t in tried if t["trained"]), default=0)
     return {"contender": contender, "largest_params": best, "machine_limit_params": total / 16,
             "fraction": best / (total / 16), "available_at_start_gib": available / 2**30, "rungs": tried,
-            "first_rung_failed": bool(tried) and not tried[0]["trained"]}  # fmt: skip
+            "smallest_rung_failed": not any(t["trained"] for t in tried)}  # fmt: skip
 
 
 def report() -> None:
@@ -202,7 +223,7 @@ def report() -> None:
           "(MemTotal / 16 bytes)")  # fmt: skip
     print(f"{'contender':<32} {'largest (B params)':>18} {'of limit':>9} {'free at start GiB':>18}")
     for r in rows:
-        note = " (its smallest rung failed)" if r["first_rung_failed"] else ""
+        note = " (every rung tried failed)" if r["smallest_rung_failed"] else ""
         print(f"{r['contender']:<32} {r['largest_params'] / 1e9:>18.2f} {r['fraction']:>9.2f} "
               f"{r['available_at_start_gib']:>18.1f}{note}")  # fmt: skip
     with open(os.path.join(ROOT, "benchmarks", "results", "large_model.json"), "w") as f:

@@ -80,6 +80,8 @@ def test_fsdp_runs_on_the_cpu_and_its_precision_is_fully_shards_policy():
     policy = t.precision_plugin.mixed_precision_config
     assert type(t.precision_plugin).__name__ == "FSDPPrecision"
     assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)
+    t = Trainer(strategy="fsdp", accelerator="cpu", precision="64-true", **QUIET)  # Lightning: refused
+    assert type(t.precision_plugin).__name__ == "DoublePrecision"
 
 
 def test_a_custom_accelerator_is_refused_by_its_name():

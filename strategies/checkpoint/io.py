@@ -267,10 +267,14 @@ class ShardedCheckpointIO(TorchCheckpointIO):
             reader = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
             load_full(task, ckpt["state_dict"] if reader else {}, getattr(task, "strict_loading", True))
         for opt, state in zip(optimizers or [], ckpt.get("optimizer_states", [])):
-            # torch shards a whole state onto the device of this rank's own state tensors; a state without
-            # any (plain SGD, an optimizer that never stepped) has only its param_groups: loaded as they are
-            whole = opts if _has_tensor_state(state) else None
-            set_optimizer_state_dict(task, opt, _by_name(state, _param_names(task, opt)), options=whole)
+            if not _has_tensor_state(state):
+                # plain SGD, an optimizer that never stepped: only its param_groups, loaded as torch loads them
+                # (torch's set_optimizer_state_dict would first fill every parameter's gradient with zeros and
+                # step, holding a second copy of the shards for nothing)
+                opt.load_state_dict(state)
+                continue
+            # torch shards a whole state onto the device of this rank's own state tensors
+            set_optimizer_state_dict(task, opt, _by_name(state, _param_names(task, opt)), options=opts)
 
 
 def _param_names(task: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
