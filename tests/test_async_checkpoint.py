@@ -194,9 +194,9 @@ def test_checkpoint_plugins_attach_as_in_lightning(tmp_path):
     assert user.calls.count("load") == 1  # through the plugin only where it is set
     with pytest.raises(ConfigError, match=r"directories.*save_full=True"):
         FSDPStrategy().checkpoint_io = Counting()
-    with pytest.raises(ConfigError, match="one checkpoint-IO plugin"):
+    with pytest.raises(ConfigError, match="at most one plugin of each kind.*CheckpointIO"):
         Trainer(plugins=[AsyncCheckpointIO(), TorchCheckpointIO()], **FAST)
-    with pytest.raises(ConfigError, match="not supported"):
+    with pytest.raises(ConfigError, match="of none of them"):
         Trainer(plugins=["bitsandbytes"], **FAST)
 
 
@@ -230,7 +230,7 @@ def _kill_cycles(tmp_path, *flags: str) -> None:
     its step; the run resumed so through every kill ends with the weights of an uninterrupted one."""
     script, steps, rng = os.path.join(ROOT, "tests/scripts/async_ckpt_train.py"), 28, random.Random(42)
     root = str(tmp_path / "killed")
-    saves, kills, saved_step = 0, 0, 0
+    saves, kills, saved_step, mid_write = 0, 0, 0, 0
     while saves < 20:
         proc = subprocess.Popen(
             [sys.executable, script, root, str(steps), *flags], stdout=subprocess.PIPE, text=True,
@@ -253,6 +253,8 @@ def _kill_cycles(tmp_path, *flags: str) -> None:
         proc.wait(60)
         assert proc.returncode == -9, "the run ended before the kill"
         saves, kills = saves + started, kills + 1
+        left = os.listdir(os.path.join(root, "ckpt"))
+        mid_write += any(".tmp-" in n for n in left)  # the kill landed inside a write (its temporary is left)
         last = newest_lasts([os.path.join(root, "ckpt")])
         assert last, "no last checkpoint after a kill"
         ckpt = load(last[0])  # never a half-written one
@@ -261,7 +263,7 @@ def _kill_cycles(tmp_path, *flags: str) -> None:
         for name in os.listdir(os.path.join(root, "ckpt")):
             if name.endswith(".ckpt"):
                 load(os.path.join(root, "ckpt", name))
-    assert kills >= 4
+    assert kills >= 4 and mid_write >= 1, (kills, mid_write)  # (saves of 50 MB follow each other closely)
     for run in (root, str(tmp_path / "whole")):  # the killed run to its end, and an uninterrupted one
         out = subprocess.run(
             [sys.executable, script, run, str(steps), *flags], capture_output=True, text=True, timeout=300
@@ -270,7 +272,10 @@ def _kill_cycles(tmp_path, *flags: str) -> None:
         assert f"resumed {saved_step if run == root else 0}" in out.stdout
     final, whole = torch.load(os.path.join(root, "final.pt")), torch.load(tmp_path / "whole" / "final.pt")
     assert _same(final, whole)
-    print(f"{kills} kills during {saves} background saves; the last one left step {saved_step}")
+    print(
+        f"{kills} kills ({mid_write} inside a write) during {saves} background saves; the last one left step "
+        f"{saved_step}"
+    )
 
 
 @pytest.mark.slow
