@@ -169,6 +169,16 @@ def test_checkpoint_plugins_attach_as_in_lightning(tmp_path):
         strategy = FSDPStrategy()  # FSDP's own form is written (directories of shards)
         strategy.checkpoint_io = io
         assert io.writes_directory and strategy.checkpoint_io is io
+    io = AsyncCheckpointIO()  # given to the constructor: joins the form the constructor sets after it
+    assert FSDPStrategy(checkpoint_io=io).checkpoint_io is io and io.writes_directory
+    io = AsyncCheckpointIO()
+    assert FSDPStrategy(checkpoint_io=io, save_full=True).checkpoint_io is io and not io.writes_directory
+    io = AsyncCheckpointIO()
+    assert Trainer(strategy=FSDPStrategy(checkpoint_io=io), **FAST).strategy.checkpoint_io is io
+    with pytest.raises(ConfigError, match="both by FSDPStrategy.checkpoint_io=.... and in plugins"):
+        Trainer(
+            strategy=FSDPStrategy(checkpoint_io=AsyncCheckpointIO()), plugins=[AsyncCheckpointIO()], **FAST
+        )
 
     class Counting(CheckpointIO):  # a user's own plugin: the strategy's file operations go through it
         calls: list[str] = []
@@ -313,7 +323,7 @@ def _fsdp_async(rank: int, world: int, root: str) -> dict:
 
     from strategies.fsdp import FSDPStrategy
 
-    def fit(name, plugins=None, ckpt_path=None, max_steps=3, callbacks=()):
+    def fit(name, plugins=None, ckpt_path=None, max_steps=3, callbacks=(), checkpoint_io=None):
         cbs = list(callbacks)
         if name:
             cbs.append(
@@ -323,7 +333,7 @@ def _fsdp_async(rank: int, world: int, root: str) -> dict:
                 )
             )  # fmt: skip
         trainer = Trainer(
-            strategy=FSDPStrategy(wrap=[Block]), devices=world, max_steps=max_steps, callbacks=cbs, plugins=plugins,
+            strategy=FSDPStrategy(wrap=[Block], checkpoint_io=checkpoint_io), devices=world, max_steps=max_steps, callbacks=cbs, plugins=plugins,
             **{**FAST, "enable_checkpointing": bool(name)},
         )  # fmt: skip
         task = Tower()
@@ -337,8 +347,14 @@ def _fsdp_async(rank: int, world: int, root: str) -> dict:
     out["listing"] = {n: sorted(os.listdir(os.path.join(root, n))) for n in ("sync", "async")}
     start = []
     first = LambdaCallback(on_train_start=lambda t, *_: start.append(t.global_step))
-    _, resumed = fit(None, [AsyncCheckpointIO()], os.path.join(root, "async", "last.ckpt"), 6, [first])
+    # resumed from it, saving through the strategy's own checkpoint_io= this time
+    resumed_io = AsyncCheckpointIO()
+    trainer, resumed = fit(
+        "resumed", None, os.path.join(root, "async", "last.ckpt"), 6, [first], checkpoint_io=resumed_io
+    )
     out["resumed_at"], out["resumed"] = start, full_state(resumed)
+    out["resumed_io"] = trainer.strategy.checkpoint_io is resumed_io and resumed_io.writes_directory
+    out["listing"]["resumed"] = sorted(os.listdir(os.path.join(root, "resumed")))
     out["whole"] = full_state(fit(None, max_steps=6)[1])
     return out
 
@@ -357,6 +373,11 @@ def test_sharded_checkpoints_are_written_with_dcp_async_save(tmp_path):
             == ["epoch=0-step=2.ckpt", "epoch=0-step=3.ckpt", "last.ckpt"]
         )
         assert r["resumed_at"] == [3]
+        assert r["resumed_io"] and r["listing"]["resumed"] == [
+            "epoch=0-step=5.ckpt",
+            "epoch=0-step=6.ckpt",
+            "last.ckpt",
+        ]
         assert _same(r["resumed"], r["whole"]) or all(
             float((r["resumed"][k] - r["whole"][k]).abs().max()) <= 1e-6 for k in r["whole"]
         )
@@ -364,4 +385,6 @@ def test_sharded_checkpoints_are_written_with_dcp_async_save(tmp_path):
         a, s = load(tmp_path / "async" / name), load(tmp_path / "sync" / name)
         assert os.path.isdir(tmp_path / "async" / name)
         assert a["global_step"] == s["global_step"] and _same(a["state_dict"], s["state_dict"]), name
-    assert not [n for n in os.listdir(tmp_path / "async") if ".tmp-" in n or ".old-" in n]
+    for name in ("async", "resumed"):
+        assert not [n for n in os.listdir(tmp_path / name) if ".tmp-" in n or ".old-" in n]
+    assert load(tmp_path / "resumed" / "last.ckpt")["global_step"] == 6
