@@ -22,7 +22,8 @@ was doing: a step that ends with a save call ("save": the whole write when synch
 async), a step during which a background write was in flight ("in flight"), and the others ("clean").
 
 Prints a table and writes benchmarks/results/async_checkpoint.json. Run it alone (under the shared lock):
-    python benchmarks/async_checkpoint.py [--rounds 2] [--steps 13] [--every 3] [--fsdp]
+    python benchmarks/async_checkpoint.py [--rounds 2] [--steps 13] [--every 3] [--fsdp [--no-single]] [--width N]
+(the file's name says which: async_checkpoint[_fsdp][_only][_widthN].json; it is rewritten after every run).
 """
 
 from __future__ import annotations
@@ -162,6 +163,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=13)
     p.add_argument("--every", type=int, default=3)
     p.add_argument("--fsdp", action="store_true", help="also fsdp at 2 processes (sharded directories)")
+    p.add_argument("--no-single", action="store_true", help="fsdp only (with --fsdp)")
     p.add_argument(
         "--width", type=int, default=WIDTH, help="of the layers (4096: 403 MB; smaller for a smoke run)"
     )
@@ -173,13 +175,20 @@ def main() -> None:
     if args.child:
         _child(args.child, args.steps, args.every, args.out, args.workdir, args.width)
         return
-    groups = [["none", "sync", "async"]] + ([["fsdp_none", "fsdp_sync", "fsdp_async"]] if args.fsdp else [])
+    groups = [] if args.no_single and args.fsdp else [["none", "sync", "async"]]
+    groups += [["fsdp_none", "fsdp_sync", "fsdp_async"]] if args.fsdp else []
+    os.makedirs(RESULTS, exist_ok=True)
+    name = "async_checkpoint" + ("_fsdp" if args.fsdp else "") + ("_only" if args.no_single else "")
+    name += "" if args.width == WIDTH else f"_width{args.width}"
+    result = os.path.join(RESULTS, f"{name}.json")
     runs: dict[str, list[dict]] = {}
     for r in range(args.rounds):
         for group in groups:
             for contender in group if r % 2 == 0 else reversed(group):
                 runs.setdefault(contender, []).append(_run(contender, args))
                 print(f"round {r}: {contender}: {runs[contender][-1]['train_s']:.2f} s", flush=True)
+                with open(result, "w") as f:  # every run kept as it ends (the tables follow at the end)
+                    json.dump({"args": vars(args), "runs": runs}, f, indent=1)
     rows = []
     for group in groups:
         base = statistics.median(x["train_s"] for x in runs[group[0]])
@@ -202,7 +211,7 @@ def main() -> None:
             )
         sync, asy = stalls[group[1]], stalls[group[2]]
         rows.append({"contender": f"{group[2]} / {group[1]}", "ratio": asy / sync if sync > 0 else None})
-    params = runs["none"][0]["params"] if "none" in runs else None
+    params = runs[groups[0][0]][0]["params"]
     print(
         f"\nmodel: {params} parameters, {params * 4 / 1e6:.0f} MB fp32; AdamW; {args.steps} steps, every {args.every}"
     )
@@ -220,11 +229,7 @@ def main() -> None:
             f"{later if later is None else round(later, 2)!s:>17}{row['end_wait_s']:>12.2f}"
         )
     steps = _step_table(groups, runs)
-    os.makedirs(RESULTS, exist_ok=True)
-    if args.width != WIDTH:  # a smoke run: no result file
-        return
-    name = "async_checkpoint_fsdp.json" if args.fsdp else "async_checkpoint.json"
-    with open(os.path.join(RESULTS, name), "w") as f:
+    with open(result, "w") as f:
         json.dump(
             {"args": vars(args), "runs": runs, "rows": rows, "steps": steps, "params": params}, f, indent=1
         )
