@@ -241,6 +241,7 @@ def _kill_cycles(tmp_path, *flags: str) -> None:
     script, steps, rng = os.path.join(ROOT, "tests/scripts/async_ckpt_train.py"), 28, random.Random(42)
     root = str(tmp_path / "killed")
     saves, kills, saved_step, mid_write = 0, 0, 0, 0
+    listing: list[str] = []  # what the last kill left in the checkpoint directory
     while saves < 20:
         proc = subprocess.Popen(
             [sys.executable, script, root, str(steps), *flags], stdout=subprocess.PIPE, text=True,
@@ -249,9 +250,11 @@ def _kill_cycles(tmp_path, *flags: str) -> None:
         # a first run is killed once its first step's checkpoints are written (its 4th save has started)
         target, started = rng.randint(4 if saved_step == 0 else 2, 7), 0
         assert proc.stdout is not None
+        said: list[str] = []
         for line in proc.stdout:
-            if line.startswith("resumed"):
-                assert int(line.split()[1]) == saved_step  # resumes at the step of the last checkpoint
+            said.append(line)
+            if line.startswith("resumed"):  # resumes at the step of the last checkpoint
+                assert int(line.split()[1]) == saved_step, (said, listing)
             if line.startswith("saving"):
                 started += 1
                 if started == target:  # somewhere in this save: the copy, the write, the rename, or after
@@ -263,7 +266,7 @@ def _kill_cycles(tmp_path, *flags: str) -> None:
         proc.wait(60)
         assert proc.returncode == -9, "the run ended before the kill"
         saves, kills = saves + started, kills + 1
-        left = os.listdir(os.path.join(root, "ckpt"))
+        left = listing = sorted(os.listdir(os.path.join(root, "ckpt")))
         mid_write += any(".tmp-" in n for n in left)  # the kill landed inside a write (its temporary is left)
         last = newest_lasts([os.path.join(root, "ckpt")])
         assert last, "no last checkpoint after a kill"
@@ -374,8 +377,8 @@ def test_sharded_checkpoints_are_written_with_dcp_async_save(tmp_path):
         )
         assert r["resumed_at"] == [3]
         assert r["resumed_io"] and r["listing"]["resumed"] == [
-            "epoch=0-step=5.ckpt",
-            "epoch=0-step=6.ckpt",
+            "epoch=1-step=5.ckpt",
+            "epoch=1-step=6.ckpt",
             "last.ckpt",
         ]
         assert _same(r["resumed"], r["whole"]) or all(
