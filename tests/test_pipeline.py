@@ -55,12 +55,6 @@ class PipeNet(Task):
     def pipeline_loss(self, output, target):
         return F.cross_entropy(output, target)
 
-    def validation_step(self, batch, batch_idx):  # (through the stages: the whole model's forward)
-        self.val_outputs.append(self(batch[0]).detach().clone())
-
-    def predict_step(self, batch, batch_idx):
-        return self(batch[0])
-
     def training_step(self, batch, batch_idx):  # one process (the reference) only
         x, y = batch
         return self.pipeline_loss(self(x), y)
@@ -122,13 +116,6 @@ def _pipelines(rank: int, world: int, path: str) -> dict:
         trainer, own, out["pp_fsdp_losses"] = _fit(strategy, world, 2, batch=BATCH // 2)
         out["pp_fsdp"] = _full(own)
         out["pp_fsdp_sampler"] = (trainer.train_dataloader.sampler.num_replicas, trainer.strategy.dp_rank)
-        # after the fit, predict and validate set the stages up again (sharded ones already, other ranks' on
-        # meta): each dp rank's share of 50 samples through both stages (batches of 12, 12, 1)
-        task = trainer.task
-        out["pp_fsdp_predict"] = torch.cat(trainer.predict(task, DataLoader(data(50), batch_size=BATCH)))
-        task.val_outputs = []
-        trainer.validate(task, DataLoader(data(50), batch_size=BATCH), verbose=False)
-        out["pp_fsdp_val"] = torch.cat(task.val_outputs)
         return out
     # checkpoint after epoch 1, resumed for epoch 2: the same as 2 epochs in one go
     _, out["two_epochs"], _ = _fit(PipelineStrategy(n_microbatches=4), world, world, epochs=2)
@@ -194,15 +181,6 @@ def test_pipeline_schedules_match_one_process(world, tmp_path):
             _close(r["pp_fsdp"], ref, 1e-12)
             assert max(abs(a - b) for a, b in zip(r["pp_fsdp_losses"], ref_losses)) <= 1e-12
         assert [r["pp_fsdp_sampler"] for r in out] == [(2, 0), (2, 1), (2, 0), (2, 1)]
-        model = PipeNet().double()
-        model.load_state_dict(ref)
-        with torch.no_grad():
-            expected = model(data(50).tensors[0])  # one process, float64, the trained weights
-        for rank, r in enumerate(out):  # rank = pp_rank x 2 + dp_rank; dp rank d's samples are d, d + 2, ...
-            mine = expected[rank % 2 :: 2]
-            for key in ("pp_fsdp_predict", "pp_fsdp_val"):
-                assert r[key].shape == mine.shape == (25, 3), (key, r[key].shape)
-                assert float((r[key] - mine).abs().max()) <= 1e-12, (rank, key)
         return
     for r in out:
         assert r["resumed_step"] == 8
