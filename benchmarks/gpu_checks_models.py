@@ -36,11 +36,15 @@ class TPNet(Net):
     """Net with its two hidden layers tensor-parallel (Colwise then Rowwise) on the mesh's tp dimension."""
 
     def configure_model(self) -> None:
+        from torch.distributed.fsdp import fully_shard
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
         parallelize_module(
             self.body, self.device_mesh["tensor_parallel"], {"0": ColwiseParallel(), "2": RowwiseParallel()}
         )
+        fully_shard(
+            self, mesh=self.device_mesh["data_parallel"]
+        )  # the documented recipe: every parameter a DTensor
 
 
 class StopAt(Callback):
@@ -145,12 +149,16 @@ def fork_with_cuda(ctx: Ctx) -> Result:
     that initialized it, before any worker starts."""
     if not ctx.cuda:
         return skipped("needs CUDA")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "benchmarks")]))
+    paths = [ROOT, os.path.join(ROOT, "benchmarks"), os.environ.get("PYTHONPATH", "")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
     p = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(_FORK)], capture_output=True, text=True, env=env, timeout=120
     )
     lines = (p.stdout + p.stderr).strip().splitlines()
-    return Result(p.returncode == 0, lines[-1] if lines else f"exit {p.returncode}")
+    said = [
+        line for line in lines if line.startswith(("refused:", "child failed:"))
+    ]  # (not torch's warnings)
+    return Result(p.returncode == 0, (said or lines or [f"exit {p.returncode}"])[-1])
 
 
 def save_load(ctx: Ctx) -> Result:

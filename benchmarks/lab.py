@@ -27,7 +27,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-PREFIX = "tandem-lab"
+# every namespace is named PREFIX-<tag>-node<k>; a user of the machine names its own (TANDEM_LAB_PREFIX=ft-lab)
+PREFIX = os.environ.get("TANDEM_LAB_PREFIX", "tandem-lab")
 ADDRS = ("10.213.7.1", "10.213.7.2")  # a /30 of our own: .1 is node0, .2 is node1
 PREFIX_LEN = 30
 IFACES = ("lab0", "lab1")  # the veth end inside node0 / node1

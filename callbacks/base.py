@@ -6,6 +6,7 @@ import functools
 import inspect
 from typing import Any
 
+from tandem_core.errors import ConfigError
 from tandem_core.hooks import CALLBACK, add_hook_stubs
 
 _STAGE_HOOKS = ("setup", "teardown")  # what users call themselves, by keyword, in their own tests
@@ -76,10 +77,12 @@ def check_state_keys(callbacks: list[Callback]) -> None:
             continue  # keeps no state: nothing to mix up
         other = seen.setdefault(cb.state_key, cb)
         if other is not cb:
-            from tandem_core.errors import ConfigError
-
-            raise ConfigError(
+            raise DuplicateStateKeyError(
                 f"two callbacks save their state under the same key {cb.state_key!r}: {other!r} and {cb!r}; "
                 "a checkpoint would hold only one state for both. Keep one of them, or give them different "
                 "arguments (ModelCheckpoint: monitor, mode, every_n_*), or a subclass with its own state_key."
             )
+
+
+class DuplicateStateKeyError(ConfigError, RuntimeError):
+    """Two stateful callbacks share a `state_key` (a RuntimeError too, as Lightning raises one there)."""

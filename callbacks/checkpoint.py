@@ -170,7 +170,8 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
                 "but an exception stops only the one it happens in; use save_last=True or stop with SIGTERM."
             )
         if self.dirpath is None:
-            base = trainer.log_dir if trainer.loggers else trainer.default_root_dir
+            found = getattr(trainer.loggers[0], "log_dir", None) if trainer.loggers else None
+            base = found if found is not None else trainer.default_root_dir  # <save_dir>/<name>/<version>
             self.dirpath = os.path.abspath(rank_zero_decides(trainer, os.path.join(base, "checkpoints")))
         # earlier starts of this experiment wrote into its other version_N directories
         roots = [lg.root_dir for lg in trainer.loggers if getattr(lg, "root_dir", "")]
@@ -261,6 +262,8 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
             self._save_latest(trainer, values)
             return
         current = self._monitor.score(values[self.monitor])  # NaN: never better than anything
+        if self.monitor in ("epoch", "step"):  # counters stay integers (scores, tensors), as Lightning's
+            current = int(current)
         if (
             self.save_top_k == -1
             or len(self.best_k_models) < self.save_top_k

@@ -30,8 +30,10 @@ class _Slot:
         if device.type == "cuda":  # the answer is copied to pinned memory behind an event
             self.host = torch.zeros(1, dtype=torch.int32, pin_memory=True)
             self.event: Any = torch.cuda.Event()
-        else:  # on the CPU the reduced tensor is host memory already
+        elif device.type == "cpu":  # on the CPU the reduced tensor is host memory already
             self.host, self.event = self.flag, None
+        else:  # another device: the answer is copied back when it is taken (a wait there)
+            self.host, self.event = torch.zeros(1, dtype=torch.int32), None
         self.view = self.host.numpy()  # the host memory, read without a torch call once the answer is there
 
 
@@ -76,9 +78,12 @@ class Pipelined:
         """The answer of the oldest agreement in flight (waits for it if it is not complete)."""
         slot = self._pending.popleft()
         if slot.event is not None:
-            slot.event.synchronize()
+            if not slot.event.query():  # complete by now unless the GPU is more than `lag` posts behind
+                slot.event.synchronize()
         else:
             self._run(self._op, slot.work.wait)
+            if slot.host is not slot.flag:
+                slot.host.copy_(slot.flag)
         slot.work = None
         self._free.append(slot)
         return int(slot.view[0])

@@ -348,8 +348,8 @@ def _show(value: Any) -> str:
 
 def pick_device(accelerator: str = "auto", index: int = 0) -> torch.device:
     """Resolve 'auto' | 'cpu' | 'cuda' | 'gpu' | 'mps' to a torch.device, with a clear error if absent."""
-    acc = {"gpu": "cuda"}.get(accelerator, accelerator)
     mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    acc = {"gpu": "mps" if mps else "cuda"}.get(accelerator, accelerator)  # Lightning's "gpu": MPS on a Mac
     if acc == "auto":
         acc = "cuda" if torch.cuda.is_available() else "mps" if mps else "cpu"
     if acc == "cuda" and not torch.cuda.is_available():

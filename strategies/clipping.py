@@ -79,10 +79,20 @@ def clip_grad_norm(params: Iterable[torch.Tensor], max_norm: float, norm_type: f
     stacked = torch.stack([n.to(norms[0].device) for n in norms])
     p = float(norm_type)
     total = stacked.max() if math.isinf(p) else stacked.pow(p).sum().pow(1.0 / p)
-    for g in groups:
-        device = g[0].grad.device  # type: ignore[union-attr]
-        torch.nn.utils.clip_grads_with_norm_(g, max_norm, total.to(device))
+    # each group scaled on its local tensors: torch's clip_grads_with_norm_ multiplies DTensor gradients by a plain
+    # tensor in one foreach op, which DTensor refuses on CUDA ("mixed torch.Tensor and DTensor")
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)  # torch's clip_grads_with_norm_
+    with torch.no_grad():
+        for g in groups:
+            local = [_local(q.grad) for q in g]
+            torch._foreach_mul_(local, coef.to(local[0].device))
     return total
+
+
+def _local(grad: Any) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return grad.to_local() if isinstance(grad, DTensor) else grad
 
 
 def clip_grad_norm_partitioned(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,7 @@ from strategies.fault_tolerance.replicas import Replicas, fault_tolerant_step
 from strategies.precision import Precision
 from strategies.process_group import ProcessGroupStrategy, ShardSampler
 from tandem_core.errors import ConfigError, check_choice
+from tandem_core.rank_zero import TandemDeprecationWarning
 
 if TYPE_CHECKING:
     from strategies.compiled import BucketSplits
@@ -72,6 +74,7 @@ class DDPStrategy(ProcessGroupStrategy):
         precision_plugin: Precision | None = None,
         checkpoint_io: Any = None,
         parallel_devices: list[torch.device] | None = None,
+        timeout: datetime.timedelta | None = None,
     ) -> None:
         super().__init__(
             accelerator,
@@ -88,6 +91,7 @@ class DDPStrategy(ProcessGroupStrategy):
             precision_plugin=precision_plugin,
             checkpoint_io=checkpoint_io,
             parallel_devices=parallel_devices,
+            timeout=timeout,
         )
         check_choice("comm_hook", str(comm_hook), ("None", "fp16", "bf16"))
         if zero not in (0, 1):
@@ -113,6 +117,16 @@ class DDPStrategy(ProcessGroupStrategy):
         self.reducer: Reducer | None = None
         self._splits: BucketSplits | None = None  # set while the task is compiled (strategies/compiled.py)
         self._unsynced = False  # gradients accumulated by backward(sync=False) and not reduced since
+
+    @property
+    def is_distributed(self) -> bool:
+        """Always True; deprecated, as in Lightning (a DDPStrategy is distributed by definition)."""
+        warnings.warn(
+            f"`{type(self).__name__}.is_distributed` is deprecated (as in Lightning) and always True.",
+            TandemDeprecationWarning,
+            stacklevel=2,
+        )
+        return True
 
     def _check_fault_tolerance(self) -> None:
         refused = {

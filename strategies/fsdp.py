@@ -4,6 +4,7 @@ torch's own ``fully_shard`` (FSDP2, DTensor parameters); checkpoints through tor
 from __future__ import annotations
 
 import contextlib
+import datetime
 import warnings
 import weakref
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from strategies.precision_plugins import fsdp_param_dtype
 from strategies.process_group import ProcessGroupStrategy
 from strategies.syncbn import convert_sync_batchnorm
 from tandem_core.errors import CheckpointError, ConfigError, TaskError
+from tandem_core.rank_zero import TandemDeprecationWarning
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -82,6 +84,8 @@ class FSDPStrategy(ProcessGroupStrategy):
         precision_plugin: Precision | None = None,
         checkpoint_io: Any = None,
         parallel_devices: list[torch.device] | None = None,
+        timeout: datetime.timedelta | None = None,
+        activation_checkpointing: Any = None,
     ) -> None:
         super().__init__(
             accelerator,
@@ -98,12 +102,29 @@ class FSDPStrategy(ProcessGroupStrategy):
             precision_plugin=precision_plugin,
             checkpoint_io=checkpoint_io,
             parallel_devices=parallel_devices,
+            timeout=timeout,
         )
         if min_params < 1:
             raise ConfigError(f"FSDPStrategy(min_params={min_params}) must be at least 1.")
         self.wrap, self.min_params = list(wrap) if wrap is not None else None, min_params
         self.reshard_after_forward, self.cpu_offload, self.hybrid = reshard_after_forward, cpu_offload, hybrid
         self._own_checkpoint_io(_FSDPCheckpointIO(self, full=save_full))
+        if activation_checkpointing is not None:  # Lightning's deprecated keyword: module classes
+            if activation_checkpointing_policy is not None:
+                raise ConfigError(
+                    "FSDPStrategy: give activation_checkpointing_policy only (activation_checkpointing is its "
+                    "deprecated older form), not both."
+                )
+            warnings.warn(
+                "FSDPStrategy(activation_checkpointing=...) is deprecated (as in Lightning): pass the module "
+                "classes as activation_checkpointing_policy={...}.",
+                TandemDeprecationWarning,
+                stacklevel=2,
+            )
+            classes = activation_checkpointing
+            activation_checkpointing_policy = (
+                set(classes) if isinstance(classes, (list, tuple, set)) else {classes}
+            )
         if activation_checkpointing_save_ops is not None:
             if activation_checkpointing_policy is None:
                 raise ConfigError(

@@ -167,10 +167,20 @@ class ModelParallelStrategy(FSDPStrategy):
     def _check_data_parallel(self, task: Task) -> None:
         """With dp > 1, every parameter must be sharded (or replicated) on the data-parallel dimension."""
         assert self.device_mesh is not None
-        if self.device_mesh["data_parallel"].size() == 1:
-            return
         from torch.distributed.tensor import DTensor
 
+        if self.device_mesh["data_parallel"].size() == 1:
+            plain = [n for n, p in task.named_parameters() if not isinstance(p, DTensor)]
+            if plain and len(plain) < len(list(task.parameters())) and self.root_device.type == "cuda":
+                # torch's optimizers step CUDA parameters with foreach ops, which refuse a list that mixes
+                # DTensors and plain tensors ("got mixed torch.Tensor and DTensor") at the first step
+                raise TaskError(
+                    f"strategy='model_parallel' on CUDA: parameters {plain[:5]} are plain tensors next to DTensor "
+                    "parameters, which torch's optimizers cannot step together on a GPU. In configure_model "
+                    "apply fully_shard(self, mesh=self.device_mesh['data_parallel']) after parallelize_module "
+                    "(every parameter becomes a DTensor; docs/strategies/model_parallel.md)."
+                )
+            return
         left = [
             n
             for n, p in task.named_parameters()

@@ -180,7 +180,7 @@ def plugin_for(precision: str | int, fsdp: bool = False) -> Precision:
     full = _ALIASES.get(name)
     if full is None:
         return Precision(name)  # the refusal, or the unknown name listed against the valid ones
-    if fsdp:
+    if fsdp and full != "64-true":  # (Tandem's fsdp also trains in float64: DoublePrecision, as elsewhere)
         return FSDPPrecision(full)
     plugin = _CLASSES[full]()
     if isinstance(plugin, MixedPrecision):  # the device comes from the run (setup)

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from strategies import attempt, fork, group_exit, launch, slurm
+from strategies.accelerators import by_name
 from strategies.base import pick_device
 from strategies.comm import ProcessGroupComm
 from strategies.comm_device import comm_device
@@ -25,7 +26,7 @@ from strategies.multinode import bind_gloo_interface, is_multinode
 from strategies.parallel import ParallelStrategy
 from strategies.precision import Precision
 from strategies.sharding import ShardSampler, shard_loader  # noqa: F401 (ShardSampler: re-exported)
-from tandem_core.errors import ConfigError
+from tandem_core.errors import ConfigError, LaunchError
 
 if TYPE_CHECKING:
     from strategies.fault_tolerance.replicas import Replicas
@@ -111,13 +112,19 @@ class ProcessGroupStrategy(ParallelStrategy):
         precision_plugin: Precision | None = None,
         checkpoint_io: Any = None,
         parallel_devices: list[torch.device] | None = None,
+        timeout: datetime.timedelta | None = None,
     ) -> None:
+        if timeout is not None:  # Lightning's keyword: the same limit as a timedelta
+            if timeout_s != 1800.0 and timeout_s != timeout.total_seconds():
+                raise ConfigError(f"timeout={timeout!r} and timeout_s={timeout_s} disagree: give one of them")
+            timeout_s = timeout.total_seconds()
         if parallel_devices:  # Lightning's keyword: one device per process on this node
             kinds = {torch.device(d).type for d in parallel_devices}
             if len(kinds) != 1:
                 raise ConfigError(f"parallel_devices must all be of one device type, got {parallel_devices}")
             kind = kinds.pop()
-            if accelerator is not None and {"gpu": "cuda"}.get(str(accelerator), accelerator) != kind:
+            named = by_name(accelerator)  # an Accelerator object (CPUAccelerator()) as its name
+            if named is not None and {"gpu": "cuda"}.get(str(named), named) != kind:
                 raise ConfigError(
                     f"parallel_devices on {kind} but accelerator={accelerator!r}: choose one device type"
                 )
@@ -208,6 +215,13 @@ class ProcessGroupStrategy(ParallelStrategy):
             self._check_launched(devices, nodes)
             env.validate_settings(devices, nodes)
         else:
+            if env.local_rank() > 0:  # a worker would start workers of its own, each starting more
+                raise LaunchError(
+                    f"this process has local rank {env.local_rank()} but {type(env).__name__}."
+                    "creates_processes_externally is False, so it would start new workers itself: a worker "
+                    "never launches. Start the script once (python train.py) or through torchrun/srun, and make "
+                    "a custom ClusterEnvironment return True from creates_processes_externally when it starts them."
+                )
             if slurm.in_batch_script():  # the batch script's one process: as a plain `python train.py` here
                 slurm.check_batch_script(devices, nodes)
             if nodes > 1:
@@ -332,7 +346,15 @@ class ProcessGroupStrategy(ParallelStrategy):
     def root_device(self) -> torch.device:
         """The device of this process's local rank."""
         if self._root_device is None:
-            self._root_device = pick_device(self.accelerator or "auto", self.comm.local_rank)
+            device = pick_device(self.accelerator or "auto", self.comm.local_rank)
+            if (
+                device.type == "mps"
+            ):  # torch.distributed has no backend for MPS tensors (Lightning refuses too)
+                raise ConfigError(
+                    f"{type(self).__name__} runs one process per device, which Apple MPS does not support (no "
+                    "torch.distributed backend for MPS tensors); use strategy='auto' on MPS, or accelerator='cpu'."
+                )
+            self._root_device = device
         return self._root_device
 
     # ----- data ---------------------------------------------------------------------------------

@@ -19,6 +19,11 @@ class TaskError(TandemError, RuntimeError):
     where Lightning raises one, e.g. a callback that needs automatic optimization)."""
 
 
+class NoDataError(TaskError, TypeError):
+    """A stage has no data: none passed, no *_dataloader() defined, or one that returned None (a TypeError too,
+    as Lightning raises one there)."""
+
+
 class CheckpointError(TandemError):
     """A checkpoint is missing, unreadable, or belongs to a different model."""
 
@@ -34,6 +39,11 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
 
 class DistributedError(TandemError):
     """Ranks disagree (shapes, unused parameters) or a collective failed."""
+
+
+class LaunchError(DistributedError, RuntimeError):
+    """Starting the workers would go wrong: a worker (LOCAL_RANK > 0) told by its cluster environment to start
+    workers of its own (a RuntimeError too, as Lightning raises one there)."""
 
 
 class FaultToleranceError(DistributedError):
@@ -62,8 +72,10 @@ class MissingExtraError(TandemError, ModuleNotFoundError):
 def require(module: str, feature: str, extra: str) -> None:
     """Raise MissingExtraError unless `module` can be imported (`feature` needs it; `extra` installs it)."""
     import importlib.util
+    import sys
 
-    if importlib.util.find_spec(module) is None:
+    # a module already imported counts (find_spec raises on one whose __spec__ is None: made at run time)
+    if sys.modules.get(module) is None and importlib.util.find_spec(module) is None:
         raise MissingExtraError(
             f"{feature} needs the {module!r} package, which is not installed: "
             f"pip install 'tandem-trainer[{extra}]' (or pip install {module})."

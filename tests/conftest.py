@@ -100,6 +100,27 @@ def _no_process_group_left():
         dist.destroy_process_group()
 
 
+# the variables a launcher (or a strategy joining a group of one, such as Lightning's DDPStrategy at one device)
+# writes into this process's environment: left to the next test, they make it look launched by torchrun
+_LAUNCH_VARIABLES = (
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR",
+    "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+)  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _launch_variables_restored():
+    """Each test ends with the launch variables it started with (Lightning's strategies, run in-process as the
+    parity tests' oracle, export them and never take them back)."""
+    before = {k: os.environ.get(k) for k in _LAUNCH_VARIABLES}
+    yield
+    for k, v in before.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 @pytest.fixture(autouse=True)
 def _torch_global_flags():
     """Trainer(deterministic=..., benchmark=...) sets torch-wide flags, as Lightning does: give every test

@@ -42,7 +42,18 @@ def test_trainer_signature_and_docstring_come_from_the_options():
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params.values())
     assert {n: p.default for n, p in params.items()} == TrainerConfig.defaults()
     fields = {f.name: f for f in dataclasses.fields(TrainerConfig)}
-    assert all(p.annotation == fields[n].type for n, p in params.items())
+    # the annotations as types (LightningCLI's jsonargparse reads them), resolved from the options' text
+    import datetime
+    import typing
+
+    from callbacks import Callback
+    from strategies import Strategy
+    from trainer.loggers import Logger
+
+    names = {"Strategy": Strategy, "Logger": Logger, "Callback": Callback, "timedelta": datetime.timedelta}
+    hints = typing.get_type_hints(TrainerConfig, localns=names)
+    assert all(p.annotation == hints[n] for n, p in params.items())
+    assert {n: f.type for n, f in fields.items()}["strategy"] == "str | Strategy"  # the text the docs show
     doc = inspect.getdoc(Trainer.__init__)
     for name, f in fields.items():
         assert f"- `{name}` ({f.type}) = `{f.default!r}`: {f.metadata['doc']}" in doc

@@ -149,10 +149,14 @@ def test_checkpoint_from_a_different_model(tmp_path):
 
 
 def test_ckpt_path_last_without_checkpoint_callback(tmp_path):
-    with pytest.raises(CheckpointError, match="ModelCheckpoint\\(save_last=True\\)"):
-        Trainer(max_epochs=1, default_root_dir=str(tmp_path), **FAST).fit(
-            Returns(lambda loss: loss.mean()), data(), ckpt_path="last"
-        )
+    # as Lightning: a warning that names the fix, then a fresh start (the Lightning suite's
+    # trainer/test_trainer.py; compared with Lightning in tests/test_lightning_parity_suite.py)
+    trainer = Trainer(max_epochs=1, default_root_dir=str(tmp_path), **FAST)
+    with pytest.warns(
+        UserWarning, match="no last checkpoint available.*ModelCheckpoint\\(\\.\\.\\., save_last=True\\)"
+    ):
+        trainer.fit(Returns(lambda loss: loss.mean()), data(), ckpt_path="last")
+    assert trainer.global_step > 0
 
 
 def test_missing_training_data(tmp_path):
@@ -233,7 +237,9 @@ def test_manual_optimization_with_accumulation(tmp_path):
 def test_ckpt_path_best(tmp_path):
     from callbacks import Callback
 
-    with pytest.raises(CheckpointError, match="ckpt_path='best' found no best checkpoint"):
+    with pytest.raises(
+        ConfigError, match='ckpt_path="best"\\)` is set but `ModelCheckpoint` is not configured'
+    ):
         Trainer(default_root_dir=str(tmp_path), **FAST).validate(
             Returns(lambda loss: loss), data(), ckpt_path="best"
         )

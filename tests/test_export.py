@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tandem_core.errors import TaskError
+from tandem_core.errors import ConfigError
 from trainer import Task
 
 
@@ -36,7 +36,7 @@ def test_example_input_array_is_a_plain_attribute():
         task.named_buffers()
     )
     task.example_input_array = None
-    with pytest.raises(TaskError, match="example_input_array"):
+    with pytest.raises(ConfigError, match="example_input_array"):
         task.to_torchscript(method="trace")
 
 

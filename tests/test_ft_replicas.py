@@ -38,6 +38,7 @@ class FakeManager:
         self.order: list[int] = []
         self.transport = SimpleNamespace(received=0)
         self.state = {"step": 0, "batches_committed": 0}
+        self.device = torch.device("cpu")  # the communication device of the groups' process group
 
     def quorum(self) -> None:
         self.quorums += 1

@@ -78,3 +78,33 @@ def test_tandem_classes_get_lightnings_names_in_test_ids():
         and alias.lightning_name(DataModule) == "LightningDataModule"
     )
     assert alias.lightning_name(int) is None
+
+
+def test_a_behaviour_failure_counts_as_documented_only_when_named_outside_the_table_and_open(tmp_path):
+    doc = tmp_path / "porting.md"
+    doc.write_text(
+        "intro test_named\n### Open\ntest_open is known\n### Deliberate\n- test_deliberate: why\n"
+        f"{run.BEGIN}\ntest_in_table\n{run.END}\n"
+    )
+    rows = {
+        f"tests_pytorch/a/test_x.py::{name}": {"file": "tests_pytorch/a/test_x.py", "outcome": "passed"}
+        for name in ("test_named", "test_open", "test_deliberate", "test_in_table", "test_ok")
+    }
+    tandem = {k: {"outcome": "failed", "class": "behaviour", "reason": "r"} for k in rows}
+    tandem["tests_pytorch/a/test_x.py::test_ok"] = {"outcome": "passed"}
+    files = ["tests_pytorch/a/test_x.py"]
+    body, total = run.table(rows, tandem, "2.6.5", files, run.outside_table(str(doc)))
+    assert (total["lightning"], total["tandem"], total["behaviour"], total["documented"]) == (5, 1, 4, 2)
+    assert "2 are documented deliberate differences" in body and "and 2 are not" in body
+    missing = run.undocumented(rows, tandem, files, str(doc))
+    assert [m.split("::")[1] for m in missing] == ["test_in_table", "test_open"]
+
+
+def test_a_failing_statement_on_a_name_bound_to_a_private_is_internal():
+    source = "def test_x():\n    cl = CombinedLoader([1])\n    iterator = cl._iterator\n    assert iterator.state == {}\n"
+    assert classify._reaches_private("assert iterator.state == {}", source)
+    assert classify._reaches_private("cl._load_state_dicts([])", source)
+    assert not classify._reaches_private("assert cl.state == {}", source)
+    mocked = "def test_y():\n    stateful = Mock(spec=_Stateful)\n    other = Mock()\n"
+    assert classify._reaches_private("stateful.load_state_dict.assert_not_called()", mocked)
+    assert not classify._reaches_private("other.load_state_dict.assert_not_called()", mocked)

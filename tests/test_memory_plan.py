@@ -93,6 +93,24 @@ def test_setup_warns_when_the_states_cannot_fit(monkeypatch):
         Trainer(strategy="auto", max_steps=1, **FAST).fit(task)
 
 
+def test_the_setup_check_takes_devices_auto_under_a_launcher(monkeypatch):
+    """Trainer(devices="auto") with DDPStrategy(devices=2) under torchrun: the node's processes come from
+    LOCAL_WORLD_SIZE (once a TypeError at every multi-process fit that left the Trainer's devices alone)."""
+    from types import SimpleNamespace
+
+    import strategies.memory.plan as plan
+
+    seen: list[int] = []
+    monkeypatch.setattr(plan, "device_bytes", lambda device, local: seen.append(local))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    strategy = SimpleNamespace(comm=SimpleNamespace(world_size=4), root_device=torch.device("cpu"))
+    plan.check_fits(strategy, torch.nn.Linear(2, 2), [], "auto")
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    plan.check_fits(strategy, torch.nn.Linear(2, 2), [], "auto")
+    plan.check_fits(strategy, torch.nn.Linear(2, 2), [], 3)
+    assert seen == [2, 4, 3]
+
+
 # ----- predictions against measurements (slow) -------------------------------------------------------------
 SEQ, BATCH = 64, 8
 MODELS = {  # 7.4M and 8.4M parameters: 120 and 135 MB of weights, gradients and AdamW state in fp32

@@ -103,3 +103,32 @@ def test_16_mixed_is_refused():
     )
     with pytest.raises(ConfigError, match="'16-mixed'.*bf16-mixed"):
         trainer.strategy.setup(NoConfigureModel())
+
+
+def test_on_cuda_a_model_mixing_dtensor_and_plain_parameters_is_refused_at_setup(monkeypatch):
+    """The GPU check found it (docs/benchmarks.md, "On a GPU"): torch's optimizers step CUDA parameters with
+    foreach ops, which refuse a list mixing DTensors and plain tensors. Refused at setup with the fix; the CPU,
+    where the optimizers do not use foreach, keeps training such a model. DTensor is stood in by a Parameter
+    subclass and the device by cuda:0 (nothing is allocated there)."""
+    from types import SimpleNamespace
+
+    import torch.distributed.tensor as dtensor
+
+    class StandIn(torch.nn.Parameter):
+        pass
+
+    monkeypatch.setattr(dtensor, "DTensor", StandIn)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    model[0].weight = StandIn(model[0].weight.data)
+    model[0].bias = StandIn(model[0].bias.data)
+    strategy = ModelParallelStrategy(1, 1)
+    strategy.device_mesh = {"data_parallel": SimpleNamespace(size=lambda: 1)}
+    strategy._root_device = torch.device("cuda", 0)
+    with pytest.raises(TaskError, match=r"\['1.weight', '1.bias'\] are plain tensors.*fully_shard\(self"):
+        strategy._check_data_parallel(model)
+    strategy._root_device = torch.device("cpu")
+    strategy._check_data_parallel(model)  # the CPU: allowed
+    for p in model[1].parameters():
+        p.__class__ = StandIn
+    strategy._root_device = torch.device("cuda", 0)
+    strategy._check_data_parallel(model)  # every parameter a DTensor: allowed

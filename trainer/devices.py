@@ -39,13 +39,14 @@ def valid_form(devices: Any) -> bool:
 
 def kind_of(accelerator: str) -> str:
     """'cpu', 'cuda' or 'mps': the accelerator a run uses ('auto' and 'gpu' resolved as Lightning does)."""
-    acc = {"gpu": "cuda"}.get(accelerator, accelerator)
+    backend = getattr(torch.backends, "mps", None)
+    mps = backend is not None and backend.is_available()
+    acc = {"gpu": "mps" if mps else "cuda"}.get(accelerator, accelerator)  # Lightning's "gpu": MPS on a Mac
     if acc != "auto":
         return acc
     if torch.cuda.is_available():
         return "cuda"
-    mps = getattr(torch.backends, "mps", None)
-    return "mps" if mps is not None and mps.is_available() else "cpu"
+    return "mps" if mps else "cpu"
 
 
 def count(devices: Any, accelerator: str = "auto") -> int | str:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from callbacks.base import Callback
     from strategies.base import Strategy
     from trainer.loggers import Logger
+    from trainer.profilers.base import Profiler
 
 from trainer.option_checks import (  # noqa: F401 (OptionError is part of this module's interface)
     FLAG,
@@ -234,7 +235,7 @@ class TrainerConfig:
         must(lambda v: v is None or isinstance(v, bool), "true, false or None"),
     )
     sync_batchnorm: bool = option(False, "ddp/fsdp: BatchNorm statistics over the global batch", FLAG)
-    profiler: str | Any | None = option(
+    profiler: str | Profiler | None = option(
         None,
         "None, 'simple' (time per hook and step phase), 'advanced' (torch.profiler table) or 'pytorch' "
         "(torch.profiler traces for TensorBoard), or a profiler of trainer/profiler.py",

@@ -46,6 +46,11 @@ class RunningStage(_Named):
     def evaluating(self) -> bool:
         return self in (RunningStage.VALIDATING, RunningStage.TESTING, RunningStage.SANITY_CHECKING)
 
+    @property
+    def dataloader_prefix(self) -> str:
+        """The prefix of this stage's loader method (``val`` for validation and the sanity check)."""
+        return "val" if self in (RunningStage.VALIDATING, RunningStage.SANITY_CHECKING) else self.value
+
 
 _PHASES = {"train": RunningStage.TRAINING, "val": RunningStage.VALIDATING, "test": RunningStage.TESTING,
            "predict": RunningStage.PREDICTING}  # fmt: skip

@@ -24,7 +24,7 @@ from trainer import option_notes as notes
 from trainer.compiler import from_option as compile_option
 from trainer.devices import count as count_devices
 from trainer.loader_view import TrainerLoaders
-from trainer.loggers import Logger, TensorBoardLogger, align_versions
+from trainer.loggers import CSVLogger, Logger, TensorBoardLogger, align_versions
 from trainer.loggers.dummy import DummyLogger
 from trainer.loggers.metrics import MetricStore
 from trainer.loggers.reporting import log_metrics, print_results
@@ -34,7 +34,7 @@ from trainer.loop.hooks import Hooks
 from trainer.loop.session import Session, set_torch_flags
 from trainer.loop.state import LoopState
 from trainer.options import TrainerConfig
-from trainer.profiler import make_profiler
+from trainer.profiler import Profiler, make_profiler
 from trainer.readback import TrainerReadback
 from trainer.task.base import Task
 from trainer.task.datamodule import DataModule
@@ -98,7 +98,13 @@ class Trainer(TrainerReadback, TrainerLoaders):
 
     __init__.__signature__ = TrainerConfig.signature(  # type: ignore[attr-defined]
         "self",
-        {"Strategy": Strategy, "Logger": Logger, "Callback": Callback, "timedelta": datetime.timedelta},
+        {
+            "Strategy": Strategy,
+            "Logger": Logger,
+            "Callback": Callback,
+            "Profiler": Profiler,
+            "timedelta": datetime.timedelta,
+        },  # fmt: skip
     )
     __init__.__doc__ = TrainerConfig.docstring()
 
@@ -323,10 +329,14 @@ class Trainer(TrainerReadback, TrainerLoaders):
 
     @property
     def log_dir(self) -> str:
-        """The first logger's directory; default_root_dir without one (or for a tracker with no local
-        directory, such as MLflow on a server)."""
-        log_dir = getattr(self.loggers[0], "log_dir", None) if self.loggers else None
-        return log_dir if log_dir is not None else self.default_root_dir
+        """As Lightning's: the first logger's version directory for TensorBoard and CSV, its `save_dir` for
+        any other (W&B, MLflow, yours); default_root_dir without a logger (or for a tracker with no local
+        directory, such as MLflow on a server). ModelCheckpoint's default directory is the logger's own."""
+        if not self.loggers:
+            return self.default_root_dir
+        first = self.loggers[0]
+        found = first.log_dir if isinstance(first, (TensorBoardLogger, CSVLogger)) else first.save_dir
+        return os.fspath(found) if found is not None else self.default_root_dir
 
     callback_metrics = view("metric_store.callback_metrics")
 

@@ -201,6 +201,7 @@ class TorchCheckpointIO(CheckpointIO):
         return [None if p.grad is None else p.grad.detach().cpu().clone() for p in task.parameters()]
 
     def set_window_grads(self, task: torch.nn.Module, grads: list[torch.Tensor | None]) -> None:
+        """Put back the gradients of an accumulation window saved by `window_grads` (a resume mid-window)."""
         for p, g in zip(task.parameters(), grads):
             p.grad = None if g is None else g.to(p.device)
 

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from strategies.comm_device import to_comm
 from strategies.fault_tolerance.manager import ReplicaManager
 
 
@@ -21,7 +22,9 @@ class CrossGroup:
     the group first (when it has several ranks), then across the live groups. The cross-group sums are
     launched strictly in bucket order on every rank, as each group's rank r talks to every other group's
     rank r: a bucket's is launched once its in-group sum is done, checked at each later bucket's launch and
-    at the wait. With one rank per group it starts at once, overlapping the rest of backward.
+    at the wait. With one rank per group it starts at once, overlapping the rest of backward. The buckets
+    are model data on the rank's device (the communication device wherever NCCL runs), handed to both sums as
+    the Reducer hands them to its own.
     """
 
     def __init__(self, manager: Callable[[], ReplicaManager], group: dist.ProcessGroup | None, world: int):
@@ -71,7 +74,8 @@ def average_across(manager: ReplicaManager, grads: list[torch.Tensor]) -> None:
         by_dtype.setdefault((g.device, g.dtype), []).append(g)
     participants = manager.participants
     for chunk in by_dtype.values():
-        flat = torch.cat([g.reshape(-1) for g in chunk]).div_(participants)
+        # (made on the communication device of the groups' process group: strategies/comm_device.py)
+        flat = to_comm(torch.cat([g.reshape(-1) for g in chunk]), manager.device).div_(participants)
         manager.allreduce_sum(flat).wait()
         with torch.no_grad():
             for g, part in zip(chunk, flat.split([g.numel() for g in chunk])):

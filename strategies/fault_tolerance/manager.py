@@ -105,6 +105,9 @@ class ReplicaManager:
             dist.TCPStore(r.address, 0, is_master=True, wait_for_workers=False) if rank == 0 else None
         )
         host, port = broadcast((r.address, self._store.port) if self._store is not None else None)
+        # the process group across groups takes what the group's own takes: NCCL where the strategy's
+        # communication device is a GPU, gloo (CPU tensors) elsewhere; what Tandem hands it is made there
+        self.device = device
         self.pg = (
             ProcessGroupNCCL(timeout=timeout) if device.type == "cuda" else ProcessGroupGloo(timeout=timeout)
         )

@@ -97,7 +97,7 @@ class Replicas:
                 r,
                 comm.rank,
                 comm.world_size,
-                self.strategy.root_device,
+                comm.device,  # the communication device (strategies/comm_device.py)
                 comm.broadcast,
                 self._send,
                 self._take,

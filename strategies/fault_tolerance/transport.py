@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from strategies.comm_device import to_comm
 from strategies.fault_tolerance.shards import to_local
 
 
@@ -42,8 +43,8 @@ class SafeTransport:
     def send_checkpoint(self, dst_ranks: list[int], step: int, state_dict: Any, timeout: timedelta) -> None:
         buf = io.BytesIO()
         torch.save({"step": step, "state": to_local(state_dict)}, buf)
-        data = torch.frombuffer(bytearray(buf.getbuffer()), dtype=torch.uint8).to(self._device)
-        size = torch.tensor([data.numel()], dtype=torch.int64, device=self._device)
+        data = to_comm(torch.frombuffer(bytearray(buf.getbuffer()), dtype=torch.uint8), self._device)
+        size = to_comm([data.numel()], self._device, torch.int64)
         works = []
         for dst in dst_ranks:
             works += [self._pg.send([size], dst, tag=1), self._pg.send([data], dst, tag=2)]
@@ -53,9 +54,10 @@ class SafeTransport:
 
     def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:
         try:
-            size = torch.zeros(1, dtype=torch.int64, device=self._device)
+            size = to_comm([0], self._device, torch.int64)
             self._pg.recv([size], src_rank, tag=1).wait(timeout)
-            data = torch.empty(int(size.item()), dtype=torch.uint8, device=self._device)
+            # (a host read, once per rejoin: the buffer's size)
+            data = to_comm(torch.empty(int(size.item()), dtype=torch.uint8), self._device)
             self._pg.recv([data], src_rank, tag=2).wait(timeout)
             self.received += data.numel()
             got = torch.load(io.BytesIO(data.cpu().numpy().tobytes()), weights_only=True)

@@ -135,11 +135,15 @@ def static_bytes(
 
 
 def check_fits(
-    strategy: Any, task: torch.nn.Module, optimizers: list[torch.optim.Optimizer], local_ranks: int
+    strategy: Any, task: torch.nn.Module, optimizers: list[torch.optim.Optimizer], local_ranks: int | str
 ) -> None:
     """At setup (after configure_optimizers): warn, on rank 0, when this rank's parameters, gradients and
-    optimizer states alone will not fit its device (activations come on top; `tandem plan` predicts them)."""
+    optimizer states alone will not fit its device (activations come on top; `tandem plan` predicts them).
+    `local_ranks`: the Trainer's `devices`; where that is not a number ("auto", or a strategy given its own
+    devices) this node's processes are the launcher's LOCAL_WORLD_SIZE."""
     comm = strategy.comm
+    if not isinstance(local_ranks, int) or isinstance(local_ranks, bool):
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or comm.world_size)
     room = device_bytes(strategy.root_device, local_ranks if comm.world_size > 1 else 1)
     if room is None or 5 * local_bytes(list(task.parameters())) <= room:  # fits even with 3 states per weight
         return

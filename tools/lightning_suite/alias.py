@@ -50,6 +50,7 @@ _UTILITIES = {  # the other helper's trainer.utilities holds the rest; looked up
     "warning_cache": "trainer.utilities.data",
     "recursive_detach": "trainer.utilities.memory",
     "isolate_rng": "trainer.seed",
+    "LightningDeprecationWarning": "tandem_core.rank_zero:TandemDeprecationWarning",
 }
 TANDEM: dict[str, dict[str, str]] = {
     "": _TOP,
@@ -137,6 +138,7 @@ TANDEM_FABRIC: dict[str, dict[str, str]] = {
         "rank_zero_only": "tandem_core.rank_zero",
         "PossibleUserWarning": "trainer.utilities.enums",
         "TrainingSpikeException": "callbacks.spike",
+        "LightningDeprecationWarning": "tandem_core.rank_zero:TandemDeprecationWarning",
         **_ERRORS,
     },
 }

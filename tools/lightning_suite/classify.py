@@ -156,11 +156,14 @@ def failure(item: Any, excinfo: Any) -> tuple[str, str]:
         found = _import_failure(text)
         if found:
             return found
+    source = _test_source(item)
+    line = _failing_line(item, excinfo)
+    if line and _reaches_private(line, source):
+        return "internal", f"reaches internals: {' '.join(line.split())[:120]}"
     if isinstance(exc, AttributeError):
         found = _attribute_failure(text)
         if found:
             return found
-    source = _test_source(item)
     targets = _PATCH.findall(source)
     for target in targets:
         if any(p.startswith("_") for p in target.split(".")):
@@ -169,9 +172,6 @@ def failure(item: Any, excinfo: Any) -> tuple[str, str]:
     for owner, attr in _MONKEYPATCH_INTERNAL.findall(source):
         if owner in lightning_modules:
             return "internal", f"patches Lightning private {lightning_modules[owner]}.{attr}"
-    line = _failing_line(item, excinfo)
-    if line and _INTERNAL_LINE.search(line):
-        return "internal", f"reaches internals: {line.strip()[:120]}"
     for target in targets:
         module, names = _split_target(target)
         if names and _foreign([*module.split("."), names[0]]):
@@ -181,6 +181,20 @@ def failure(item: Any, excinfo: Any) -> tuple[str, str]:
         return "mocked", f"mocks Lightning internal {target}"
     first = text.splitlines()[0] if text else ""
     return "behaviour", first[:160]
+
+
+# `x = obj._private` or `x = Mock(spec=_PrivateClass)`: x stands for a Lightning internal
+_PRIVATE_ASSIGN = re.compile(r"^\s*(\w+)\s*=(?!=)[^\n]*?(?:\._[a-z]\w*|\b_[A-Z]\w*)[^\n]*$", re.M)
+
+
+def _reaches_private(line: str, source: str) -> bool:
+    """Whether the test's failing statement reaches a Lightning internal: an underscored attribute, a loop,
+    connector or progress object, or a name the test bound to one (`iterator = loader._iterator`,
+    `stateful = Mock(spec=_Stateful)`)."""
+    if _INTERNAL_LINE.search(line):
+        return True
+    bound = set(_PRIVATE_ASSIGN.findall(source))
+    return any(re.search(rf"\b{re.escape(name)}\b", line) for name in bound)
 
 
 def _foreign(leaf: list[str]) -> bool:

@@ -38,8 +38,16 @@ def check_log_model(value: Any) -> bool | str:
     raise ConfigError(f"log_model must be True, False or 'all'; got {value!r}")
 
 
-# what is recorded of the ModelCheckpoint next to each uploaded file (Lightning records the same keys)
-_SETTINGS = ("monitor", "mode", "save_last", "save_top_k", "save_weights_only", "every_n_train_steps")
+# what is recorded of the ModelCheckpoint next to each uploaded file, under Lightning's keys (its attribute names:
+# the step interval's is underscored there), so that dashboards and queries over them carry over
+_SETTINGS = {
+    "monitor": "monitor",
+    "mode": "mode",
+    "save_last": "save_last",
+    "save_top_k": "save_top_k",
+    "save_weights_only": "save_weights_only",
+    "every_n_train_steps": "_every_n_train_steps",
+}
 
 #: upload(path, aliases, metadata): send one checkpoint (a file, or a directory for sharded checkpoints)
 Upload = Callable[[str, list[str], dict[str, Any]], None]
@@ -86,9 +94,9 @@ class ModelUploads:
                 continue
             score = scores[path]
             metadata = {
-                "score": float(score) if score is not None else None,
+                "score": score.item() if hasattr(score, "item") else score,  # a Python number, as Lightning's
                 "original_filename": os.path.basename(path),
-                type(cb).__name__: {k: getattr(cb, k) for k in _SETTINGS if hasattr(cb, k)},
+                type(cb).__name__: {key: getattr(cb, k) for k, key in _SETTINGS.items() if hasattr(cb, k)},
             }
             aliases = ["latest", "best"] if path == getattr(cb, "best_model_path", "") else ["latest"]
             upload(path, aliases, metadata)

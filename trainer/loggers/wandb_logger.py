@@ -61,7 +61,9 @@ class WandbLogger(Logger):
             "dir": os.fspath(local) if local is not None else None,
             "id": version or id,
             "resume": "allow",
-            **({"anonymous": "allow"} if anonymous else {}),
+            "anonymous": "allow"
+            if anonymous
+            else None,  # (wandb's default; False is None too, as Lightning's)
             **({"mode": "offline"} if offline else {}),
             **kwargs,
         }
@@ -126,12 +128,24 @@ class WandbLogger(Logger):
                 os.makedirs(self._init["dir"], exist_ok=True)
             self._experiment = wandb.init(**self._init)
         self._version = self._experiment.id
-        if not self._init.get("sync_tensorboard"):
+        if getattr(self._experiment, "define_metric", None) is None:
+            pass  # a run object without it (an older client, a stand-in): metrics keep W&B's own step
+        elif not self._init.get("sync_tensorboard"):
             self._experiment.define_metric(STEP_KEY)
             self._experiment.define_metric("*", step_metric=STEP_KEY, step_sync=True)
         else:
             self._experiment.define_metric("*", step_metric="global_step")
         return self._experiment
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A pickled copy (a spawned worker, a pickled Trainer) holds the run's id, not the run: it continues
+        the same run (resume="allow") when its `experiment` is first read."""
+        state = self.__dict__.copy()
+        live = state.get("_experiment")
+        if live is not None and not isinstance(live, NoOpExperiment):
+            state["_init"] = {**self._init, "id": getattr(live, "id", None) or self._init["id"]}
+        state["_experiment"] = None
+        return state
 
     def watch(
         self, model: Any, log: str | None = "gradients", log_freq: int = 100, log_graph: bool = True
@@ -171,6 +185,35 @@ class WandbLogger(Logger):
         import wandb
 
         self.log_metrics({key: _media(wandb.Image, images, kwargs)}, step)  # type: ignore[dict-item]
+
+    def log_audio(self, key: str, audios: list[Any], step: int | None = None, **kwargs: Any) -> None:
+        """Audio clips (arrays or paths); keyword lists go to each wandb.Audio (sample_rate=..., caption=...)."""
+        import wandb
+
+        self.log_metrics({key: _media(wandb.Audio, audios, kwargs)}, step)  # type: ignore[dict-item]
+
+    def log_video(self, key: str, videos: list[Any], step: int | None = None, **kwargs: Any) -> None:
+        """Videos (arrays or paths); keyword lists go to each wandb.Video (fps=..., format=..., caption=...)."""
+        import wandb
+
+        self.log_metrics({key: _media(wandb.Video, videos, kwargs)}, step)  # type: ignore[dict-item]
+
+    @staticmethod
+    def download_artifact(
+        artifact: str,
+        save_dir: str | os.PathLike[str] | None = None,
+        artifact_type: str | None = None,
+        use_artifact: bool | None = True,
+    ) -> str:
+        """Download W&B artifact `artifact` into `save_dir` and return its local path; inside a run (and with
+        `use_artifact`) the run records that it used it, else it is fetched through wandb's public API."""
+        import wandb
+
+        if wandb.run is not None and use_artifact:
+            found = wandb.run.use_artifact(artifact)
+        else:
+            found = wandb.Api().artifact(artifact, type=artifact_type)
+        return found.download(root=os.fspath(save_dir) if save_dir is not None else None)
 
     def use_artifact(self, artifact: str, artifact_type: str | None = None) -> Any:
         """Declare that this run uses W&B artifact `artifact` (and return it)."""

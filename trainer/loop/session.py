@@ -14,7 +14,7 @@ import torch
 from strategies.data.indices import track_indices
 from strategies.data.reinit import recording_init_args
 from strategies.memory.plan import check_fits
-from tandem_core.errors import TaskError
+from tandem_core.errors import NoDataError, TaskError
 from tandem_core.hooks import overrides
 from trainer import checkpoint
 from trainer.compiler import RecompileWatch, unwrap_compiled
@@ -203,13 +203,13 @@ class Session:
         """Refuse at once a stage without data (the loaders themselves are asked for later)."""
         stage = self.stage
         if stage == "fit" and self.train is None and not self._has_source("train_dataloader"):
-            raise TaskError(
+            raise NoDataError(
                 "fit() needs training data: pass train_dataloaders, a datamodule, or define "
                 "train_dataloader() on the task."
             )
         phase = PHASE[stage]
         if stage != "fit" and self.evals is None and not self._has_source(f"{phase}_dataloader"):
-            raise TaskError(
+            raise NoDataError(
                 f"{stage}() needs data: pass dataloaders, a datamodule, or define {phase}_dataloader() on the task."
             )
         step = {"val": "validation_step", "test": "test_step"}.get(phase)
@@ -221,7 +221,7 @@ class Session:
     def _load_train(self) -> None:
         train = self.train if self.train is not None else self._source("train_dataloader")
         if train is None:
-            raise TaskError("train_dataloader() returned None; return a DataLoader.")
+            raise NoDataError("train_dataloader() returned None; return a DataLoader.")
         # several loaders: one CombinedLoader ("max_size_cycle"), as Lightning; a stateful loader too (its state
         # is saved at the batch the loop is at, see loop/combined.py); its batches are the loader's own
         if is_collection(train) or stateful(train):
@@ -237,6 +237,8 @@ class Session:
             self._add(phase, [])
             return
         evals = self.evals if self.evals is not None else self._source(f"{phase}_dataloader")
+        if evals is None and self.stage != "fit":  # validate/test/predict asked for data it does not get
+            raise NoDataError(f"{phase}_dataloader() returned None; return a DataLoader.")
         if evals is None:
             loaders = []
         elif is_collection(evals):  # loaders in a dict, list or nested: flattened, each a dataloader_idx

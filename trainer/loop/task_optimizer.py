@@ -34,24 +34,36 @@ class TaskOptimizer:
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
+        """The wrapped optimizer."""
         return self._optimizer
 
     # the wrapped optimizer's state, read and written through (never a stale copy on the wrapper)
-    state = property(lambda self: self._optimizer.state, lambda self, v: setattr(self._optimizer, "state", v))
+    state = property(
+        lambda self: self._optimizer.state,
+        lambda self, v: setattr(self._optimizer, "state", v),
+        doc="The wrapped optimizer's per-parameter state.",
+    )
     param_groups = property(
-        lambda self: self._optimizer.param_groups, lambda self, v: setattr(self._optimizer, "param_groups", v)
+        lambda self: self._optimizer.param_groups,
+        lambda self, v: setattr(self._optimizer, "param_groups", v),
+        doc="The wrapped optimizer's parameter groups.",
     )
     defaults = property(
-        lambda self: self._optimizer.defaults, lambda self, v: setattr(self._optimizer, "defaults", v)
+        lambda self: self._optimizer.defaults,
+        lambda self, v: setattr(self._optimizer, "defaults", v),
+        doc="The wrapped optimizer's default hyperparameters.",
     )
 
     def state_dict(self) -> dict[str, Any]:
+        """The wrapped optimizer's state_dict."""
         return self._optimizer.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load into the wrapped optimizer."""
         self._optimizer.load_state_dict(state_dict)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a parameter group to the wrapped optimizer."""
         self._optimizer.add_param_group(param_group)
 
     def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
@@ -71,6 +83,7 @@ class TaskOptimizer:
         return out
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """The wrapped optimizer's zero_grad."""
         self._optimizer.zero_grad(set_to_none=set_to_none)
 
     @contextlib.contextmanager

@@ -10,6 +10,19 @@ strategies/environments/); strategies/plugins.py hands them to the strategy.
 
 from __future__ import annotations
 
+from trainer.plugins.deprecated import (  # Lightning's deprecated old names
+    BitsandbytesPrecisionPlugin,
+    DeepSpeedPrecisionPlugin,
+    DoublePrecisionPlugin,
+    FSDPMixedPrecisionPlugin,
+    FSDPPrecisionPlugin,
+    HalfPrecisionPlugin,
+    LightningDoublePrecisionModule,
+    MixedPrecisionPlugin,
+    PrecisionPlugin,
+    TransformerEnginePrecisionPlugin,
+    XLAPrecisionPlugin,
+)
 from trainer.plugins.environments import (
     ClusterEnvironment,
     KubeflowEnvironment,
@@ -35,6 +48,17 @@ from trainer.plugins.precision import (
 )
 
 __all__ = [
+    "BitsandbytesPrecisionPlugin",
+    "DeepSpeedPrecisionPlugin",
+    "DoublePrecisionPlugin",
+    "FSDPMixedPrecisionPlugin",
+    "FSDPPrecisionPlugin",
+    "HalfPrecisionPlugin",
+    "LightningDoublePrecisionModule",
+    "MixedPrecisionPlugin",
+    "PrecisionPlugin",
+    "TransformerEnginePrecisionPlugin",
+    "XLAPrecisionPlugin",
     "AsyncCheckpointIO",
     "CheckpointIO",
     "TorchCheckpointIO",

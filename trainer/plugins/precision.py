@@ -14,8 +14,32 @@ from strategies.precision_plugins import (
     TransformerEnginePrecision,
     XLAPrecision,
 )
+from trainer.plugins.deprecated import (  # Lightning's deprecated old names
+    BitsandbytesPrecisionPlugin,
+    DeepSpeedPrecisionPlugin,
+    DoublePrecisionPlugin,
+    FSDPMixedPrecisionPlugin,
+    FSDPPrecisionPlugin,
+    HalfPrecisionPlugin,
+    LightningDoublePrecisionModule,
+    MixedPrecisionPlugin,
+    PrecisionPlugin,
+    TransformerEnginePrecisionPlugin,
+    XLAPrecisionPlugin,
+)
 
 __all__ = [
+    "BitsandbytesPrecisionPlugin",
+    "DeepSpeedPrecisionPlugin",
+    "DoublePrecisionPlugin",
+    "FSDPMixedPrecisionPlugin",
+    "FSDPPrecisionPlugin",
+    "HalfPrecisionPlugin",
+    "LightningDoublePrecisionModule",
+    "MixedPrecisionPlugin",
+    "PrecisionPlugin",
+    "TransformerEnginePrecisionPlugin",
+    "XLAPrecisionPlugin",
     "BitsandbytesPrecision",
     "DeepSpeedPrecision",
     "DoublePrecision",

@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from tandem_core.errors import TaskError, require
+from tandem_core.errors import ConfigError, require
+from tandem_core.rank_zero import rank_zero_deprecation
 
 
 class ExportMixin:
@@ -48,7 +49,7 @@ class ExportMixin:
         """`given`, else example_input_array, through the batch-transfer hooks onto the task's device."""
         example = given if given is not None else self.example_input_array
         if example is None:
-            raise TaskError(
+            raise ConfigError(
                 f"{what} needs an input: pass one, or set self.example_input_array in {type(self).__name__}."
             )
         batch = self.on_before_batch_transfer(example, 0)  # type: ignore[attr-defined]
@@ -82,9 +83,15 @@ class ExportMixin:
         **kwargs: Any,
     ) -> Any:
         """A ScriptModule of the task in eval mode, by ``torch.jit.script`` or ``torch.jit.trace`` (on
-        example_inputs, else example_input_array); saved to `file_path` when given."""
+        example_inputs, else example_input_array); saved to `file_path` when given. Deprecated, as TorchScript
+        is in torch (and in Lightning 2.6.6): export with ``torch.export.export`` or `to_onnx`."""
+        rank_zero_deprecation(  # (frames: the helpers and their rank-zero wrapper, this method, no_grad's)
+            f"{type(self).__name__}.to_torchscript() builds a TorchScript module, and torch deprecates "
+            "TorchScript: export with torch.export.export(task, args) or task.to_onnx() instead.",
+            stacklevel=7,
+        )
         if method not in ("script", "trace"):
-            raise TaskError(f"to_torchscript(method=...) takes 'script' or 'trace', got {method!r}.")
+            raise ConfigError(f"to_torchscript(method=...) takes 'script' or 'trace', got {method!r}.")
         mode = self.training  # type: ignore[attr-defined]
         inputs = (
             self._example(example_inputs, "to_torchscript(method='trace')") if method == "trace" else None
