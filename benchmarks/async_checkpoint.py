@@ -17,8 +17,13 @@ cost to the steps it overlaps is included; the wait for the last write at the en
 ("end wait"). The first async save also allocates the host buffers the later ones copy into: its stall is
 shown separately (the in-call time of each save, from a timing callback around ModelCheckpoint).
 
+A second table gives the time of one training step (median over every round), by what the checkpoint plugin
+was doing: a step that ends with a save call ("save": the whole write when synchronous, the host copy when
+async), a step during which a background write was in flight ("in flight"), and the others ("clean").
+
 Prints a table and writes benchmarks/results/async_checkpoint.json. Run it alone (under the shared lock):
-    python benchmarks/async_checkpoint.py [--rounds 2] [--steps 13] [--every 3] [--fsdp]
+    python benchmarks/async_checkpoint.py [--rounds 2] [--steps 13] [--every 3] [--fsdp [--no-single]] [--width N]
+(the file's name says which: async_checkpoint[_fsdp][_only][_widthN].json; it is rewritten after every run).
 """
 
 from __future__ import annotations
@@ -60,12 +65,28 @@ def _child(contender: str, steps: int, every: int, out: str, workdir: str, width
             return torch.optim.AdamW(self.parameters(), lr=1e-5)
 
     class Clock(Callback):
+        """Each step's end, and what the checkpoint plugin was doing during the step before it."""
+
         def __init__(self) -> None:
             self.ends: list[float] = []
             self.saves: list[float] = []
+            self.kinds: list[str] = []  # per step after the first: "save", "in flight" or "clean"
+            self._saved = False  # a save call ended the previous step
+            self._busy = False  # a background write was in flight at some point of this step
+
+        def _writing(self, trainer) -> bool:
+            writes = getattr(trainer.strategy.checkpoint_io, "_writes", [])
+            return any(not w.done.done() for w in writes)
+
+        def on_train_batch_start(self, trainer, task, batch, batch_idx):
+            self._busy = self._writing(trainer)
 
         def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx):
-            self.ends.append(time.perf_counter())
+            self.ends.append(time.perf_counter())  # (before ModelCheckpoint's save: this callback is first)
+            if len(self.ends) > 1:
+                busy = self._busy or self._writing(trainer)
+                self.kinds.append("save" if self._saved else "in flight" if busy else "clean")
+            self._saved = False
 
     clock = Clock()
     ckpt = ModelCheckpoint(dirpath=os.path.join(workdir, "ckpt"), every_n_train_steps=every, save_top_k=1)
@@ -75,6 +96,7 @@ def _child(contender: str, steps: int, every: int, out: str, workdir: str, width
         t0 = time.perf_counter()
         save(trainer, path)
         clock.saves.append(time.perf_counter() - t0)
+        clock._saved = True
 
     ckpt._write = timed
     fsdp = contender.startswith("fsdp")
@@ -104,6 +126,8 @@ def _child(contender: str, steps: int, every: int, out: str, workdir: str, width
             "end_wait_s": fit_end - clock.ends[-1],
             "saves": len(clock.saves),
             "in_call_s": clock.saves,
+            "step_s": [b - a for a, b in zip(clock.ends, clock.ends[1:])],
+            "step_kinds": clock.kinds,
             "fit_s": fit_end - t0,
             "params": LAYERS * (width * width + width),
         }
@@ -139,6 +163,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=13)
     p.add_argument("--every", type=int, default=3)
     p.add_argument("--fsdp", action="store_true", help="also fsdp at 2 processes (sharded directories)")
+    p.add_argument("--no-single", action="store_true", help="fsdp only (with --fsdp)")
     p.add_argument(
         "--width", type=int, default=WIDTH, help="of the layers (4096: 403 MB; smaller for a smoke run)"
     )
@@ -150,13 +175,20 @@ def main() -> None:
     if args.child:
         _child(args.child, args.steps, args.every, args.out, args.workdir, args.width)
         return
-    groups = [["none", "sync", "async"]] + ([["fsdp_none", "fsdp_sync", "fsdp_async"]] if args.fsdp else [])
+    groups = [] if args.no_single and args.fsdp else [["none", "sync", "async"]]
+    groups += [["fsdp_none", "fsdp_sync", "fsdp_async"]] if args.fsdp else []
+    os.makedirs(RESULTS, exist_ok=True)
+    name = "async_checkpoint" + ("_fsdp" if args.fsdp else "") + ("_only" if args.no_single else "")
+    name += "" if args.width == WIDTH else f"_width{args.width}"
+    result = os.path.join(RESULTS, f"{name}.json")
     runs: dict[str, list[dict]] = {}
     for r in range(args.rounds):
         for group in groups:
             for contender in group if r % 2 == 0 else reversed(group):
                 runs.setdefault(contender, []).append(_run(contender, args))
                 print(f"round {r}: {contender}: {runs[contender][-1]['train_s']:.2f} s", flush=True)
+                with open(result, "w") as f:  # every run kept as it ends (the tables follow at the end)
+                    json.dump({"args": vars(args), "runs": runs}, f, indent=1)
     rows = []
     for group in groups:
         base = statistics.median(x["train_s"] for x in runs[group[0]])
@@ -179,7 +211,7 @@ def main() -> None:
             )
         sync, asy = stalls[group[1]], stalls[group[2]]
         rows.append({"contender": f"{group[2]} / {group[1]}", "ratio": asy / sync if sync > 0 else None})
-    params = runs["none"][0]["params"] if "none" in runs else None
+    params = runs[groups[0][0]][0]["params"]
     print(
         f"\nmodel: {params} parameters, {params * 4 / 1e6:.0f} MB fp32; AdamW; {args.steps} steps, every {args.every}"
     )
@@ -188,19 +220,42 @@ def main() -> None:
     )
     for row in rows:
         if "ratio" in row:
-            print(f"{row['contender']:<24}{row['ratio']:>14.3f}")
+            ratio = "-" if row["ratio"] is None else f"{row['ratio']:.3f}"  # (no stall to compare with)
+            print(f"{row['contender']:<24}{ratio:>14}")
             continue
         later = row["in_call_later_s"]
         print(
             f"{row['contender']:<24}{row['stall_per_checkpoint_s']:>14.2f}{row['in_call_first_s']:>15.2f}"
             f"{later if later is None else round(later, 2)!s:>17}{row['end_wait_s']:>12.2f}"
         )
-    os.makedirs(RESULTS, exist_ok=True)
-    if args.width != WIDTH:  # a smoke run: no result file
-        return
-    name = "async_checkpoint_fsdp.json" if args.fsdp else "async_checkpoint.json"
-    with open(os.path.join(RESULTS, name), "w") as f:
-        json.dump({"args": vars(args), "runs": runs, "rows": rows, "params": params}, f, indent=1)
+    steps = _step_table(groups, runs)
+    with open(result, "w") as f:
+        json.dump(
+            {"args": vars(args), "runs": runs, "rows": rows, "steps": steps, "params": params}, f, indent=1
+        )
+
+
+def _step_table(groups: list[list[str]], runs: dict[str, list[dict]]) -> list[dict]:
+    """The time of one training step, median over every round's steps of each kind: a step that ends with a
+    save call ("save": the whole write when synchronous, the host copy when async), a step while a background
+    write is in flight ("in flight"), and the other steps ("clean"); each also as a ratio to no checkpoints."""
+    rows = []
+    print(f"\n{'per step (median)':<24}{'clean s':>10}{'save s':>10}{'in flight s':>13}{'n in flight':>13}")
+    for group in groups:
+        base = statistics.median(t for x in runs[group[0]] for t in x["step_s"])
+        for contender in group:
+            by: dict[str, list[float]] = {"clean": [], "save": [], "in flight": []}
+            for x in runs[contender]:
+                for t, kind in zip(x["step_s"], x["step_kinds"] or ["clean"] * len(x["step_s"])):
+                    by[kind].append(t)
+            row = {"contender": contender, "baseline_step_s": base, "n_in_flight": len(by["in flight"])}
+            for kind, times in by.items():
+                row[f"{kind.replace(' ', '_')}_s"] = statistics.median(times) if times else None
+            rows.append(row)
+            cells = [row["clean_s"], row["save_s"], row["in_flight_s"]]
+            shown = [f"{c:.3f}" if c is not None else "-" for c in cells]
+            print(f"{contender:<24}{shown[0]:>10}{shown[1]:>10}{shown[2]:>13}{row['n_in_flight']:>13}")
+    return rows
 
 
 if __name__ == "__main__":

@@ -16,8 +16,10 @@ while the interpreter is whole:
 - Objects Tandem made that hold a group (the ZeRO optimizers of ddp_zero1, find_unused_parameters' gloo
   group under NCCL) register a release with `on_close`: called first.
 - A DeviceMesh (FSDP's) keeps its groups in `_pg_registry` (for torch.compile tracing), and the mesh itself
-  outlives the model in torch's DTensor caches (the sharding propagator's, per thread). After
-  `destroy_process_group` every group is closed, so those registries are emptied.
+  outlives the model in torch's DTensor caches (the sharding propagator's, per thread); FSDP's FSDPMeshInfo
+  caches its group as an attribute and lives as long as the model (a script's global at exit). After
+  `destroy_process_group` every group is closed, so those registries are emptied and such attributes of
+  torch.distributed's objects set to None.
 
 The handler is registered when `strategies` is imported (importing Trainer does it), before a script's own
 `atexit.register(dist.destroy_process_group)`: atexit runs last-in first-out, so the script's handler runs
@@ -112,6 +114,8 @@ def _release_default_arguments() -> list[Any]:
     modules = [m for name, m in list(sys.modules.items()) if name.startswith("torch.distributed.") and m]
     for module in modules:
         for value in list(vars(module).values()):
+            # (type(), not isinstance: an object such as torch.distributed.reduce_op warns on every
+            # attribute read, __class__ included)
             functions += list(vars(value).values()) if issubclass(type(value), type) else [value]
     for fn in functions:
         defaults = fn.__defaults__ if type(fn) is types.FunctionType else None
@@ -122,18 +126,33 @@ def _release_default_arguments() -> list[Any]:
 
 
 def _release_meshes() -> list[Any]:
-    """The groups that live DeviceMeshes registered, their registries emptied (every group is closed)."""
+    """The groups that live torch.distributed objects hold, dropped (every group is closed): a DeviceMesh's
+    `_pg_registry` emptied, and an attribute holding a group (FSDP's FSDPMeshInfo caches its mesh's group as
+    `shard_process_group`; it lives as long as the model, e.g. a script's global) set to None."""
+    dist = sys.modules["torch.distributed"]
     mesh_module = sys.modules.get("torch.distributed.device_mesh")
     mesh_class = getattr(mesh_module, "DeviceMesh", None)
-    if mesh_class is None:
-        return []
     released: list[Any] = []
     for obj in gc.get_objects():
-        if issubclass(type(obj), mesh_class):
+        cls = type(obj)
+        module = getattr(cls, "__module__", None)  # (a str, except for type itself)
+        if not (isinstance(module, str) and module.startswith("torch.distributed")):
+            continue
+        if mesh_class is not None and issubclass(cls, mesh_class):
             registry = getattr(obj, "_pg_registry", None)
             if isinstance(registry, dict):
                 released += registry.values()
                 registry.clear()
+        try:  # (past any __getattribute__ of the class: torch.distributed.reduce_op's warns)
+            attrs = object.__getattribute__(obj, "__dict__")
+        except AttributeError:
+            continue
+        if not isinstance(attrs, dict):
+            continue
+        for name, value in list(attrs.items()):
+            if issubclass(type(value), dist.ProcessGroup):
+                released.append(value)
+                attrs[name] = None
     return released
 
 

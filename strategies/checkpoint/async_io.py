@@ -184,7 +184,9 @@ class AsyncCheckpointIO(CheckpointIO):
                 self._pool.shutdown(wait=True)
             if self._stager is not None and hasattr(self._stager, "close"):
                 self._stager.close()
-            self._pool, self._stager = None, None
+            # (the group too: a gloo group still held by a live plugin at interpreter exit outlives the
+            # world's close there, strategies/group_exit.py; the next directory save makes a new one)
+            self._pool, self._stager, self._group = None, None, None
             inner = self._checkpoint_io
             if isinstance(inner, AsyncCheckpointIO):
                 inner.teardown()

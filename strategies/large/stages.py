@@ -44,9 +44,10 @@ def place_stages(
     for module in local:
         recast(module, dtype)  # where it is (meta stays meta)
         if sharded:
-            from torch.distributed.fsdp import fully_shard
+            from torch.distributed.fsdp import FSDPModule, fully_shard
 
-            fully_shard(module, mesh=dp)
+            if not isinstance(module, FSDPModule):  # (a stage set up again after a fit is sharded already)
+                fully_shard(module, mesh=dp)
         replicas = (lambda m: sync_replicas(m, dp.get_group())) if sharded else None
         materialize(module, device, wanted, sharded, replicas, qualnames=names)
     move_materialized(task, device, dtype)
