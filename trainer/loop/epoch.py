@@ -55,6 +55,7 @@ class EpochRun:
         self.stop_at = cfg.max_steps if cfg.max_steps != -1 else float("inf")
         check_window_saves(t, val_every)
         batches, start = epoch_iterator(t)
+        t.session.train_iterator = batches  # as Lightning: the last epoch's workers end as this one starts
         if t.profiler is not None:  # each fetch timed under Lightning's key
             batches = t.profiler.fetches("[_TrainingEpochLoop].train_dataloader_next", batches)
         if state.val_pending:  # resumed from a checkpoint written just before a mid-epoch validation

@@ -66,6 +66,7 @@ class Session:
         self.recompiles: RecompileWatch | None = None
         self.cudagraphs = False  # the compiled steps replay CUDA graphs (set up with the task)
         self.restoring: checkpoint.Restoring | None = None
+        self.train_iterator: Any = None  # the last epoch's, kept until the next starts (its workers end then)
         self.eval_batches: dict[tuple[str, int], int] = {}  # (phase, loader) -> batches run since it loaded
         self.last_val_time = (
             0.0  # time.monotonic() of the last validation in fit (a time-based val_check_interval)
@@ -316,6 +317,7 @@ class Session:
             finally:
                 if not stopped:
                     t.state.status = TrainerStatus.FINISHED
+                self.train_iterator = None  # (its workers end now, with the stage)
                 shutdown_workers([loader for loaders in t.loaders.values() for loader in loaders])
                 try:
                     t.strategy.teardown()
