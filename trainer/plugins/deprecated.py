@@ -81,15 +81,19 @@ class LightningDoublePrecisionModule(torch.nn.Module):
         return self._call("forward", *args, **kwargs)
 
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        """The wrapped module's training_step, its floating-point inputs in float64."""
         return self._call("training_step", *args, **kwargs)
 
     def validation_step(self, *args: Any, **kwargs: Any) -> Any:
+        """The wrapped module's validation_step, its floating-point inputs in float64."""
         return self._call("validation_step", *args, **kwargs)
 
     def test_step(self, *args: Any, **kwargs: Any) -> Any:
+        """The wrapped module's test_step, its floating-point inputs in float64."""
         return self._call("test_step", *args, **kwargs)
 
     def predict_step(self, *args: Any, **kwargs: Any) -> Any:
+        """The wrapped module's predict_step, its floating-point inputs in float64."""
         return self._call("predict_step", *args, **kwargs)
 
 
