@@ -178,7 +178,7 @@ class Strategy:
     ) -> Any:
         """Step (under 16-mixed the scaler skips a step whose gradients are inf/nan); `kwargs` go to the
         optimizer's own ``step`` (Lightning's ``opt.step(closure=..., **kwargs)`` in manual optimization)."""
-        return (self._precision or self.precision).step(optimizer, closure, **kwargs)
+        return (self._precision or self.precision).optimizer_step(optimizer, None, closure, **kwargs)
 
     # ----- checkpoints --------------------------------------------------------------------------
     @property

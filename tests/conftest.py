@@ -113,12 +113,29 @@ def _launch_variables_restored():
     """Each test ends with the launch variables it started with (Lightning's strategies, run in-process as the
     parity tests' oracle, export them and never take them back)."""
     before = {k: os.environ.get(k) for k in _LAUNCH_VARIABLES}
+    ranks = _rank_zero_ranks()
     yield
     for k, v in before.items():
         if v is None:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+    for holder, attr, value in ranks:  # and the ranks rank_zero_warn reads (a strategy sets them)
+        setattr(holder, attr, value)
+
+
+def _rank_zero_ranks() -> list[tuple[Any, str, Any]]:
+    """(object, attribute, value) of the process-wide ranks behind Tandem's and Lightning's rank_zero_* helpers."""
+    found = []
+    tandem = sys.modules.get("tandem_core.rank_zero")
+    if tandem is not None:
+        found.append((tandem.rank_zero_only, "_rank", tandem.rank_zero_only._rank))
+    for name in ("lightning_utilities.core.rank_zero", "lightning_fabric.utilities.rank_zero"):
+        module = sys.modules.get(name)
+        holder = getattr(module, "rank_zero_only", None)
+        if holder is not None and hasattr(holder, "rank"):
+            found.append((holder, "rank", holder.rank))
+    return found
 
 
 @pytest.fixture(autouse=True)

@@ -36,9 +36,11 @@ def test_rich_table_holds_the_columns_and_totals(monkeypatch):
 
 def test_needs_rich(monkeypatch):
     import importlib.util
+    import sys
 
     from tandem_core.errors import MissingExtraError
 
+    monkeypatch.delitem(sys.modules, "rich", raising=False)  # (an imported module counts as installed)
     real = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "rich" else real(name, *a)

@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import Callback
 from strategies import SingleDeviceStrategy
+from tandem_core.errors import ConfigError
 from trainer import Task, Trainer
 
 
@@ -144,8 +145,11 @@ def test_validate_after_fit_reuses_the_task(tmp_path):
     t = trainer(tmp_path, max_epochs=2)
     t.fit(task, loader(), loader(4, seed=3))
     fit_val = float(t.callback_metrics["val/loss"])
-    out = t.validate(dataloaders=loader(4, seed=3))
+    out = t.validate(task, dataloaders=loader(4, seed=3))
     assert out[0]["val/loss"] == pytest.approx(fit_val)
+    # without the task, as Lightning: the best checkpoint of the fit, which needs a ModelCheckpoint
+    with pytest.raises(ConfigError, match="ModelCheckpoint` is not configured"):
+        t.validate(dataloaders=loader(4, seed=3))
     assert t.global_step == 4  # validate does not train
 
 
