@@ -299,10 +299,6 @@ def test_sigkill_during_20_async_saves_leaves_a_loadable_last_checkpoint(tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="on the round-2 merge, resume='auto' refuses the killed fsdp run's last.ckpt directory as 'saved by "
-    "another run' (its run_id), so the next start begins at step 0: to be fixed, then this marker removed"
-)
 def test_sigkill_during_20_dcp_async_saves_leaves_a_loadable_last_checkpoint(tmp_path):
     _kill_cycles(tmp_path, "--fsdp")  # fsdp at 2 processes: directories of shards, dcp.async_save
 

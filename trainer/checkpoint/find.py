@@ -33,8 +33,15 @@ def run_id(t: Trainer) -> dict[str, str]:
     task = t.task
     return {
         "experiment": t.loggers[0].name if t.loggers else "",
-        "task_class": "" if task is None else f"{type(task).__module__}.{type(task).__qualname__}",
+        "task_class": "" if task is None else class_name(task),
     }
+
+
+def class_name(task: Any) -> str:
+    """The task's own class, also when a wrapper such as FSDP's fully_shard swapped in a subclass of it (the same
+    name before and after the strategy's setup)."""
+    cls = next(c for c in type(task).__mro__ if not c.__module__.startswith("torch."))
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def find_last(t: Trainer) -> str | None:

@@ -19,7 +19,7 @@ from strategies.large.weights import defer, expect
 from tandem_core.errors import CheckpointError, ConfigError
 from tandem_core.fileio import wait_written
 from tandem_core.hooks import overrides
-from trainer.checkpoint.find import run_id
+from trainer.checkpoint.find import class_name, run_id
 from trainer.checkpoint.format import decode_for, encode, missing, rebuilt_form, without_pickles
 from trainer.loop.optim import step_schedulers
 from trainer.profiler import action_key
@@ -53,7 +53,7 @@ def contents(t: Trainer, states: dict[str, Any], ranks: list[dict[str, Any]] | N
     hparams, form = plain_hparams(task.hparams)  # a DictConfig as plain data, rebuilt on load
     ckpt: dict[str, Any] = {
         "tandem_version": FORMAT_VERSION,
-        "task_class": _class_name(task),
+        "task_class": class_name(task),
         "run_id": run_id(
             t
         ),  # resume="auto" and ckpt_path="last" resume only a file of this experiment and task
@@ -96,12 +96,6 @@ def _forms(owner: Any, form: str | None, prefix: str) -> dict[str, Any]:
     if form is not None:
         out[f"{prefix}hparams_type"] = form
     return out
-
-
-def _class_name(task: torch.nn.Module) -> str:
-    """The task's own class, also when a wrapper such as FSDP's swapped in a subclass of it."""
-    cls = next(c for c in type(task).__mro__ if not c.__module__.startswith("torch."))
-    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 @dataclass
