@@ -148,6 +148,7 @@ def test_the_group_is_closed_before_interpreter_exit(tmp_path):
         assert int(after) == int(before), out.stdout[-2000:]
 
 
+@pytest.mark.slow  # two launchers, two processes each
 def test_plain_script_and_torchrun_give_single_process_weights(tmp_path):
     plain, torchrun = tmp_path / "plain.pt", tmp_path / "torchrun.pt"
     out = _run([sys.executable, SCRIPT, str(plain)])

@@ -20,6 +20,8 @@ from tests.conftest import free_port
 from trainer import Task, Trainer
 from trainer.checkpoint import load
 
+pytestmark = pytest.mark.slow  # multi-process fault drills (tens of seconds each): make test-slow
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 FT = os.path.join(HERE, "scripts", "ft_train.py")
 WRITER = os.path.join(HERE, "scripts", "ckpt_writer.py")

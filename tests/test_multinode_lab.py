@@ -21,6 +21,8 @@ from benchmarks.lab import (
     throughput,
 )
 
+pytestmark = pytest.mark.slow  # the two-node network lab: make test-slow
+
 LAB_CLI = os.path.join(ROOT, "benchmarks", "lab.py")
 # connect to node1's address from node0 with a short timeout; prints "ok" or the error's class name
 CONNECT = """
