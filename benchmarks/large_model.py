@@ -123,6 +123,54 @@ def worker(contender: str, layers: int, d: int, out: str) -> None:
             json.dump({"ranks": everyone, "seconds": time.time() - start}, f)
 
 
+def tree(pid: int) -> list[int]:
+    """pid and its descendants (torchrun starts each worker in a session of its own, so a process group misses
+    them)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def kill_tree(pids: list[int]) -> None:
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def gone(pids: list[int], wait_s: float = 120.0) -> None:
+    """Kill the rung's processes and wait until every one has exited: a killed worker frees its pages only as it
+    exits, and the next rung's guard would otherwise read the last one's memory."""
+    deadline = time.time() + wait_s
+    while time.time() < deadline:
+        kill_tree(pids)
+        if not any(os.path.exists(f"/proc/{p}") and not zombie(p) for p in pids):
+            return
+        time.sleep(0.2)
+    raise SystemExit(f"the rung's processes {pids} did not exit within {wait_s:.0f} s")
+
+
+def zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return False
+
+
 def rung(contender: str, layers: int, d: int, limit_s: float) -> dict:
     """Run one rung under torchrun with the memory guard; what happened."""
     result = os.path.join(OUT, f".rung-{os.getpid()}.json")
@@ -141,7 +189,7 @@ def rung(contender: str, layers: int, d: int, limit_s: float) -> dict:
                             stderr=log, text=True)  # fmt: skip
 
     def stop(signum: int, frame: object) -> None:  # this script stopped (a timeout): its rung goes with it
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_tree(tree(proc.pid))
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
@@ -153,8 +201,10 @@ def rung(contender: str, layers: int, d: int, limit_s: float) -> dict:
         elif time.time() - start > limit_s:
             why = f"past {limit_s:.0f} s"
         if why:
-            os.killpg(proc.pid, signal.SIGKILL)
+            pids = tree(proc.pid)
+            kill_tree(pids)
             proc.wait()
+            gone(pids)
             break
         time.sleep(0.1)
     log.seek(0)
