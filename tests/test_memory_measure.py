@@ -17,10 +17,12 @@ MB = 2**20
 
 
 def test_the_peak_of_what_the_block_allocated_on_any_thread(tmp_path):
-    before = torch.empty(4 * MB, dtype=torch.uint8)
+    with allocation_peak() as earlier:
+        before = torch.empty(4 * MB, dtype=torch.uint8)
+    assert earlier.bytes == earlier.end == 4 * MB
     kept: list[torch.Tensor] = []
     with allocation_peak() as peak:
-        del before  # made before the block: its free is not the block's
+        del before  # made in an earlier block: its free is not this block's
         a = torch.empty(3 * MB, dtype=torch.uint8)
         worker = threading.Thread(target=lambda: kept.append(torch.ones(5 * MB, dtype=torch.uint8)))
         worker.start()
