@@ -3,7 +3,7 @@ of a transformer on long sequences, without checkpointing, with full checkpointi
 selective checkpointing (the linear layers' outputs kept; attention, norms and activations recomputed), all three
 in one run.
 
-The peak is what torch's CPU allocator held at once during the step (its own records, through the profiler:
+The peak is what torch's CPU allocator held at once during the step (counted at the allocator:
 strategies/memory/measure.py), minus what it held before (the weights); also the parameters' and the
 gradients' bytes, to read the activations off. Times are medians over rounds, the contenders interleaved.
 

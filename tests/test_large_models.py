@@ -258,8 +258,8 @@ def _sharded_start(rank: int, world: int, tmp: str, report: dict) -> None:
         return sd if how == "pretrained" else sd["state_dict"]
 
     for how in ("pretrained", "resume"):
-        # every rank maps the file (torch.load(mmap=True)); the allocator counts the mapping, not what is read
-        mapped = sum(t.untyped_storage().nbytes() for t in saved(how).values())
+        # every rank maps the file (torch.load(mmap=True)): a mapping, not an allocation (allocation_peak counts
+        # torch's CPU allocator only)
         gc.collect()
         reset_hwm()
         probe = AtTrainStart(vm_rss())
@@ -276,7 +276,7 @@ def _sharded_start(rank: int, world: int, tmp: str, report: dict) -> None:
                             ckpt_path=files[how] if how == "resume" else None)  # fmt: skip
         shard = sum(p.to_local().numel() * 8 for p in task.parameters() if isinstance(p, DTensor))
         largest = max(p.numel() * 8 for p in task.parameters())
-        report[f"{how}/allocated"] = (peak.bytes - mapped, shard, largest)
+        report[f"{how}/allocated"] = (peak.bytes, shard, largest)
         report[f"{how}/hwm"] = probe.share
         report[f"{how}/step"] = task.first_step
         got = _full(task)

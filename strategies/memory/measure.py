@@ -1,11 +1,11 @@
 """Measuring memory for real: the bytes torch's CPU allocator holds (every tensor's storage, as
 ``torch.cuda.max_memory_allocated`` counts on a GPU), and the process's resident set from the kernel.
 
-`allocation_peak` reads the allocator's own records through torch's profiler (``profile_memory=True``: one event
-per allocation and free, with its size); the peak is the largest running sum from the start of the block, so
-start it before anything worth counting is allocated. `vm_hwm` is the kernel's high-water mark of the resident
-set (/proc/self/status VmHWM): it also holds the interpreter, torch's libraries and whatever malloc keeps;
-`reset_hwm` lowers it to the current resident set (Linux's clear_refs), to measure one phase of a process.
+`allocation_peak` counts at the allocator itself (strategies/memory/allocator.py: every allocation and free, on
+every thread, gloo's workers included); the peak is the most bytes held at once by what was allocated inside the
+block. `vm_hwm` is the kernel's high-water mark of the resident set (/proc/self/status VmHWM): it also holds the
+interpreter, torch's libraries and whatever malloc keeps; `reset_hwm` lowers it to the current resident set
+(Linux's clear_refs), to measure one phase of a process.
 """
 
 from __future__ import annotations
@@ -23,22 +23,31 @@ class Peak:
     end: int = 0
 
 
+_measuring = False
+
+
 @contextlib.contextmanager
 def allocation_peak() -> Iterator[Peak]:
-    """The most bytes torch's CPU allocator held at once inside the block, counted from its start."""
-    from torch.profiler import ProfilerActivity, profile
+    """The most bytes torch's CPU allocator held at once inside the block, of what was allocated inside it (a
+    tensor made before the block and freed inside it does not lower the count). One block at a time."""
+    global _measuring
+    import gc
 
+    from strategies.memory.allocator import counting_allocator
+    from tandem_core.errors import ConfigError
+
+    if _measuring:
+        raise ConfigError("allocation_peak() blocks do not nest: measure one block at a time.")
+    lib = counting_allocator()
+    gc.collect()  # (an earlier block's garbage freed now, not at some point inside this one)
     found = Peak()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    _measuring = True
+    lib.tandem_begin()
+    try:
         yield found
-    events = sorted(
-        (e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
-    )
-    held = 0
-    for _, nbytes in events:
-        held += nbytes
-        found.bytes = max(found.bytes, held)
-    found.end = held
+    finally:
+        found.bytes, found.end = lib.tandem_peak(), lib.tandem_held()
+        _measuring = False
 
 
 def _status(field: str) -> int:

@@ -1,5 +1,6 @@
 """Measuring a real run's memory per rank, for the memory plan's and the large-model tests: the peak bytes torch's
-CPU allocator held from before the task was built to the end of fit (strategies/memory/measure.py)."""
+CPU allocator held from before the task was built to the end of fit (strategies/memory/measure.py), and what the
+rank's parameters, gradients and optimizer state hold at the end (a floor no sound measured peak is below)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader
 
 from strategies.memory.measure import allocation_peak
@@ -28,9 +30,10 @@ class Repeat:
 
 def measured_peak(
     make: Callable[[], Any], sample: Any, batch_size: int, steps: int = 2, **options: Any
-) -> int:
+) -> tuple[int, int]:
     """The allocator's peak (bytes) over building ``make()`` inside trainer.init_module(empty_init=True) and
-    fitting it `steps` steps on batches of `batch_size` copies of `sample`."""
+    fitting it `steps` steps on batches of `batch_size` copies of `sample`; and the bytes its parameters,
+    gradients and optimizer state hold once fit ends (`held_states`)."""
     from trainer import Trainer
 
     with warnings.catch_warnings():
@@ -41,4 +44,22 @@ def measured_peak(
             with trainer.init_module(empty_init=True):
                 task = make()
             trainer.fit(task, loader)
-    return peak.bytes
+            floor = held_states(trainer, task)
+    return peak.bytes, floor
+
+
+def held_states(trainer: Any, task: torch.nn.Module) -> int:
+    """Bytes of the distinct storages behind this rank's parameters, their gradients and the optimizer state it
+    holds (under ZeRO-1 its share), read from the live tensors (a DTensor's local shard)."""
+    from torch.distributed.tensor import DTensor
+
+    sharded = getattr(trainer.strategy, "sharded_optimizers", None)
+    optimizers = list(trainer.optimizers) + (sharded.local_optimizers() if sharded is not None else [])
+    tensors = [t for p in task.parameters() for t in (p, p.grad)]
+    tensors += [v for o in optimizers for state in o.state.values() for v in state.values()]
+    storages = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            t = t.to_local() if isinstance(t, DTensor) else t
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(storages.values())
