@@ -1,6 +1,7 @@
 """``AsyncCheckpointIO``: Lightning's plugin that writes checkpoints in the background, so that training goes on
 while a checkpoint is written. It writes the strategy's own form: one file (rank 0, in a thread) or, for
-sharded strategies, a directory of every rank's shards through torch's ``dcp.async_save``.
+sharded strategies, a directory of every rank's shards through torch's DCP (staged and saved as
+``dcp.async_save`` does, the save in this plugin's writer thread).
 
 - **A snapshot first.** Before a save returns, every tensor is copied into host buffers that are kept from
   one save to the next (torch's checkpoint stagers: the first save allocates them, later ones copy into
@@ -53,10 +54,10 @@ class _Write:
 
 class AsyncCheckpointIO(CheckpointIO):
     """Write checkpoints in the background (Lightning's ``AsyncCheckpointIO``), for single files and, under
-    fsdp and model_parallel, for directories of shards (``dcp.async_save``). Example::
+    fsdp and model_parallel, for directories of shards (DCP, as ``dcp.async_save``). Example::
 
         Trainer(plugins=[AsyncCheckpointIO()], callbacks=[ModelCheckpoint(save_last=True)]).fit(task)
-        Trainer(strategy="fsdp", devices=4, plugins=[AsyncCheckpointIO()])  # sharded: dcp.async_save
+        Trainer(strategy="fsdp", devices=4, plugins=[AsyncCheckpointIO()])  # sharded: DCP
 
     `checkpoint_io` is the plugin that writes each file (the strategy's own when None). `writer_nice`: the nice
     value (0 to 19) the writer thread gives itself on Linux, so that it competes less with training for the
@@ -142,7 +143,7 @@ class AsyncCheckpointIO(CheckpointIO):
 
     @property
     def writes_directory(self) -> bool:
-        """Whether the form writes a directory of shards (then through dcp.async_save)."""
+        """Whether the form writes a directory of shards (then through DCP)."""
         return self._target().writes_directory
 
     def __getattr__(self, name: str) -> Any:
