@@ -341,6 +341,13 @@ class PipelineStrategy(ProcessGroupStrategy):
         for h in self._cast_hooks:
             h.remove()
         self._cast_hooks, self.schedule = [], None
+        from torch.distributed.fsdp import FSDPModule
+
+        # pipeline x FSDP: an evaluation's forward leaves each stage unsharded (a root keeps its parameters
+        # gathered after forward): free them, and give a later stage's optimizer the shards
+        for module in self.stage_modules.values():
+            if isinstance(module, FSDPModule):
+                module.reshard()
         super().teardown()
 
 

@@ -303,10 +303,13 @@ def test_a_stage_set_up_again_keeps_its_sharded_container():
     task = PipeNet(2)
     first = task.configure_pipeline()
     fully_shard(first[0], mesh=init_device_mesh("cpu", (1,)))  # stage 0 sharded; stage 1 on another rank
+    with torch.no_grad():  # an evaluation's forward leaves a root's parameters gathered (teardown reshards)
+        first[0](torch.zeros(2, 6))
     again = task.configure_pipeline()
     assert again[0] is not first[0]
     reused = reuse_stages(again, {0: first[0]})
     assert reused[0] is first[0] and reused[1] is again[1]
+    first[0].reshard()
     assert reuse_stages([first[0], again[1]], {})[0] is first[0]  # a sharded container the task returns again
     with pytest.raises(TaskError, match="stage 0 holds parameters that a PipelineStrategy sharded already"):
         reuse_stages(again, {})  # another Trainer: nothing of it to reuse

@@ -74,7 +74,9 @@ def place_stages(
         if sharded:
             from torch.distributed.fsdp import FSDPModule, fully_shard
 
-            if not isinstance(module, FSDPModule):  # (a stage set up again after a fit is sharded already)
+            if isinstance(module, FSDPModule):  # a stage set up before (reuse_stages): sharded already; an
+                module.reshard()  # evaluation's forward leaves it unsharded: the optimizer must get the shards
+            else:
                 fully_shard(module, mesh=dp)
         replicas = (lambda m: sync_replicas(m, dp.get_group())) if sharded else None
         materialize(module, device, wanted, sharded, replicas, qualnames=names)
