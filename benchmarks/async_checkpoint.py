@@ -163,6 +163,7 @@ def _child(contender: str, steps: int, every: int, out: str, workdir: str, width
             "step_s": [b - a for a, b in zip(clock.ends, clock.ends[1:])],
             "step_kinds": clock.kinds,
             "fit_s": fit_end - t0,
+            "loadavg_end": os.getloadavg(),  # (the machine's other work during the run)
             "params": LAYERS * (width * width + width),
         }
         with open(out, "w") as f:
@@ -207,6 +208,9 @@ def main() -> None:
         help="the async contenders (async: writer at nice 19, async_nice0)",
     )
     p.add_argument("--dir", default=None, help="where checkpoints are written (default: the system's temp)")
+    p.add_argument(
+        "--tables", default=None, help="only print and write the tables of the runs in this results file"
+    )
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)
     p.add_argument("--workdir", default=None, help=argparse.SUPPRESS)
@@ -222,6 +226,12 @@ def main() -> None:
     name += "" if args.width == WIDTH else f"_width{args.width}"
     result = os.path.join(RESULTS, f"{name}.json")
     runs: dict[str, list[dict]] = {}
+    if args.tables:  # the runs a stopped (or finished) benchmark left: every contender with a run
+        with open(args.tables) as f:
+            runs = json.load(f)["runs"]
+        groups = [[c for c in group if c in runs] for group in groups]
+        groups = [g for g in groups if len(g) > 1 and g[0] in runs]
+        result, args.rounds = args.tables, 0
     for r in range(args.rounds):
         for group in groups:
             for contender in group if r % 2 == 0 else reversed(group):
