@@ -7,8 +7,8 @@ processes, contenders in alternating order over `--rounds` rounds:
 
 - ``none``: no checkpoints (the baseline),
 - ``sync``: the default TorchCheckpointIO (torch.save to a temporary file, fsync, rename),
-- ``async``: ``plugins=[AsyncCheckpointIO()]`` (its writer thread at nice 19, the default),
-- ``async_nice0``: ``AsyncCheckpointIO(writer_nice=None)`` (the writer at the process's priority, as before),
+- ``async``: ``plugins=[AsyncCheckpointIO(writer_nice=19)]`` (its writer thread at nice 19),
+- ``async_nice0``: ``plugins=[AsyncCheckpointIO()]`` (the default: the writer at the process's priority),
 and with ``--fsdp`` the same under ``strategy="fsdp", devices=2`` (sharded directories: DCP's save against
 the plugin's background ``dcp.save``): ``fsdp_none``, ``fsdp_sync``, ``fsdp_async``, ``fsdp_async_nice0``
 (``--variants`` picks which async ones run).

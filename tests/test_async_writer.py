@@ -21,8 +21,8 @@ def _nice() -> int:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own nice value is Linux's")
 def test_the_writer_thread_runs_at_low_priority_for_files_and_directories(tmp_path, monkeypatch):
-    """Every write (a file's torch.save, a directory's dcp.save) runs in the plugin's writer thread, at nice 19
-    by default (that thread only: the caller's priority is unchanged), at the process's with writer_nice=None."""
+    """Every write (a file's torch.save, a directory's dcp.save) runs in the plugin's writer thread: at nice 19
+    with writer_nice=19 (that thread only: the caller's priority is unchanged), at the process's by default."""
     import torch.distributed.checkpoint as dcp
 
     from strategies.checkpoint.io import ShardedCheckpointIO
@@ -41,7 +41,7 @@ def test_the_writer_thread_runs_at_low_priority_for_files_and_directories(tmp_pa
 
     monkeypatch.setattr(dcp, "save", recording_save)
     mine, me = _nice(), threading.get_native_id()
-    for nice, expected in ((19, max(19, mine)), (None, mine)):
+    for nice, expected in ((19, max(19, mine)), (None, mine)):  # (None: the default)
         seen: list[tuple[int, int]] = []
         io = AsyncCheckpointIO(Recording(), writer_nice=nice)
         io.save_checkpoint({"w": torch.ones(3)}, str(tmp_path / f"{nice}.ckpt"))

@@ -17,9 +17,11 @@ sharded strategies, a directory of every rank's shards through torch's DCP (stag
   it (tandem_core.fileio.wait_written).
 - **Errors are not lost.** A failed write is raised, naming the file, at the next save or at ``teardown``
   (the end of every stage), which also waits for the last save.
-- **Training first.** Every write (a file's ``torch.save``, a directory's ``dcp.save``) runs in one writer thread
-  of this plugin's, which on Linux lowers its own CPU priority (``writer_nice``, 19 by default: that thread only,
-  the process keeps its own): where training keeps every core busy, the writer gets what training leaves.
+- **One writer thread.** Every write (a file's ``torch.save``, a directory's ``dcp.save`` of the staged copy, as
+  ``dcp.async_save`` runs it) runs in this plugin's one writer thread. ``writer_nice=19`` makes that thread (only
+  it: the process keeps its priority) yield the cores to training on Linux; the default leaves it at the
+  process's priority, because a starved writer that has not finished by the next save makes that save wait
+  for it (docs/large_models.md, "Asynchronous checkpoints", measured both ways).
 """
 
 from __future__ import annotations
@@ -61,10 +63,11 @@ class AsyncCheckpointIO(CheckpointIO):
 
     `checkpoint_io` is the plugin that writes each file (the strategy's own when None). `writer_nice`: the nice
     value (0 to 19) the writer thread gives itself on Linux, so that it competes less with training for the
-    cores; None leaves it at the process's (elsewhere it always is).
+    cores (worth it where a write ends well before the next save); None (the default) leaves it at the
+    process's (elsewhere it always is).
     """
 
-    def __init__(self, checkpoint_io: CheckpointIO | None = None, writer_nice: int | None = 19) -> None:
+    def __init__(self, checkpoint_io: CheckpointIO | None = None, writer_nice: int | None = None) -> None:
         if writer_nice is not None and (
             isinstance(writer_nice, bool) or not isinstance(writer_nice, int) or not 0 <= writer_nice <= 19
         ):
