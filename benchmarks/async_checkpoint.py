@@ -226,13 +226,18 @@ def main() -> None:
     name += "" if args.width == WIDTH else f"_width{args.width}"
     result = os.path.join(RESULTS, f"{name}.json")
     runs: dict[str, list[dict]] = {}
+    rounds = args.rounds
     if args.tables:  # the runs a stopped (or finished) benchmark left: every contender with a run
         with open(args.tables) as f:
-            runs = json.load(f)["runs"]
+            saved = json.load(f)
+        runs = saved["runs"]
         groups = [[c for c in group if c in runs] for group in groups]
         groups = [g for g in groups if len(g) > 1 and g[0] in runs]
-        result, args.rounds = args.tables, 0
-    for r in range(args.rounds):
+        result, rounds = args.tables, 0
+        args = argparse.Namespace(
+            **{**saved["args"], "tables": None, "rounds_done": max(map(len, runs.values()))}
+        )
+    for r in range(rounds):
         for group in groups:
             for contender in group if r % 2 == 0 else reversed(group):
                 runs.setdefault(contender, []).append(_run(contender, args))
