@@ -1,5 +1,6 @@
 """AsyncCheckpointIO's writer thread (strategies/checkpoint/async_io.py): every write, a file's torch.save and a
-directory's dcp.save, runs there at a lower CPU priority than training (Linux), the caller's own unchanged."""
+directory's dcp.save, runs there; with writer_nice=19 at a lower CPU priority than training (Linux), the caller's own
+unchanged."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def _nice() -> int:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own nice value is Linux's")
-def test_the_writer_thread_runs_at_low_priority_for_files_and_directories(tmp_path, monkeypatch):
+def test_every_write_runs_in_the_writer_thread_at_the_priority_asked(tmp_path, monkeypatch):
     """Every write (a file's torch.save, a directory's dcp.save) runs in the plugin's writer thread: at nice 19
     with writer_nice=19 (that thread only: the caller's priority is unchanged), at the process's by default."""
     import torch.distributed.checkpoint as dcp
