@@ -15,10 +15,12 @@ from __future__ import annotations
 import argparse
 import collections
 import concurrent.futures
+import contextlib
 import fnmatch
 import glob
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -107,6 +109,9 @@ def checkout(args: argparse.Namespace) -> tuple[str, str]:
     return dest, tag
 
 
+FILE_TIMEOUT_S = 1800  # one file's pytest process at most
+
+
 def run_pytest(
     mode: str,
     tests_dir: str,
@@ -142,8 +147,19 @@ def run_pytest(
         part = f"{out}.{f.replace('/', '_')}.part"
         if os.path.exists(part):
             os.remove(part)
-        subprocess.run(cmd + [f], cwd=os.path.join(tests_dir, "tests"), env=dict(env, LIGHTNING_SUITE_OUT=part),
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=1800)  # fmt: skip
+        proc = subprocess.Popen(cmd + [f], cwd=os.path.join(tests_dir, "tests"), start_new_session=True,
+                                env=dict(env, LIGHTNING_SUITE_OUT=part), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)  # fmt: skip
+        try:
+            proc.wait(timeout=FILE_TIMEOUT_S)
+        except (
+            subprocess.TimeoutExpired
+        ):  # the tests that finished keep their rows; the rest count as not run
+            print(f"  {mode}: {f} past {FILE_TIMEOUT_S} s: stopped", flush=True)
+        finally:  # the file's process group: the workers a test spawned go with it
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
         with open(out, "a") as dst:
             if os.path.exists(part):
                 dst.write(open(part).read())
