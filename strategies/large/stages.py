@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 
 def reuse_stages(modules: list[nn.Module], placed: dict[int, nn.Module]) -> list[nn.Module]:
     """`modules` (configure_pipeline()'s stages, whose containers are often built afresh on every call) with each
-    stage that this rank set up before (`placed`, by index: the same Trainer's previous stage) in place of a new
-    container holding the same parameters: fully_shard made the old one the stage's sharded unit, and its
+    stage that this rank sharded before (`placed`, by index: the same Trainer's previous stage) in place of a new
+    container holding the same parameters (a stage never sharded is taken as returned now): fully_shard made the old one the stage's sharded unit, and its
     parameters sharded ones, which cannot be sharded again. A stage whose parameters are sharded already but
     whose container is new with other parameters (another split, or another Trainer) is a TaskError; a sharded
     container returned again (one the task keeps) is its own unit already."""
@@ -33,7 +33,7 @@ def reuse_stages(modules: list[nn.Module], placed: dict[int, nn.Module]) -> list
     for i, module in enumerate(modules):
         old = placed.get(i)
         params = [id(p) for p in module.parameters()]
-        if old is not None and old is not module and params == [id(p) for p in old.parameters()]:
+        if isinstance(old, FSDPModule) and old is not module and params == [id(p) for p in old.parameters()]:
             module = old
         elif not isinstance(module, FSDPModule) and any(isinstance(p, DTensor) for p in module.parameters()):
             raise TaskError(
