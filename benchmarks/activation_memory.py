@@ -9,6 +9,7 @@ gradients' bytes, to read the activations off. Times are medians over rounds, th
 
     python benchmarks/activation_memory.py            # writes benchmarks/results/activation_memory.json
     python benchmarks/activation_memory.py --quick    # a small model, in seconds: activation_memory_quick.json
+    python benchmarks/activation_memory.py --layers 4 --seq 1024   # another size: activation_memory_<size>.json
 """
 
 from __future__ import annotations
@@ -41,8 +42,22 @@ def step(model: GPT, x: torch.Tensor, y: torch.Tensor) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--d", type=int, default=None, help="width (full size: 256)")
+    ap.add_argument("--layers", type=int, default=None, help="blocks (full size: 6)")
+    ap.add_argument("--seq", type=int, default=None, help="tokens per sequence (full size: 2048)")
+    ap.add_argument("--batch", type=int, default=None, help="sequences (full size: 2)")
+    ap.add_argument("--rounds", type=int, default=None, help="timed steps per contender (full size: 3)")
     args = ap.parse_args()
-    d, layers, seq, batch, rounds = (128, 2, 512, 1, 2) if args.quick else (256, 6, 2048, 2, 3)
+    full = (256, 6, 2048, 2, 3)
+    d, layers, seq, batch, rounds = (128, 2, 512, 1, 2) if args.quick else full
+    d, layers, seq, batch, rounds = (
+        d if args.d is None else args.d,
+        layers if args.layers is None else args.layers,
+        seq if args.seq is None else args.seq,
+        batch if args.batch is None else args.batch,
+        rounds if args.rounds is None else args.rounds,
+    )
+    load_start = os.getloadavg()  # (the machine's other work: the step times depend on it)
     torch.manual_seed(0)
     torch.set_num_threads(2)
     plain = GPT(d=d, heads=8, layers=layers, vocab=1000)
@@ -58,6 +73,7 @@ def main() -> None:
         with allocation_peak() as peak:
             step(model, x, y)
         peaks[name] = peak.bytes
+        print(f"{name}: peak {peak.bytes / 2**20:.1f} MB", flush=True)
     for _ in range(rounds):
         for name, model in models.items():
             start = time.perf_counter()
@@ -84,14 +100,24 @@ def main() -> None:
             f"{r['time_vs_none']:>7.2f}"
         )
     # --quick writes a file of its own (a small model: its peaks hold, its times are too short to compare)
-    name = "activation_memory_quick.json" if args.quick else "activation_memory.json"
+    size = (d, layers, seq, batch)
+    name = (
+        "activation_memory_quick.json"
+        if args.quick and size == (128, 2, 512, 1)
+        else "activation_memory.json"
+        if size == full[:4]
+        else f"activation_memory_d{d}_l{layers}_s{seq}_b{batch}.json"
+    )
     out = os.path.join(ROOT, "benchmarks", "results", name)
     config = {
         "d": d,
         "layers": layers,
         "seq": seq,
         "batch": batch,
+        "rounds": rounds,
         "save_ops": SAVE,
+        "loadavg_start": load_start,
+        "loadavg_end": os.getloadavg(),
         "torch": torch.__version__,
     }
     with open(out, "w") as f:

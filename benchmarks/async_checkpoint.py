@@ -7,15 +7,20 @@ processes, contenders in alternating order over `--rounds` rounds:
 
 - ``none``: no checkpoints (the baseline),
 - ``sync``: the default TorchCheckpointIO (torch.save to a temporary file, fsync, rename),
-- ``async``: ``plugins=[AsyncCheckpointIO()]``,
+- ``async``: ``plugins=[AsyncCheckpointIO(writer_nice=19)]`` (its writer thread at nice 19),
+- ``async_nice0``: ``plugins=[AsyncCheckpointIO()]`` (the default: the writer at the process's priority),
 and with ``--fsdp`` the same under ``strategy="fsdp", devices=2`` (sharded directories: DCP's save against
-``dcp.async_save``): ``fsdp_none``, ``fsdp_sync``, ``fsdp_async``.
+the plugin's background ``dcp.save``): ``fsdp_none``, ``fsdp_sync``, ``fsdp_async``, ``fsdp_async_nice0``
+(``--variants`` picks which async ones run).
 
 The stall per checkpoint is (training time with checkpoints - training time without) / checkpoints, where the
 training time runs from the end of the first step to the end of the last one, so that a background write's
 cost to the steps it overlaps is included; the wait for the last write at the end of fit is reported apart
-("end wait"). The first async save also allocates the host buffers the later ones copy into: its stall is
-shown separately (the in-call time of each save, from a timing callback around ModelCheckpoint).
+("end wait"). The other measure of the stall is the time the training thread is blocked in each save call
+("blocked": the whole write when synchronous, the host copy when async), from a timing wrapper around
+ModelCheckpoint's write; the first async save also allocates the host buffers the later ones copy into, so it
+is shown apart. Each background write's wall time and the CPU time its thread used are recorded too (the
+writer's demand on the cores that training also uses).
 
 A second table gives the time of one training step (median over every round), by what the checkpoint plugin
 was doing: a step that ends with a save call ("save": the whole write when synchronous, the host copy when
@@ -23,6 +28,7 @@ async), a step during which a background write was in flight ("in flight"), and 
 
 Prints a table and writes benchmarks/results/async_checkpoint.json. Run it alone (under the shared lock):
     python benchmarks/async_checkpoint.py [--rounds 2] [--steps 13] [--every 3] [--fsdp [--no-single]] [--width N]
+        [--variants async,async_nice0]
 (the file's name says which: async_checkpoint[_fsdp][_only][_widthN].json; it is rewritten after every run).
 """
 
@@ -44,6 +50,25 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 WIDTH, LAYERS, BATCH = 4096, 6, 16
 
 
+def _timed_writes(writes: list[list[float]]) -> None:
+    """Record each background write's wall and thread CPU time (in the writer thread: a file's torch.save, a
+    directory's dcp.save and publication)."""
+    from strategies.checkpoint import async_io
+
+    def timed(fn):
+        def run(*args, **kwargs):
+            w0, c0 = time.perf_counter(), time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                writes.append([time.perf_counter() - w0, time.thread_time() - c0])
+
+        return run
+
+    async_io.AsyncCheckpointIO._write_file = staticmethod(timed(async_io.AsyncCheckpointIO._write_file))
+    async_io._save_dir = timed(async_io._save_dir)
+
+
 def _child(contender: str, steps: int, every: int, out: str, workdir: str, width: int) -> None:
     import torch
     from torch.utils.data import DataLoader, TensorDataset
@@ -51,6 +76,9 @@ def _child(contender: str, steps: int, every: int, out: str, workdir: str, width
     from callbacks import Callback, ModelCheckpoint
     from trainer import Task, Trainer
     from trainer.plugins import AsyncCheckpointIO
+
+    writes: list[list[float]] = []
+    _timed_writes(writes)
 
     class Big(Task):
         def __init__(self) -> None:
@@ -70,6 +98,7 @@ def _child(contender: str, steps: int, every: int, out: str, workdir: str, width
         def __init__(self) -> None:
             self.ends: list[float] = []
             self.saves: list[float] = []
+            self.save_cpu: list[float] = []  # the training thread's CPU time in each save call
             self.kinds: list[str] = []  # per step after the first: "save", "in flight" or "clean"
             self._saved = False  # a save call ended the previous step
             self._busy = False  # a background write was in flight at some point of this step
@@ -93,9 +122,10 @@ def _child(contender: str, steps: int, every: int, out: str, workdir: str, width
     save = ckpt._write  # the time each save keeps the training loop waiting, measured around the call
 
     def timed(trainer, path):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         save(trainer, path)
         clock.saves.append(time.perf_counter() - t0)
+        clock.save_cpu.append(time.thread_time() - c0)
         clock._saved = True
 
     ckpt._write = timed
@@ -109,7 +139,9 @@ def _child(contender: str, steps: int, every: int, out: str, workdir: str, width
         strategy="fsdp" if fsdp else "single",
         devices=2 if fsdp else 1,
         callbacks=[clock] + ([ckpt] if kind != "none" else []),
-        plugins=[AsyncCheckpointIO()] if kind == "async" else None,
+        plugins=[AsyncCheckpointIO(writer_nice=19 if kind == "async" else None)]
+        if kind.startswith("async")
+        else None,
         enable_checkpointing=kind != "none",
         logger=False,
         enable_progress_bar=False,
@@ -126,9 +158,12 @@ def _child(contender: str, steps: int, every: int, out: str, workdir: str, width
             "end_wait_s": fit_end - clock.ends[-1],
             "saves": len(clock.saves),
             "in_call_s": clock.saves,
+            "in_call_cpu_s": clock.save_cpu,
+            "writes_s": writes,  # [wall, writer thread CPU] per background write
             "step_s": [b - a for a, b in zip(clock.ends, clock.ends[1:])],
             "step_kinds": clock.kinds,
             "fit_s": fit_end - t0,
+            "loadavg_end": os.getloadavg(),  # (the machine's other work during the run)
             "params": LAYERS * (width * width + width),
         }
         with open(out, "w") as f:
@@ -167,7 +202,15 @@ def main() -> None:
     p.add_argument(
         "--width", type=int, default=WIDTH, help="of the layers (4096: 403 MB; smaller for a smoke run)"
     )
+    p.add_argument(
+        "--variants",
+        default="async,async_nice0",
+        help="the async contenders (async: writer at nice 19, async_nice0)",
+    )
     p.add_argument("--dir", default=None, help="where checkpoints are written (default: the system's temp)")
+    p.add_argument(
+        "--tables", default=None, help="only print and write the tables of the runs in this results file"
+    )
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)
     p.add_argument("--workdir", default=None, help=argparse.SUPPRESS)
@@ -175,14 +218,26 @@ def main() -> None:
     if args.child:
         _child(args.child, args.steps, args.every, args.out, args.workdir, args.width)
         return
-    groups = [] if args.no_single and args.fsdp else [["none", "sync", "async"]]
-    groups += [["fsdp_none", "fsdp_sync", "fsdp_async"]] if args.fsdp else []
+    variants = [v for v in args.variants.split(",") if v]
+    groups = [] if args.no_single and args.fsdp else [["none", "sync", *variants]]
+    groups += [["fsdp_none", "fsdp_sync", *[f"fsdp_{v}" for v in variants]]] if args.fsdp else []
     os.makedirs(RESULTS, exist_ok=True)
     name = "async_checkpoint" + ("_fsdp" if args.fsdp else "") + ("_only" if args.no_single else "")
     name += "" if args.width == WIDTH else f"_width{args.width}"
     result = os.path.join(RESULTS, f"{name}.json")
     runs: dict[str, list[dict]] = {}
-    for r in range(args.rounds):
+    rounds = args.rounds
+    if args.tables:  # the runs a stopped (or finished) benchmark left: every contender with a run
+        with open(args.tables) as f:
+            saved = json.load(f)
+        runs = saved["runs"]
+        groups = [[c for c in group if c in runs] for group in groups]
+        groups = [g for g in groups if len(g) > 1 and g[0] in runs]
+        result, rounds = args.tables, 0
+        args = argparse.Namespace(
+            **{**saved["args"], "tables": None, "rounds_done": max(map(len, runs.values()))}
+        )
+    for r in range(rounds):
         for group in groups:
             for contender in group if r % 2 == 0 else reversed(group):
                 runs.setdefault(contender, []).append(_run(contender, args))
@@ -192,12 +247,15 @@ def main() -> None:
     rows = []
     for group in groups:
         base = statistics.median(x["train_s"] for x in runs[group[0]])
-        stalls = {}
+        stalls, blocked = {}, {}
         for contender in group[1:]:
             per = [(x["train_s"] - base) / x["saves"] for x in runs[contender]]
             first = [x["in_call_s"][0] for x in runs[contender]]
             later = [s for x in runs[contender] for s in x["in_call_s"][1:]]
+            every_call = [s for x in runs[contender] for s in x["in_call_s"]]
+            written = [w for x in runs[contender] for w in x.get("writes_s", [])]
             stalls[contender] = statistics.median(per)
+            blocked[contender] = statistics.median(later or every_call)
             rows.append(
                 {
                     "contender": contender,
@@ -205,28 +263,47 @@ def main() -> None:
                     "per_round": per,
                     "in_call_first_s": statistics.median(first),
                     "in_call_later_s": statistics.median(later) if later else None,
+                    "in_call_cpu_s": statistics.median(
+                        c for x in runs[contender] for c in x["in_call_cpu_s"]
+                    ),
+                    "write_wall_s": statistics.median(w[0] for w in written) if written else None,
+                    "write_cpu_s": statistics.median(w[1] for w in written) if written else None,
                     "end_wait_s": statistics.median(x["end_wait_s"] for x in runs[contender]),
                     "saves": runs[contender][0]["saves"],
                 }
             )
-        sync, asy = stalls[group[1]], stalls[group[2]]
-        rows.append({"contender": f"{group[2]} / {group[1]}", "ratio": asy / sync if sync > 0 else None})
+        sync = group[1]
+        for contender in group[2:]:
+            rows.append(
+                {
+                    "contender": f"{contender} / {sync}",
+                    "ratio": stalls[contender] / stalls[sync] if stalls[sync] > 0 else None,
+                    "blocked_ratio": blocked[contender] / blocked[sync] if blocked[sync] > 0 else None,
+                }
+            )
     params = runs[groups[0][0]][0]["params"]
     print(
         f"\nmodel: {params} parameters, {params * 4 / 1e6:.0f} MB fp32; AdamW; {args.steps} steps, every {args.every}"
     )
     print(
-        f"{'contender':<24}{'stall/ckpt s':>14}{'in-call 1st s':>15}{'in-call later s':>17}{'end wait s':>12}"
+        f"{'contender':<24}{'stall/ckpt s':>14}{'blocked 1st s':>15}{'blocked later s':>17}"
+        f"{'write wall s':>14}{'write cpu s':>13}{'end wait s':>12}"
     )
+
+    def cell(v: float | None, width: int) -> str:
+        return f"{'-' if v is None else f'{v:.2f}':>{width}}"
+
     for row in rows:
         if "ratio" in row:
-            ratio = "-" if row["ratio"] is None else f"{row['ratio']:.3f}"  # (no stall to compare with)
-            print(f"{row['contender']:<24}{ratio:>14}")
+            print(
+                f"{row['contender']:<24}{cell(row['ratio'], 14)}{cell(row['blocked_ratio'], 15)}"
+                "   (ratios: end-to-end stall, blocked in the call)"
+            )
             continue
-        later = row["in_call_later_s"]
         print(
-            f"{row['contender']:<24}{row['stall_per_checkpoint_s']:>14.2f}{row['in_call_first_s']:>15.2f}"
-            f"{later if later is None else round(later, 2)!s:>17}{row['end_wait_s']:>12.2f}"
+            f"{row['contender']:<24}{cell(row['stall_per_checkpoint_s'], 14)}{cell(row['in_call_first_s'], 15)}"
+            f"{cell(row['in_call_later_s'], 17)}{cell(row['write_wall_s'], 14)}{cell(row['write_cpu_s'], 13)}"
+            f"{cell(row['end_wait_s'], 12)}"
         )
     steps = _step_table(groups, runs)
     with open(result, "w") as f:

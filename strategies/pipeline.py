@@ -39,7 +39,7 @@ import torch.distributed as dist
 from strategies import group_exit, pipeline_eval
 from strategies.comm_device import to_comm
 from strategies.large.init import init_context
-from strategies.large.stages import place_stages
+from strategies.large.stages import place_stages, reuse_stages
 from strategies.pipeline_checkpoint import PipelineCheckpointIO
 from strategies.pipeline_checks import check_batch, check_loader, check_options, check_task
 from strategies.precision import Precision
@@ -152,6 +152,9 @@ class PipelineStrategy(ProcessGroupStrategy):
     # ----- life cycle -------------------------------------------------------------------------------
     def setup(self, task: Task) -> None:
         modules = check_task(task, self.n_stages, self.pipeline_parallel_size, self.stages_per_rank)
+        # a later stage of this Trainer (validate after fit, fit after validate): this rank's stages as set up
+        # (and sharded) then, not new containers around their sharded modules
+        modules = reuse_stages(modules, self.stage_modules)
         from torch.distributed import pipelining
 
         assert self.device_mesh is not None
@@ -338,6 +341,13 @@ class PipelineStrategy(ProcessGroupStrategy):
         for h in self._cast_hooks:
             h.remove()
         self._cast_hooks, self.schedule = [], None
+        from torch.distributed.fsdp import FSDPModule
+
+        # pipeline x FSDP: an evaluation's forward leaves each stage unsharded (a root keeps its parameters
+        # gathered after forward): free them, and give a later stage's optimizer the shards
+        for module in self.stage_modules.values():
+            if isinstance(module, FSDPModule):
+                module.reshard()
         super().teardown()
 
 

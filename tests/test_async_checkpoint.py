@@ -300,7 +300,7 @@ def test_sigkill_during_20_async_saves_leaves_a_loadable_last_checkpoint(tmp_pat
 
 @pytest.mark.slow
 def test_sigkill_during_20_dcp_async_saves_leaves_a_loadable_last_checkpoint(tmp_path):
-    _kill_cycles(tmp_path, "--fsdp")  # fsdp at 2 processes: directories of shards, dcp.async_save
+    _kill_cycles(tmp_path, "--fsdp")  # fsdp at 2 processes: directories of shards, DCP
 
 
 def _children(pid: int) -> list[int]:
@@ -365,8 +365,8 @@ def _fsdp_async(rank: int, world: int, root: str) -> dict:
 
 
 @pytest.mark.slow
-def test_sharded_checkpoints_are_written_with_dcp_async_save(tmp_path):
-    """fsdp at 2 processes: the directories dcp.async_save wrote (while training went on) hold what a
+def test_sharded_checkpoints_are_written_with_dcp_in_the_background(tmp_path):
+    """fsdp at 2 processes: the directories the plugin's writer thread wrote with DCP (while training went on) hold what a
     synchronous save wrote at the same steps; a run resumed from one continues at its step and ends as an
     uninterrupted run."""
     ranks = run_distributed(_fsdp_async, str(tmp_path), world_size=2, timeout=400)

@@ -55,6 +55,15 @@ class PipeNet(Task):
     def pipeline_loss(self, output, target):
         return F.cross_entropy(output, target)
 
+    def validation_step(self, batch, batch_idx):  # (through the stages: the whole model's forward)
+        self.eval_outputs.append(self(batch[0]).detach().clone())
+
+    def test_step(self, batch, batch_idx):
+        self.eval_outputs.append(self(batch[0]).detach().clone())
+
+    def predict_step(self, batch, batch_idx):
+        return self(batch[0])
+
     def training_step(self, batch, batch_idx):  # one process (the reference) only
         x, y = batch
         return self.pipeline_loss(self(x), y)
@@ -103,6 +112,36 @@ def _full(own: dict) -> dict:
     return {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in own.items()}
 
 
+def _pipeline_fsdp(world: int) -> dict:
+    """pp=2 x dp=2 on one Trainer, each stage set up anew (configure_pipeline builds new containers around the
+    sharded blocks every time): validate before the fit (the stages sharded there, the fit reuses them), the fit,
+    then predict, test and validate after it. Evaluation: each dp rank's share of 50 samples (batches of 12, 12,
+    1) through both sharded stages."""
+    out: dict = {}
+    task, losses = PipeNet(2), Losses()
+    strategy = PipelineStrategy(schedule="1F1B", n_microbatches=2, data_parallel_size=2)
+    trainer = Trainer(
+        strategy=strategy, devices=world, max_epochs=1, precision="64-true", callbacks=[losses], **FAST
+    )
+
+    def evaluate(stage: str) -> torch.Tensor:
+        loader = DataLoader(data(50), batch_size=BATCH)
+        if stage == "predict":
+            return torch.cat(trainer.predict(task, loader))
+        task.eval_outputs = []
+        getattr(trainer, stage)(task, loader, verbose=False)
+        return torch.cat(task.eval_outputs)
+
+    out["pp_fsdp_val_before"] = evaluate("validate")
+    trainer.fit(task, DataLoader(data(48), batch_size=BATCH // 2))
+    out["pp_fsdp"] = _full({k: v.detach().clone() for k, v in task.state_dict().items() if not v.is_meta})
+    out["pp_fsdp_losses"] = losses.losses
+    out["pp_fsdp_sampler"] = (trainer.train_dataloader.sampler.num_replicas, trainer.strategy.dp_rank)
+    for stage in ("predict", "test", "validate"):
+        out[f"pp_fsdp_{stage}"] = evaluate(stage)
+    return out
+
+
 def _pipelines(rank: int, world: int, path: str) -> dict:
     out: dict = {}
     for schedule, per_rank in (("GPipe", 1), ("1F1B", 1), ("Interleaved1F1B", 2)):
@@ -112,10 +151,7 @@ def _pipelines(rank: int, world: int, path: str) -> dict:
     strategy = PipelineStrategy(schedule="1F1B", n_microbatches=4)
     _, out["fp32"], out["fp32_losses"] = _fit(strategy, world, world, precision="32-true", opt="sgd")
     if world == 4:  # pipeline x FSDP: pp=2 stages, each sharded over dp=2; the global batch split over dp
-        strategy = PipelineStrategy(schedule="1F1B", n_microbatches=2, data_parallel_size=2)
-        trainer, own, out["pp_fsdp_losses"] = _fit(strategy, world, 2, batch=BATCH // 2)
-        out["pp_fsdp"] = _full(own)
-        out["pp_fsdp_sampler"] = (trainer.train_dataloader.sampler.num_replicas, trainer.strategy.dp_rank)
+        out.update(_pipeline_fsdp(world))
         return out
     # checkpoint after epoch 1, resumed for epoch 2: the same as 2 epochs in one go
     _, out["two_epochs"], _ = _fit(PipelineStrategy(n_microbatches=4), world, world, epochs=2)
@@ -181,6 +217,22 @@ def test_pipeline_schedules_match_one_process(world, tmp_path):
             _close(r["pp_fsdp"], ref, 1e-12)
             assert max(abs(a - b) for a, b in zip(r["pp_fsdp_losses"], ref_losses)) <= 1e-12
         assert [r["pp_fsdp_sampler"] for r in out] == [(2, 0), (2, 1), (2, 0), (2, 1)]
+        x = data(50).tensors[0]
+        with torch.no_grad():  # one process, float64: the initial weights, then the trained ones
+            before = PipeNet().double()(x)
+            model = PipeNet().double()
+            model.load_state_dict(ref)
+            after = model(x)
+        for rank, r in enumerate(out):  # rank = pp_rank x 2 + dp_rank; dp rank d's samples are d, d + 2, ...
+            for key, expected in [
+                ("val_before", before),
+                ("predict", after),
+                ("test", after),
+                ("validate", after),
+            ]:
+                mine = expected[rank % 2 :: 2]
+                assert r[f"pp_fsdp_{key}"].shape == mine.shape == (25, 3), (key, r[f"pp_fsdp_{key}"].shape)
+                assert float((r[f"pp_fsdp_{key}"] - mine).abs().max()) <= 1e-12, (rank, key)
         return
     for r in out:
         assert r["resumed_step"] == 8
@@ -235,3 +287,35 @@ def test_pipeline_task_and_batch_checks():
         check_batch(torch.zeros(8, 6), 12, 4)
     with pytest.raises(TaskError, match="cannot be split into n_microbatches=4"):
         check_batch(torch.zeros(6, 6), None, 4)
+
+
+def test_a_stage_set_up_again_keeps_its_sharded_container():
+    """configure_pipeline() builds new containers on every call; under pipeline x FSDP the stage set up (and
+    sharded) before must be used again, not the new container around its sharded modules (fully_shard on it fails:
+    "Cannot concatenate overlapping meshes" at 4 ranks; the whole run: test_pipeline_schedules_match_one_process)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from strategies.large.stages import reuse_stages
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    task = PipeNet(2)
+    first = task.configure_pipeline()
+    fully_shard(first[0], mesh=init_device_mesh("cpu", (1,)))  # stage 0 sharded; stage 1 on another rank
+    with torch.no_grad():  # an evaluation's forward leaves a root's parameters gathered (teardown reshards)
+        first[0](torch.zeros(2, 6))
+    again = task.configure_pipeline()
+    assert again[0] is not first[0]
+    reused = reuse_stages(again, {0: first[0]})
+    assert reused[0] is first[0] and reused[1] is again[1]
+    first[0].reshard()
+    assert reuse_stages([first[0], again[1]], {})[0] is first[0]  # a sharded container the task returns again
+    with pytest.raises(TaskError, match="stage 0 holds parameters that a PipelineStrategy sharded already"):
+        reuse_stages(again, {})  # another Trainer: nothing of it to reuse
+    other = [
+        torch.nn.Sequential(task.inp, *task.blocks[:3]),
+        torch.nn.Sequential(*task.blocks[3:], task.head),
+    ]
+    with pytest.raises(TaskError, match="the same stages"):
+        reuse_stages(other, {0: first[0]})  # another split

@@ -1,6 +1,7 @@
 """``AsyncCheckpointIO``: Lightning's plugin that writes checkpoints in the background, so that training goes on
 while a checkpoint is written. It writes the strategy's own form: one file (rank 0, in a thread) or, for
-sharded strategies, a directory of every rank's shards through torch's ``dcp.async_save``.
+sharded strategies, a directory of every rank's shards through torch's DCP (staged and saved as
+``dcp.async_save`` does, the save in this plugin's writer thread).
 
 - **A snapshot first.** Before a save returns, every tensor is copied into host buffers that are kept from
   one save to the next (torch's checkpoint stagers: the first save allocates them, later ones copy into
@@ -16,6 +17,11 @@ sharded strategies, a directory of every rank's shards through torch's ``dcp.asy
   it (tandem_core.fileio.wait_written).
 - **Errors are not lost.** A failed write is raised, naming the file, at the next save or at ``teardown``
   (the end of every stage), which also waits for the last save.
+- **One writer thread.** Every write (a file's ``torch.save``, a directory's ``dcp.save`` of the staged copy, as
+  ``dcp.async_save`` runs it) runs in this plugin's one writer thread. ``writer_nice=19`` makes that thread (only
+  it: the process keeps its priority) yield the cores to training on Linux; the default leaves it at the
+  process's priority, because a starved writer that has not finished by the next save makes that save wait
+  for it (docs/large_models.md, "Asynchronous checkpoints", measured both ways).
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from __future__ import annotations
 import copy
 import os
 import shutil
+import sys
+import threading
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -48,15 +56,26 @@ class _Write:
 
 class AsyncCheckpointIO(CheckpointIO):
     """Write checkpoints in the background (Lightning's ``AsyncCheckpointIO``), for single files and, under
-    fsdp and model_parallel, for directories of shards (``dcp.async_save``). Example::
+    fsdp and model_parallel, for directories of shards (DCP, as ``dcp.async_save``). Example::
 
         Trainer(plugins=[AsyncCheckpointIO()], callbacks=[ModelCheckpoint(save_last=True)]).fit(task)
-        Trainer(strategy="fsdp", devices=4, plugins=[AsyncCheckpointIO()])  # sharded: dcp.async_save
+        Trainer(strategy="fsdp", devices=4, plugins=[AsyncCheckpointIO()])  # sharded: DCP
 
-    `checkpoint_io` is the plugin that writes each file (the strategy's own when None).
+    `checkpoint_io` is the plugin that writes each file (the strategy's own when None). `writer_nice`: the nice
+    value (0 to 19) the writer thread gives itself on Linux, so that it competes less with training for the
+    cores (worth it where a write ends well before the next save); None (the default) leaves it at the
+    process's (elsewhere it always is).
     """
 
-    def __init__(self, checkpoint_io: CheckpointIO | None = None) -> None:
+    def __init__(self, checkpoint_io: CheckpointIO | None = None, writer_nice: int | None = None) -> None:
+        if writer_nice is not None and (
+            isinstance(writer_nice, bool) or not isinstance(writer_nice, int) or not 0 <= writer_nice <= 19
+        ):
+            raise CheckpointError(
+                f"AsyncCheckpointIO(writer_nice={writer_nice!r}): give a nice value from 0 (the process's priority "
+                "or higher) to 19 (the lowest), or None to leave the writer thread's priority alone."
+            )
+        self.writer_nice = writer_nice
         self._checkpoint_io = checkpoint_io
         self._base_checkpoint_io_configured = checkpoint_io is not None and (
             not isinstance(checkpoint_io, AsyncCheckpointIO) or checkpoint_io._base_checkpoint_io_configured
@@ -127,7 +146,7 @@ class AsyncCheckpointIO(CheckpointIO):
 
     @property
     def writes_directory(self) -> bool:
-        """Whether the form writes a directory of shards (then through dcp.async_save)."""
+        """Whether the form writes a directory of shards (then through DCP)."""
         return self._target().writes_directory
 
     def __getattr__(self, name: str) -> Any:
@@ -206,7 +225,12 @@ class AsyncCheckpointIO(CheckpointIO):
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:  # one writer: saves are written in the order they were made
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-checkpoint")
+            self._pool = ThreadPoolExecutor(
+                max_workers=1,
+                thread_name_prefix="tandem-checkpoint",
+                initializer=_lower_priority,
+                initargs=(self.writer_nice,),
+            )
         return self._pool
 
     def _submit(self, path: str, fn: Any, *args: Any, reads: str | None = None) -> None:
@@ -234,9 +258,8 @@ class AsyncCheckpointIO(CheckpointIO):
             self._sources.setdefault(id(storage), (storage, src._version, dst.untyped_storage()))
 
     def _write_dir(self, ckpt: dict[str, Any], path: str, comm: Comm) -> None:
-        """A directory of shards through dcp.async_save; rank 0 renames it into place when complete."""
+        """A directory of shards, as dcp.async_save writes it; rank 0 renames it into place when complete."""
         import torch.distributed as dist
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
         tensors, meta = dir_payload(ckpt)
@@ -257,19 +280,38 @@ class AsyncCheckpointIO(CheckpointIO):
         distributed = dist.is_available() and dist.is_initialized()
         if distributed and self._group is None:  # DCP's collectives in the background: a group of their own
             self._group = dist.new_group(backend="gloo")
-        upload = dcp.async_save(
-            tensors, checkpoint_id=tmp, process_group=self._group, async_stager=self._stager
-        )
-        self._remember(tensors, tensors)
-        if comm.is_global_zero:
-            self._submit(path, _publish, upload, tmp, meta, os.path.abspath(path))
-        else:
-            self._writes.append(_Write(path, upload))
+        # dcp.async_save's thread-based form, with the write in this plugin's own (lower-priority) thread: the
+        # host copy here, before returning; dcp.save of the copy in the writer (its collectives on `_group`)
+        staged = self._stager.stage(tensors)
+        self._remember(tensors, staged)
+        publish = (os.path.abspath(path), meta) if comm.is_global_zero else None
+        self._submit(path, _save_dir, staged, tmp, self._group, publish)
 
 
-def _publish(upload: Future[Any], tmp: str, meta: dict[str, Any], path: str) -> None:
-    upload.result()  # every rank's shards and the metadata are written once the coordinator's save ends
-    publish_dir(tmp, meta, path)
+def _save_dir(
+    staged: dict[str, Any], tmp: str, group: Any, publish: tuple[str, dict[str, Any]] | None
+) -> None:
+    """Every rank's shards of `staged` into `tmp` (dcp.save, a collective over `group`); on rank 0 (`publish`:
+    the path and the checkpoint's other contents) the directory renamed into place once complete: DCP's save
+    returns on the coordinator after every rank's shards and the metadata are written."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(staged, checkpoint_id=tmp, process_group=group)
+    if publish is not None:
+        publish_dir(tmp, publish[1], publish[0])
+
+
+def _lower_priority(nice: int | None) -> None:
+    """The writer thread's start: its own nice value raised to `nice` on Linux (a thread id names one thread
+    there; the process and its other threads keep theirs). Nothing elsewhere, or when not allowed."""
+    if nice is None or not sys.platform.startswith("linux"):
+        return
+    tid = threading.get_native_id()
+    try:
+        if os.getpriority(os.PRIO_PROCESS, tid) < nice:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+    except OSError:  # (a sandbox refusing it: the write just keeps the process's priority)
+        pass
 
 
 def _copy_dir(src: str, meta: dict[str, Any], path: str) -> None:

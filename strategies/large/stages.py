@@ -10,12 +10,40 @@ from torch import nn
 from strategies.checkpoint.checks import check_compatible
 from strategies.large.init import materialize, move_materialized, recast, sync_replicas
 from strategies.large.weights import REMEDY, broadcast_into, covered, take
+from tandem_core.errors import TaskError
 
 if TYPE_CHECKING:
     import torch
     from torch.distributed.device_mesh import DeviceMesh
 
     from strategies.precision import Precision
+
+
+def reuse_stages(modules: list[nn.Module], placed: dict[int, nn.Module]) -> list[nn.Module]:
+    """`modules` (configure_pipeline()'s stages, whose containers are often built afresh on every call) with each
+    stage that this rank sharded before (`placed`, by index: the same Trainer's previous stage) in place of a new
+    container holding the same parameters (a stage never sharded is taken as returned now): fully_shard made the old one the stage's sharded unit, and its
+    parameters sharded ones, which cannot be sharded again. A stage whose parameters are sharded already but
+    whose container is new with other parameters (another split, or another Trainer) is a TaskError; a sharded
+    container returned again (one the task keeps) is its own unit already."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    out = []
+    for i, module in enumerate(modules):
+        old = placed.get(i)
+        params = [id(p) for p in module.parameters()]
+        if isinstance(old, FSDPModule) and old is not module and params == [id(p) for p in old.parameters()]:
+            module = old
+        elif not isinstance(module, FSDPModule) and any(isinstance(p, DTensor) for p in module.parameters()):
+            raise TaskError(
+                f"configure_pipeline() stage {i} holds parameters that a PipelineStrategy sharded already (with "
+                "data_parallel_size > 1), in a container this Trainer did not set up: return the same stages (the "
+                "same modules, in the same order) on every call, and run validate/test/predict after a fit with "
+                "the Trainer that ran it (or a task built afresh, loaded from its checkpoint)."
+            )
+        out.append(module)
+    return out
 
 
 def place_stages(
@@ -46,7 +74,9 @@ def place_stages(
         if sharded:
             from torch.distributed.fsdp import FSDPModule, fully_shard
 
-            if not isinstance(module, FSDPModule):  # (a stage set up again after a fit is sharded already)
+            if isinstance(module, FSDPModule):  # a stage set up before (reuse_stages): sharded already; an
+                module.reshard()  # evaluation's forward leaves it unsharded: the optimizer must get the shards
+            else:
                 fully_shard(module, mesh=dp)
         replicas = (lambda m: sync_replicas(m, dp.get_group())) if sharded else None
         materialize(module, device, wanted, sharded, replicas, qualnames=names)

@@ -4,7 +4,7 @@ resume="auto", so that a test can SIGKILL it at random moments of its background
     python tests/scripts/async_ckpt_train.py ROOT MAX_STEPS [--sync] [--fsdp]
 
 With --fsdp: strategy="fsdp" at 2 processes (started by the script itself), checkpoints are directories of
-shards written with dcp.async_save. Rank 0 prints "resumed <step>" when fit starts (the step it resumed at, 0
+shards written with DCP in the plugin's writer thread. Rank 0 prints "resumed <step>" when fit starts (the step it resumed at, 0
 for a fresh start), "saving <step>" when a save starts and "step <step>" after each step; the final weights
 (whole) go to ROOT/final.pt when it ends.
 """
