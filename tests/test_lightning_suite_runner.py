@@ -100,6 +100,13 @@ def test_a_behaviour_failure_counts_as_documented_only_when_named_outside_the_ta
     assert [m.split("::")[1] for m in missing] == ["test_in_table", "test_open"]
 
 
+def test_a_test_counts_as_named_only_by_its_whole_name():
+    text = "`callbacks/test_bar.py::test_bar_leave`, and `test_other[x]` (2)"
+    assert run._named("f.py::test_bar_leave[3]", text) and run._named("f.py::test_other[y]", text)
+    assert not run._named("f.py::test_bar[a]", text)  # a prefix of another test's name, or the file's name
+    assert not run._named("f.py::test_bar_lea", text)
+
+
 def test_a_failing_statement_on_a_name_bound_to_a_private_is_internal():
     source = "def test_x():\n    cl = CombinedLoader([1])\n    iterator = cl._iterator\n    assert iterator.state == {}\n"
     assert classify._reaches_private("assert iterator.state == {}", source)

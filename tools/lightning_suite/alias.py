@@ -80,6 +80,7 @@ TANDEM: dict[str, dict[str, str]] = {
         "CustomTimeColumn": "callbacks.progress.rich_columns",
         "ProcessingSpeedColumn": "callbacks.progress.rich_columns",
         "MetricsTextColumn": "callbacks.progress.rich_columns",
+        "Progress": "rich.progress",  # rich's own class, which Lightning's and Tandem's bars both draw with
     },
     "loggers": {
         "*": "trainer.loggers",

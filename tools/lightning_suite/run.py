@@ -19,6 +19,7 @@ import fnmatch
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -261,8 +262,10 @@ def outside_table(doc: str) -> str:
 
 
 def _named(nodeid: str, text: str) -> bool:
-    """Whether the test (its function name, without parameters) is named in `text`."""
-    return nodeid.split("::")[-1].split("[")[0] in text
+    """Whether the test (its function name, without parameters) is named in `text` as a whole name (the name of
+    `test_x` inside `test_x_y` does not count)."""
+    name = nodeid.split("::")[-1].split("[")[0]
+    return re.search(rf"(?<![\w]){re.escape(name)}(?![\w]|\.py)", text) is not None
 
 
 def undocumented(
