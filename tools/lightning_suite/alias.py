@@ -81,6 +81,7 @@ TANDEM: dict[str, dict[str, str]] = {
         "ProcessingSpeedColumn": "callbacks.progress.rich_columns",
         "MetricsTextColumn": "callbacks.progress.rich_columns",
         "Progress": "rich.progress",  # rich's own class, which Lightning's and Tandem's bars both draw with
+        "get_available_flops": "callbacks.throughput.monitor",  # where Tandem's monitor looks it up (patched)
     },
     "loggers": {
         "*": "trainer.loggers",
