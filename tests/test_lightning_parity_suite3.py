@@ -83,7 +83,9 @@ def _timed_saves(lightning: bool, tmp_path: Any) -> tuple[int, int]:
     trainer_cls = pl.Trainer if lightning else Trainer
     out = tmp_path / ("pl" if lightning else "tandem")
     with mock.patch(f"{module}.time") as clock:
-        clock.monotonic.side_effect = [7.0 * i for i in range(batches * epochs + 1)]  # StopIteration past them
+        clock.monotonic.side_effect = [
+            7.0 * i for i in range(batches * epochs + 1)
+        ]  # StopIteration past them
         ckpt = ckpt_cls(dirpath=out, filename="{epoch}-{step}", train_time_interval=timedelta(seconds=30),
                         save_top_k=-1, save_last=False)  # fmt: skip
         kwargs = dict(QUIET, enable_checkpointing=True, accelerator="cpu", max_epochs=epochs)
