@@ -73,9 +73,8 @@ def test_a_resume_restores_weights_and_callbacks_before_configure_optimizers_as_
 def _timed_saves(lightning: bool, tmp_path: Any) -> tuple[int, int]:
     """ModelCheckpoint(train_time_interval=...) under a scripted clock (7 s a batch, a save a minute at most):
     the files written and the clock reads, with as many clock values as Lightning reads."""
-    from unittest import mock
-
     from datetime import timedelta
+    from unittest import mock
 
     batches, epochs = 16, 2
     module = "pytorch_lightning.callbacks.model_checkpoint" if lightning else "callbacks.checkpoint_schedule"
