@@ -105,6 +105,7 @@ def test_a_test_counts_as_named_only_by_its_whole_name():
     assert run._named("f.py::test_bar_leave[3]", text) and run._named("f.py::test_other[y]", text)
     assert not run._named("f.py::test_bar[a]", text)  # a prefix of another test's name, or the file's name
     assert not run._named("f.py::test_bar_lea", text)
+    assert run._named("f.py::test_restart_with_val_parity", "`test_restart*_parity` (4)")
 
 
 def test_a_failing_statement_on_a_name_bound_to_a_private_is_internal():
@@ -115,3 +116,22 @@ def test_a_failing_statement_on_a_name_bound_to_a_private_is_internal():
     mocked = "def test_y():\n    stateful = Mock(spec=_Stateful)\n    other = Mock()\n"
     assert classify._reaches_private("stateful.load_state_dict.assert_not_called()", mocked)
     assert not classify._reaches_private("other.load_state_dict.assert_not_called()", mocked)
+
+
+def test_a_file_past_its_time_limit_keeps_the_results_of_its_finished_tests_and_the_run_goes_on(
+    tmp_path, monkeypatch
+):
+    calls = []
+
+    def fake_run(cmd, env, **kwargs):
+        calls.append(cmd[-1])
+        with open(env["LIGHTNING_SUITE_OUT"], "w") as f:
+            f.write('{"nodeid": "%s::test_a", "file": "%s", "outcome": "passed"}\n' % (cmd[-1], cmd[-1]))
+        if cmd[-1].endswith("slow.py"):
+            raise run.subprocess.TimeoutExpired(cmd, kwargs["timeout"])
+
+    monkeypatch.setattr(run.subprocess, "run", fake_run)
+    out = str(tmp_path / "t.jsonl")
+    run.run_pytest("tandem", str(tmp_path), ["a/slow.py", "a/fast.py"], out, 90, jobs=1)
+    assert calls == ["a/slow.py", "a/fast.py"]
+    assert sorted(run.load(out)) == ["a/fast.py::test_a", "a/slow.py::test_a"]
