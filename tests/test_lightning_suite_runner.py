@@ -4,6 +4,7 @@ for Tandem's classes in test ids."""
 
 from __future__ import annotations
 
+import json
 import sys
 import types
 
@@ -126,7 +127,7 @@ def test_a_file_past_its_time_limit_keeps_the_results_of_its_finished_tests_and_
     def fake_run(cmd, env, **kwargs):
         calls.append(cmd[-1])
         with open(env["LIGHTNING_SUITE_OUT"], "w") as f:
-            f.write('{"nodeid": "%s::test_a", "file": "%s", "outcome": "passed"}\n' % (cmd[-1], cmd[-1]))
+            f.write(json.dumps({"nodeid": f"{cmd[-1]}::test_a", "file": cmd[-1], "outcome": "passed"}) + "\n")
         if cmd[-1].endswith("slow.py"):
             raise run.subprocess.TimeoutExpired(cmd, kwargs["timeout"])
 
