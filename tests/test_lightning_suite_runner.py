@@ -107,7 +107,9 @@ def test_a_test_counts_as_named_only_by_its_whole_name():
     assert not run._named("f.py::test_bar[a]", text)  # a prefix of another test's name, or the file's name
     assert not run._named("f.py::test_bar_lea", text)
     assert run._named("f.py::test_restart_with_val_parity", "`test_restart*_parity` (4)")
-    assert not run._named("f.py::test_y", "every `test_*.py` file, `graveyard/test_x*.py`")  # files, not tests
+    assert not run._named(
+        "f.py::test_y", "every `test_*.py` file, `graveyard/test_x*.py`"
+    )  # files, not tests
 
 
 def test_a_failing_statement_on_a_name_bound_to_a_private_is_internal():

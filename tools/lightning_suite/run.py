@@ -279,7 +279,9 @@ def _named(nodeid: str, text: str) -> bool:
     if re.search(rf"(?<![\w]){re.escape(name)}(?![\w*]|\.py)", text):
         return True
     # a pattern naming several tests at once: `test_restart*_parity`
-    return any(fnmatch.fnmatchcase(name, p) for p in re.findall(r"(?<![\w])(test_\w+\*[\w*]*)(?![\w*]|\.py)", text))
+    return any(
+        fnmatch.fnmatchcase(name, p) for p in re.findall(r"(?<![\w])(test_\w+\*[\w*]*)(?![\w*]|\.py)", text)
+    )
 
 
 def undocumented(
