@@ -62,6 +62,7 @@ TANDEM: dict[str, dict[str, str]] = {
         "save_hparams_to_tags_csv": "trainer.loggers.hparams_file",
         "LightningOptimizer": "trainer.loop.task_optimizer:TaskOptimizer",
         "HyperparametersMixin": "trainer.task.hparams",
+        "datamodule.DataLoader": "trainer.task.datamodule",  # torch's, where from_datasets' loaders are built
     },
     "trainer": {
         **_TOP,
