@@ -5,9 +5,12 @@ A ladder of GPT sizes (d=2048, 16 heads, vocab 8192; 50M parameters a block) is 
 of a rough estimate until a rung fails (or down from it until one trains); the largest that trained is reported,
 as a fraction of the machine's limit (its memory / 16 bytes per parameter: fp32 weights, gradients and AdamW's
 two moments, held once). Each rung
-runs as 4 fresh processes under torchrun; a guard watches the node's available memory and kills the rung's
-process group when it falls below a floor (the machine is shared: no rung may drive it into the OOM killer).
-A rung killed by the guard, failing, or past its time limit counts as not trained.
+runs as 4 fresh processes under torchrun. The machine's memory less a reserve (2.5 GiB: the OS and a floor) is
+the rung's budget: the rung fails when its own processes together hold more (proportional set size, shared pages
+counted once), whatever else runs on the machine, so contenders measured at different moments of a shared
+machine compare. A safety guard stops a rung when the node runs short before that (other work holds the memory):
+such a rung is inconclusive and tried again when the memory is back. A rung failing, past its time limit, or
+over its budget counts as not trained.
 
     flock /tmp/tandem-heavy.lock python benchmarks/large_model.py --only tandem:fsdp   # one contender's ladder
     python benchmarks/large_model.py --report        # the table of all, benchmarks/results/large_model.json
@@ -46,7 +49,8 @@ CONTENDERS = {  # name -> bytes per parameter the node holds (weights, grads, Ad
     "lightning:model_parallel_fsdp": 16,
     "lightning:model_parallel": 16,
 }
-FLOOR = 1.5 * 2**30  # the guard kills a rung when the node's available memory falls below this
+RESERVE = 2.5 * 2**30  # the machine's memory less this is a rung's budget: the OS and a floor kept free
+FLOOR = 0.75 * 2**30  # the safety guard: a rung is stopped (inconclusive) when the node has less available
 BASE = 0.7 * 2**30  # about what one process holds before its model (interpreter, torch, gloo)
 
 
@@ -123,8 +127,73 @@ def worker(contender: str, layers: int, d: int, out: str) -> None:
             json.dump({"ranks": everyone, "seconds": time.time() - start}, f)
 
 
+def tree(pid: int) -> list[int]:
+    """pid and its descendants (torchrun starts each worker in a session of its own, so a process group misses
+    them)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def kill_tree(pids: list[int]) -> None:
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def gone(pids: list[int], wait_s: float = 120.0) -> None:
+    """Kill the rung's processes and wait until every one has exited: a killed worker frees its pages only as it
+    exits, and the next rung's guard would otherwise read the last one's memory."""
+    deadline = time.time() + wait_s
+    while time.time() < deadline:
+        kill_tree(pids)
+        if not any(os.path.exists(f"/proc/{p}") and not zombie(p) for p in pids):
+            return
+        time.sleep(0.2)
+    raise SystemExit(f"the rung's processes {pids} did not exit within {wait_s:.0f} s")
+
+
+def zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return False
+
+
+def pss(pids: list[int]) -> int:
+    """The processes' proportional set size together (a page they share counted once, split between them)."""
+    total = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+        except OSError:
+            pass
+    return total
+
+
 def rung(contender: str, layers: int, d: int, limit_s: float) -> dict:
-    """Run one rung under torchrun with the memory guard; what happened."""
+    """Run one rung under torchrun; what happened. The rung fails when its own processes together hold more than
+    the budget (the machine's memory less RESERVE), whatever else runs on the machine; it is inconclusive
+    (`busy`) when the machine runs short before that (other work holds the memory it would need)."""
     result = os.path.join(OUT, f".rung-{os.getpid()}.json")
     if os.path.exists(result):
         os.remove(result)
@@ -134,35 +203,44 @@ def rung(contender: str, layers: int, d: int, limit_s: float) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={WORLD}", f"--master_port={port}",
            os.path.abspath(__file__), "--worker", contender, str(layers), str(d), result]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
-    start, lowest, why = time.time(), meminfo("MemAvailable"), None
+    start, lowest, why, busy, peak = time.time(), meminfo("MemAvailable"), None, False, 0
+    budget = meminfo("MemTotal") - RESERVE
     # stderr to a file: a pipe nobody reads while the rung runs could fill and block it
     log = open(result + ".err", "w+")
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=log, text=True)  # fmt: skip
 
     def stop(signum: int, frame: object) -> None:  # this script stopped (a timeout): its rung goes with it
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_tree(tree(proc.pid))
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
     while proc.poll() is None:
-        free = meminfo("MemAvailable")
-        lowest = min(lowest, free)
-        if free < FLOOR:
-            why = f"memory guard: {free / 2**30:.2f} GiB available"
+        free, own = meminfo("MemAvailable"), pss(tree(proc.pid))
+        lowest, peak = min(lowest, free), max(peak, own)
+        if own > budget:
+            why = f"over the budget: its processes held {own / 2**30:.2f} GiB of {budget / 2**30:.2f}"
+        elif free < FLOOR:
+            why, busy = (
+                f"machine busy: {free / 2**30:.2f} GiB available with the rung at {own / 2**30:.2f}",
+                True,
+            )
         elif time.time() - start > limit_s:
             why = f"past {limit_s:.0f} s"
         if why:
-            os.killpg(proc.pid, signal.SIGKILL)
+            pids = tree(proc.pid)
+            kill_tree(pids)
             proc.wait()
+            gone(pids)
             break
-        time.sleep(0.1)
+        time.sleep(0.25)
     log.seek(0)
     err = log.read()
     log.close()
     os.remove(result + ".err")
     out = {"layers": layers, "d": d, "params": params(layers, d), "seconds": time.time() - start,
-           "lowest_available_gib": lowest / 2**30}  # fmt: skip
+           "lowest_available_gib": lowest / 2**30, "peak_pss_gib": peak / 2**30, "budget_gib": budget / 2**30,
+           "busy": busy}  # fmt: skip
     if why is None and proc.returncode == 0 and os.path.exists(result):
         with open(result) as f:
             got = json.load(f)
@@ -180,37 +258,64 @@ def rung(contender: str, layers: int, d: int, limit_s: float) -> dict:
 
 
 def climb(contender: str, quick: bool) -> dict:
-    """The contender's ladder: from the rung nearest below 3/4 of the rough estimate, up to the first rung that
-    fails (or, when that first rung fails, down to the first that trains)."""
-    available = meminfo("MemAvailable")
-    total = meminfo("MemTotal")
+    """The contender's ladder: the first rung from a rough estimate, then the rung its measured memory predicts
+    as the largest within the budget, then one rung at a time up to the first that fails (or down to the first
+    that trains). A rung stopped because other work took the memory is tried again once the memory is back."""
+    available, total = meminfo("MemAvailable"), meminfo("MemTotal")
+    budget = total - RESERVE
     if quick:
-        rungs, d, limit = [1, 2], 256, 300.0
-        start = 0
+        rungs, d, limit, start = [1, 2], 256, 300.0, 0
     else:
-        estimate = (available - FLOOR - WORLD * BASE) / CONTENDERS[contender]
-        below = [n for n in LADDER if params(n) <= 0.75 * estimate] or LADDER[:1]
-        rungs, d, limit = LADDER, D, 900.0
-        start = LADDER.index(below[-1])
-    tried = []
+        estimate = (budget - WORLD * (BASE + 2**30)) / CONTENDERS[contender]
+        below = [n for n in LADDER if params(n) <= 0.85 * estimate] or LADDER[:1]
+        rungs, d, limit, start = LADDER, D, 1800.0, LADDER.index(below[-1])
+    tried: list[dict] = []
 
-    def attempt(layers: int) -> dict:
-        got = rung(contender, layers, d, limit)
+    def attempt(i: int) -> dict:
+        for _ in range(3):
+            got = rung(contender, rungs[i], d, limit)
+            if not got["busy"]:
+                break
+            need, until = got["peak_pss_gib"] * 2**30 + 2 * 2**30, time.time() + 600
+            while meminfo("MemAvailable") < need and time.time() < until:
+                time.sleep(5)
         tried.append(got)
-        print(f"  {contender} {layers} blocks ({got['params'] / 1e9:.2f} B params): "
-              f"{'trained' if got['trained'] else 'failed: ' + got.get('why', '')} in {got['seconds']:.0f} s",
-              flush=True)  # fmt: skip
+        print(f"  {contender} {rungs[i]} blocks ({got['params'] / 1e9:.2f} B params): "
+              f"{'trained' if got['trained'] else 'failed: ' + got.get('why', '')} in {got['seconds']:.0f} s, "
+              f"peak {got['peak_pss_gib']:.2f} GiB", flush=True)  # fmt: skip
         return got
 
-    first = attempt(rungs[start])
-    step = 1 if first["trained"] else -1
-    i = start + step
-    while 0 <= i < len(rungs) and attempt(rungs[i])["trained"] == first["trained"]:
+    i = start
+    got = attempt(i)
+    if got["trained"] and not quick:  # jump to the rung the measured peak predicts, linear in the parameters
+        base, grown = WORLD * BASE, got["peak_pss_gib"] * 2**30 - WORLD * BASE
+        fits = [j for j in range(len(rungs)) if base + grown * params(rungs[j]) / params(rungs[i]) <= budget]
+        if fits and fits[-1] > i + 1:
+            i = fits[-1] - 1
+    step = 1 if got["trained"] else -1
+    first = got["trained"]
+    i += step
+    while 0 <= i < len(rungs):
+        got = attempt(i)
+        if got["busy"] or got["trained"] != first:
+            break
         i += step
+    if (
+        first
+        and got["trained"] is False
+        and not got["busy"]
+        and not any(t["trained"] and t["layers"] == rungs[i - 1] for t in tried)
+    ):  # jumped past untried rungs: step down from the failure to the first that trains
+        i -= 1
+        while i >= 0 and not any(t["layers"] == rungs[i] for t in tried):
+            if attempt(i)["trained"] or tried[-1]["busy"]:
+                break
+            i -= 1
     best = max((t["params"] for t in tried if t["trained"]), default=0)
     return {"contender": contender, "largest_params": best, "machine_limit_params": total / 16,
-            "fraction": best / (total / 16), "available_at_start_gib": available / 2**30, "rungs": tried,
-            "smallest_rung_failed": not any(t["trained"] for t in tried)}  # fmt: skip
+            "fraction": best / (total / 16), "available_at_start_gib": available / 2**30, "budget_gib":
+            budget / 2**30, "rungs": tried, "smallest_rung_failed": not any(t["trained"] for t in tried),
+            "inconclusive": any(t["busy"] for t in tried)}  # fmt: skip
 
 
 def report() -> None:
@@ -224,6 +329,7 @@ def report() -> None:
     print(f"{'contender':<32} {'largest (B params)':>18} {'of limit':>9} {'free at start GiB':>18}")
     for r in rows:
         note = " (every rung tried failed)" if r["smallest_rung_failed"] else ""
+        note += " (inconclusive: other work took the memory)" if r.get("inconclusive") else ""
         print(f"{r['contender']:<32} {r['largest_params'] / 1e9:>18.2f} {r['fraction']:>9.2f} "
               f"{r['available_at_start_gib']:>18.1f}{note}")  # fmt: skip
     with open(os.path.join(ROOT, "benchmarks", "results", "large_model.json"), "w") as f:

@@ -15,11 +15,13 @@ from __future__ import annotations
 import argparse
 import collections
 import concurrent.futures
+import contextlib
 import fnmatch
 import glob
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -108,9 +110,7 @@ def checkout(args: argparse.Namespace) -> tuple[str, str]:
     return dest, tag
 
 
-FILE_LIMIT_S = (
-    1800  # one file's pytest process (its tests each have --timeout): a stuck file ends, the run goes on
-)
+FILE_TIMEOUT_S = 1800  # one file's pytest process at most
 
 
 def run_pytest(
@@ -148,19 +148,24 @@ def run_pytest(
         part = f"{out}.{f.replace('/', '_')}.part"
         if os.path.exists(part):
             os.remove(part)
-        note = ""
+        proc = subprocess.Popen(cmd + [f], cwd=os.path.join(tests_dir, "tests"), start_new_session=True,
+                                env=dict(env, LIGHTNING_SUITE_OUT=part), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)  # fmt: skip
         try:
-            subprocess.run(cmd + [f], cwd=os.path.join(tests_dir, "tests"), env=dict(env, LIGHTNING_SUITE_OUT=part),
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=FILE_LIMIT_S)  # fmt: skip
+            proc.wait(timeout=FILE_TIMEOUT_S)
         except (
             subprocess.TimeoutExpired
-        ):  # (the process was killed): the tests it finished keep their results
-            note = f" (stopped at the file's {FILE_LIMIT_S}s limit; rerun it alone with --files)"
+        ):  # the tests that finished keep their rows; the rest count as not run
+            print(f"  {mode}: {f} past {FILE_TIMEOUT_S} s: stopped", flush=True)
+        finally:  # the file's process group: the workers a test spawned go with it
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
         with open(out, "a") as dst:
             if os.path.exists(part):
                 dst.write(open(part).read())
                 os.remove(part)
-        print(f"  {mode}: {f}{note}", flush=True)
+        print(f"  {mode}: {f}", flush=True)
 
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
         list(pool.map(one, [f for f in files if f not in done]))
