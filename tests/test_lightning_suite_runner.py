@@ -119,3 +119,18 @@ def test_a_failing_statement_on_a_name_bound_to_a_private_is_internal():
     mocked = "def test_y():\n    stateful = Mock(spec=_Stateful)\n    other = Mock()\n"
     assert classify._reaches_private("stateful.load_state_dict.assert_not_called()", mocked)
     assert not classify._reaches_private("other.load_state_dict.assert_not_called()", mocked)
+
+
+def test_a_workers_failure_on_a_private_in_the_tests_file_is_internal():
+    class Remote(Exception):
+        text = (
+            'Traceback:\n  File "/t/test_all.py", line 214, in setup\n    assert trainer.logger._experiment\n'
+        )
+
+    try:
+        raise AssertionError() from Remote()
+    except AssertionError as e:
+        error = e
+    item = types.SimpleNamespace(path="/t/test_all.py")
+    assert classify._remote_line(item, error) == "assert trainer.logger._experiment"
+    assert classify._reaches_private(classify._remote_line(item, error), "")
