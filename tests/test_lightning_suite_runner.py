@@ -102,9 +102,15 @@ def test_a_behaviour_failure_counts_as_documented_only_when_named_outside_the_ta
 
 def test_a_test_counts_as_named_only_by_its_whole_name():
     text = "`callbacks/test_bar.py::test_bar_leave`, and `test_other[x]` (2)"
-    assert run._named("f.py::test_bar_leave[3]", text) and run._named("f.py::test_other[y]", text)
+    assert run._named("f.py::test_bar_leave[3]", text) and run._named("f.py::test_other[x]", text)
     assert not run._named("f.py::test_bar[a]", text)  # a prefix of another test's name, or the file's name
     assert not run._named("f.py::test_bar_lea", text)
+    assert run._named("f.py::test_x[Comet]", "`::test_x[Comet]`") and not run._named(
+        "f.py::test_x[CSV]", "`::test_x[Comet]`"
+    )
+    assert run._named("f.py::test_w[False-True]", "`test_w[False-*]`") and not run._named(
+        "f.py::test_w[True-1]", "`test_w[False-*]`"
+    )
     assert run._named("f.py::test_restart_with_val_parity", "`test_restart*_parity` (4)")
     assert not run._named(
         "f.py::test_y", "every `test_*.py` file, `graveyard/test_x*.py`"
