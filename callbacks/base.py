@@ -7,13 +7,18 @@ import inspect
 from typing import Any
 
 from tandem_core.errors import ConfigError
-from tandem_core.hooks import CALLBACK, add_hook_stubs
+from tandem_core.hooks import CALLBACK, HOOKS, add_hook_stubs
 
-_STAGE_HOOKS = ("setup", "teardown")  # what users call themselves, by keyword, in their own tests
+# the hooks called a few times per stage or epoch (not per step), which users call themselves, by keyword, in their
+# own tests (`timer.on_train_start(trainer=..., pl_module=...)`)
+_PER_STEP = ("on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad")
+_STAGE_HOOKS = tuple(
+    h.name for h in HOOKS if CALLBACK in h.owners and "batch" not in h.name and h.name not in _PER_STEP
+)
 
 
 def _takes_pl_module(fn: Any) -> Any:
-    """`fn` (a callback's setup or teardown taking `task`) that also takes Lightning's keyword `pl_module=`."""
+    """`fn` (a callback's stage or epoch hook taking `task`) that also takes Lightning's keyword `pl_module=`."""
 
     @functools.wraps(fn)
     def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -38,8 +43,9 @@ class Callback:
     monitoring = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """A subclass's setup / teardown written with Tandem's argument name `task` is also called as Lightning's
-        ``cb.setup(trainer=..., pl_module=..., stage=...)`` (the per-batch hooks are left as written: no cost)."""
+        """A subclass's stage and epoch hooks written with Tandem's argument name `task` are also called as
+        Lightning's ``cb.setup(trainer=..., pl_module=..., stage=...)`` (the per-step hooks are left as written: no
+        cost in the step)."""
         super().__init_subclass__(**kwargs)
         for name in _STAGE_HOOKS:
             fn = cls.__dict__.get(name)

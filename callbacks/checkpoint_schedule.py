@@ -49,7 +49,7 @@ class SaveSchedule:
         self.every_n_train_steps = every_n_train_steps or 0
         # saves may fall inside an epoch (a step count or a time interval): read at every training batch
         self.per_step = bool(self.every_n_train_steps or self.timed)
-        self._last_time = time.monotonic()
+        self._last_time: float | None = None  # the clock is read when training starts, as Lightning reads it
 
     def __eq__(self, other: object) -> bool:
         """Equal state (a pickled and reloaded callback equals the original, as Lightning's do)."""
@@ -67,7 +67,8 @@ class SaveSchedule:
         if self.timed:
             now = time.monotonic()
             # clocks differ: rank 0 decides, or the ranks would not save together
-            late = rank_zero_decides(trainer, now - self._last_time >= self.interval_s)
+            started = self._last_time is not None
+            late = rank_zero_decides(trainer, started and now - self._last_time >= self.interval_s)
             if late:
                 self._last_time = now
             due = due or late

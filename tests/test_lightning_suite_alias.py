@@ -22,8 +22,10 @@ CHECK = textwrap.dedent(
     from lightning.pytorch.callbacks import EarlyStopping
     from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
     from lightning.pytorch.demos.boring_classes import BoringModel
+    from lightning.pytorch.callbacks.progress.rich_progress import Progress  # rich's, which both bars draw with
+    from lightning.pytorch.callbacks.throughput_monitor import get_available_flops  # where the monitor asks
     print(LightningModule.__module__, Trainer.__module__, EarlyStopping.__module__, EarlyStoppingReason.__module__,
-          BoringModel.__module__)
+          BoringModel.__module__, Progress.__module__, get_available_flops.__module__)
     from lightning.pytorch.loops import _FitLoop
     from lightning.fabric.utilities.imports import _TORCH_GREATER_EQUAL_2_6
     print(_TORCH_GREATER_EQUAL_2_6)
@@ -45,12 +47,14 @@ def _run(mode: str) -> list[str]:
 
 def test_tandem_mode_maps_public_names_to_tandem_objects():
     assert _run("tandem") == ["trainer.task.base", "trainer.trainer", "callbacks.early_stopping",
-                              "callbacks.early_stopping", "trainer.demos", "True", "refused"]  # fmt: skip
+                              "callbacks.early_stopping", "trainer.demos", "rich.progress", "callbacks.throughput.meter", "True",
+                              "refused"]  # fmt: skip
 
 
 def test_lightning_mode_gives_lightnings_own_modules():
     got = _run("lightning")
-    assert got[:6] == ["pytorch_lightning.core.module", "pytorch_lightning.trainer.trainer",
+    assert got[:8] == ["pytorch_lightning.core.module", "pytorch_lightning.trainer.trainer",
                        "pytorch_lightning.callbacks.early_stopping", "pytorch_lightning.callbacks.early_stopping",
-                       "pytorch_lightning.demos.boring_classes", "True"]  # fmt: skip
+                       "pytorch_lightning.demos.boring_classes", "rich.progress",
+                       "lightning_fabric.utilities.throughput", "True"]  # fmt: skip
     assert "refused" not in got  # Lightning has its loops

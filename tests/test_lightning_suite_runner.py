@@ -100,6 +100,23 @@ def test_a_behaviour_failure_counts_as_documented_only_when_named_outside_the_ta
     assert [m.split("::")[1] for m in missing] == ["test_in_table", "test_open"]
 
 
+def test_a_test_counts_as_named_only_by_its_whole_name():
+    text = "`callbacks/test_bar.py::test_bar_leave`, and `test_other[x]` (2)"
+    assert run._named("f.py::test_bar_leave[3]", text) and run._named("f.py::test_other[x]", text)
+    assert not run._named("f.py::test_bar[a]", text)  # a prefix of another test's name, or the file's name
+    assert not run._named("f.py::test_bar_lea", text)
+    assert run._named("f.py::test_x[Comet]", "`::test_x[Comet]`") and not run._named(
+        "f.py::test_x[CSV]", "`::test_x[Comet]`"
+    )
+    assert run._named("f.py::test_w[False-True]", "`test_w[False-*]`") and not run._named(
+        "f.py::test_w[True-1]", "`test_w[False-*]`"
+    )
+    assert run._named("f.py::test_restart_with_val_parity", "`test_restart*_parity` (4)")
+    assert not run._named(
+        "f.py::test_y", "every `test_*.py` file, `graveyard/test_x*.py`"
+    )  # files, not tests
+
+
 def test_a_failing_statement_on_a_name_bound_to_a_private_is_internal():
     source = "def test_x():\n    cl = CombinedLoader([1])\n    iterator = cl._iterator\n    assert iterator.state == {}\n"
     assert classify._reaches_private("assert iterator.state == {}", source)
@@ -108,3 +125,18 @@ def test_a_failing_statement_on_a_name_bound_to_a_private_is_internal():
     mocked = "def test_y():\n    stateful = Mock(spec=_Stateful)\n    other = Mock()\n"
     assert classify._reaches_private("stateful.load_state_dict.assert_not_called()", mocked)
     assert not classify._reaches_private("other.load_state_dict.assert_not_called()", mocked)
+
+
+def test_a_workers_failure_on_a_private_in_the_tests_file_is_internal():
+    class Remote(Exception):
+        text = (
+            'Traceback:\n  File "/t/test_all.py", line 214, in setup\n    assert trainer.logger._experiment\n'
+        )
+
+    try:
+        raise AssertionError() from Remote()
+    except AssertionError as e:
+        error = e
+    item = types.SimpleNamespace(path="/t/test_all.py")
+    assert classify._remote_line(item, error) == "assert trainer.logger._experiment"
+    assert classify._reaches_private(classify._remote_line(item, error), "")

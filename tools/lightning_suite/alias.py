@@ -62,6 +62,7 @@ TANDEM: dict[str, dict[str, str]] = {
         "save_hparams_to_tags_csv": "trainer.loggers.hparams_file",
         "LightningOptimizer": "trainer.loop.task_optimizer:TaskOptimizer",
         "HyperparametersMixin": "trainer.task.hparams",
+        "datamodule.DataLoader": "trainer.task.datamodule",  # torch's, where from_datasets' loaders are built
     },
     "trainer": {
         **_TOP,
@@ -80,6 +81,12 @@ TANDEM: dict[str, dict[str, str]] = {
         "CustomTimeColumn": "callbacks.progress.rich_columns",
         "ProcessingSpeedColumn": "callbacks.progress.rich_columns",
         "MetricsTextColumn": "callbacks.progress.rich_columns",
+        "Progress": "rich.progress",  # rich's own class, which Lightning's and Tandem's bars both draw with
+        "get_available_flops": "callbacks.throughput.monitor",  # where Tandem's monitor looks it up (patched)
+        # "<module>.<name>": a name of one Lightning module, where the Tandem code of the same job looks it up
+        # (`mock.patch("lightning.pytorch.callbacks.timer.time")` patches the clock Tandem's Timer reads)
+        "timer.time": "callbacks.timer",
+        "model_checkpoint.time": "callbacks.checkpoint_schedule",
     },
     "loggers": {
         "*": "trainer.loggers",
@@ -161,7 +168,12 @@ class _NamesModule(types.ModuleType):
     def __init__(self, name: str, table: dict[str, str]) -> None:
         super().__init__(name)
         self.__path__: list[str] = []  # a package: its submodules resolve through the finder too
-        self._table = table
+        local = ".".join(name.split(".")[3:])  # "timer" for lightning.pytorch.callbacks.timer
+        # the package's names, with those given for this very module ("timer.time") under their own name
+        self._table = {
+            **{k: v for k, v in table.items() if "." not in k},
+            **{k.rsplit(".", 1)[1]: v for k, v in table.items() if "." in k and k.rsplit(".", 1)[0] == local},
+        }
 
     def __setattr__(self, name: str, value: Any) -> None:
         """`mock.patch("lightning.pytorch.x.Name", new)` patches the Tandem object Name is aliased to, where

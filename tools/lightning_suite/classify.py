@@ -160,6 +160,9 @@ def failure(item: Any, excinfo: Any) -> tuple[str, str]:
     line = _failing_line(item, excinfo)
     if line and _reaches_private(line, source):
         return "internal", f"reaches internals: {' '.join(line.split())[:120]}"
+    remote = _remote_line(item, exc)  # the statement of the test's file where a spawned worker failed
+    if remote and _reaches_private(remote, _module_source(item)):
+        return "internal", f"reaches internals (in a worker): {' '.join(remote.split())[:120]}"
     if isinstance(exc, AttributeError):
         found = _attribute_failure(text)
         if found:
@@ -247,6 +250,26 @@ def _chain(exc: BaseException) -> list[BaseException]:
 def failure_of(exc: BaseException) -> tuple[str, str] | None:
     """The class and reason of a missing attribute `exc` (an AttributeError), or None when it names none."""
     return _attribute_failure(f"{type(exc).__name__}: {exc}")
+
+
+def _remote_line(item: Any, exc: BaseException) -> str:
+    """The last statement of the test's own file in a worker's traceback (a ddp_spawn worker's failure reaches
+    the test as the worker's exception, caused by the worker's traceback text)."""
+    path = str(getattr(item, "path", ""))
+    for e in _chain(exc):
+        text = getattr(e, "text", None)
+        if isinstance(text, str) and path:
+            found = re.findall(rf'File "{re.escape(path)}", line \d+, in \w+\n\s+(.+)', text)
+            if found:
+                return found[-1]
+    return ""
+
+
+def _module_source(item: Any) -> str:
+    try:
+        return inspect.getsource(inspect.getmodule(item.obj))
+    except (TypeError, OSError, AttributeError):
+        return ""
 
 
 def _test_source(item: Any) -> str:

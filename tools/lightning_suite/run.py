@@ -20,6 +20,7 @@ import fnmatch
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -277,8 +278,18 @@ def outside_table(doc: str) -> str:
 
 
 def _named(nodeid: str, text: str) -> bool:
-    """Whether the test (its function name, without parameters) is named in `text`."""
-    return nodeid.split("::")[-1].split("[")[0] in text
+    """Whether the test (its function name, without parameters) is named in `text` as a whole name (the name of
+    `test_x` inside `test_x_y` does not count), or by a pattern such as `test_x*`."""
+    name, _, param = nodeid.split("::")[-1].partition("[")
+    for m in re.finditer(rf"(?<![\w]){re.escape(name)}(?![\w*]|\.py)(\[([^\]`]*)\])?", text):
+        if m.group(1) is None or fnmatch.fnmatchcase(param.rstrip("]"), m.group(2)):
+            return True  # named alone (every case), or with this case's parameters (`test_x[False-*]`)
+    if re.search(rf"(?<![\w]){re.escape(name)}\[", text):
+        return False
+    # a pattern naming several tests at once: `test_restart*_parity`
+    return any(
+        fnmatch.fnmatchcase(name, p) for p in re.findall(r"(?<![\w])(test_\w+\*[\w*]*)(?![\w*]|\.py)", text)
+    )
 
 
 def undocumented(
