@@ -42,6 +42,8 @@ class Strategy:
     """
 
     name = "base"
+    #: how the strategy starts its processes (Lightning's `strategy.launcher`): None where it starts none
+    launcher: Any = None
 
     def __init__(
         self,
