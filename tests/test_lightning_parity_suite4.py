@@ -230,3 +230,36 @@ def test_a_from_compiled_task_fits_and_comes_back_compiled(tmp_path, caplog):
     assert trainer.current_epoch == 3
     assert hasattr(task.training_step, "_torchdynamo_orig_callable") and task._compiler_ctx is not None
     assert sum("min_epochs=3" in r.getMessage() for r in caplog.records) == 1
+
+
+def _on_exception(lightning: bool, tmp_path: Any, kind: type[BaseException]) -> tuple[list[str], list[str]]:
+    """test_trainer_calls_strategy_on_exception / _datamodule_on_exception: the strategy's hook, and a DataModule's
+    on_exception set on the instance as a Mock, each called once with the error."""
+    from unittest import mock
+
+    from strategies.base import Strategy
+
+    error = kind("boom")
+
+    class Task(_boring(lightning)):  # type: ignore[misc,valid-type]
+        def on_fit_start(self) -> None:
+            raise error
+
+    dm = (plb.BoringDataModule if lightning else demos.BoringDataModule)()
+    dm.on_exception = mock.Mock()
+    owner = pl.strategies.Strategy if lightning else Strategy
+    with mock.patch.object(owner, "on_exception") as hook, pytest.raises((kind, SystemExit)):
+        _trainer(lightning, tmp_path).fit(Task(), datamodule=dm)
+    names = [type(c.args[0]).__name__ for c in hook.call_args_list]
+    return names, [type(c.args[0]).__name__ for c in dm.on_exception.call_args_list]
+
+
+@pytest.mark.parametrize("kind", [RuntimeError, KeyboardInterrupt])
+def test_the_strategy_and_a_mocked_datamodule_hook_get_the_exception(tmp_path, kind):
+    import signal
+
+    before = signal.getsignal(signal.SIGINT)
+    ours = _on_exception(False, tmp_path, kind)
+    theirs = _on_exception(True, tmp_path, kind)
+    signal.signal(signal.SIGINT, before)  # Lightning leaves SIGINT ignored after a KeyboardInterrupt
+    assert ours == theirs == ([kind.__name__], [kind.__name__])

@@ -79,9 +79,7 @@ class Session:
         if stage == "fit":
             resolve_max_epochs(t)  # an unset max_epochs becomes 1000 or -1 now, as in Lightning
         task._trainer = t
-        if (
-            task.hparams
-        ):  # as Lightning at each stage's start: values that cannot be pickled are dropped, said
+        if task.hparams:  # as Lightning at each stage's start: unpicklable values are dropped, said
             clean_namespace(task.hparams)
         if self.dm is not None:
             self.dm.trainer = t
@@ -293,6 +291,7 @@ class Session:
                 t.hooks.call("on_exception", error)
                 if self.dm is not None and overrides(self.dm, "on_exception"):
                     self.dm.on_exception(error)
+                t.strategy.on_exception(error)
                 finalize_loggers(t, "failed")
         finally:
             if self.signals is not None:
