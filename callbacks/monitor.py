@@ -22,7 +22,9 @@ MODES = ("min", "max")
 def no_validation(trainer: Trainer) -> bool:
     """True when this fit runs no validation batches at all."""
     loaders = trainer.val_dataloaders  # None, or the loader(s) as given
-    return loaders is None or loaders == [] or sum(trainer.num_val_batches) == 0
+    if loaders is None:  # not asked for yet (the first validation asks for them, as Lightning) or none at all
+        return not getattr(trainer, "enable_validation", False)
+    return loaders == [] or sum(trainer.num_val_batches) == 0
 
 
 def fitting(trainer: Trainer) -> bool:

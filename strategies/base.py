@@ -42,6 +42,11 @@ class Strategy:
     """
 
     name = "base"
+    #: how the strategy starts its processes (Lightning's `strategy.launcher`): None where it starts none
+    launcher: Any = None
+
+    def on_exception(self, exception: BaseException) -> None:
+        """Called when a stage fails (after the callbacks' and the DataModule's on_exception; Lightning's hook)."""
 
     def __init__(
         self,

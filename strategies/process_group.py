@@ -85,6 +85,14 @@ def check_start_method(method: str) -> None:
         raise ConfigError(f"start_method must be one of {valid}, got {method!r}")
 
 
+def _device_kind(devices: list[torch.device]) -> str:
+    """The one device type of Lightning's `parallel_devices` (a mix of types is refused)."""
+    kinds = {torch.device(d).type for d in devices}
+    if len(kinds) != 1:
+        raise ConfigError(f"parallel_devices must all be of one device type, got {devices}")
+    return kinds.pop()
+
+
 class ProcessGroupStrategy(ParallelStrategy):
     """One process per device in a torch.distributed process group; each rank trains on its own shard.
 
@@ -119,10 +127,7 @@ class ProcessGroupStrategy(ParallelStrategy):
                 raise ConfigError(f"timeout={timeout!r} and timeout_s={timeout_s} disagree: give one of them")
             timeout_s = timeout.total_seconds()
         if parallel_devices:  # Lightning's keyword: one device per process on this node
-            kinds = {torch.device(d).type for d in parallel_devices}
-            if len(kinds) != 1:
-                raise ConfigError(f"parallel_devices must all be of one device type, got {parallel_devices}")
-            kind = kinds.pop()
+            kind = _device_kind(parallel_devices)
             named = by_name(accelerator)  # an Accelerator object (CPUAccelerator()) as its name
             if named is not None and {"gpu": "cuda"}.get(str(named), named) != kind:
                 raise ConfigError(
@@ -133,7 +138,7 @@ class ProcessGroupStrategy(ParallelStrategy):
             accelerator, precision, precision_plugin=precision_plugin, checkpoint_io=checkpoint_io
         )
         check_start_method(start_method)
-        self.start_method = start_method
+        self.start_method, self._parallel_devices = start_method, parallel_devices
         self.devices, self.num_nodes, self.sync_batchnorm = (
             devices,
             num_nodes,
@@ -182,11 +187,19 @@ class ProcessGroupStrategy(ParallelStrategy):
 
     @property
     def parallel_devices(self) -> list[torch.device]:
-        """The device of each process on this node (Lightning's attribute)."""
+        """The device of each process on this node (Lightning's attribute): as given, else the accelerator's."""
+        if self._parallel_devices:
+            return list(self._parallel_devices)
         device = pick_device(self.accelerator or "auto")
         if device.type == "cuda":
             return [torch.device("cuda", i) for i in range(self.num_processes)]
         return [device] * self.num_processes
+
+    @parallel_devices.setter
+    def parallel_devices(self, devices: list[torch.device]) -> None:
+        """Lightning's setter: one process per given device on this node, on their device type."""
+        self.accelerator, self.devices, self._root_device = _device_kind(devices), len(devices), None
+        self._parallel_devices = list(devices)
 
     @property
     def node_rank(self) -> int:

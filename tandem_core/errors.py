@@ -19,6 +19,10 @@ class TaskError(TandemError, RuntimeError):
     where Lightning raises one, e.g. a callback that needs automatic optimization)."""
 
 
+class TaskTypeError(TaskError, TypeError):
+    """A stage was given something that is no Task, or none at all (a TypeError too, as Lightning raises)."""
+
+
 class NoDataError(TaskError, TypeError):
     """A stage has no data: none passed, no *_dataloader() defined, or one that returned None (a TypeError too,
     as Lightning raises one there)."""
@@ -31,6 +35,10 @@ class CheckpointError(TandemError):
 class IncompatibleCheckpointError(CheckpointError, RuntimeError):
     """The checkpoint's weights do not fit the model (missing, unexpected or reshaped keys): a RuntimeError, as
     torch's ``load_state_dict`` raises."""
+
+
+class NoTaskToSaveError(CheckpointError, AttributeError):
+    """save_checkpoint with no task attached to the Trainer (an AttributeError too, as Lightning raises)."""
 
 
 class CheckpointNotFoundError(CheckpointError, FileNotFoundError):

@@ -143,6 +143,8 @@ def overrides(obj: Any, name: str) -> bool:
     if own is None:
         return False
     if callable(own):  # Lightning calls what the instance holds, whatever it wraps
+        if isinstance(own, mock.NonCallableMock):  # a Mock answers every attribute: it wraps nothing
+            return True
         compiled = getattr(own, "_torchdynamo_orig_callable", None)
         return compiled is None or not getattr(_unwrapped(compiled), "_tandem_default", False)
     fn = getattr(type(obj), name, None)

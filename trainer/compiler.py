@@ -10,6 +10,7 @@ each epoch's end and the stage's end) and a run that recompiles more than `RECOM
 
 from __future__ import annotations
 
+import functools
 import inspect
 import warnings
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 
 from tandem_core.errors import ConfigError
+from trainer.utilities.compile import compile_methods, compiler_context, to_uncompiled
 
 STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
 # the Trainer's side of a step: run eagerly from compiled steps (dynamo would guard on the metric store's
@@ -50,6 +52,7 @@ class Compiler:
 
     kwargs: dict[str, Any] = field(default_factory=dict)
     context: Any = None  # the dynamo context of a ``torch.compile(task)`` (its backend, mode and options)
+    restore: Callable[[], Any] | None = None  # after the stage: the task as handed in (from_compiled's)
 
     def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         return self.context(fn) if self.context is not None else torch.compile(fn, **self.kwargs)
@@ -104,15 +107,21 @@ def check_key(key: Any, given: Any) -> None:
 
 
 def unwrap_compiled(task: Any, option: Compiler | None) -> tuple[Any, Compiler | None]:
-    """The plain module of a ``torch.compile(task)`` and how it was compiled; other objects pass through."""
-    if not isinstance(task, torch._dynamo.eval_frame.OptimizedModule):
+    """The plain module of a ``torch.compile(task)`` or a ``from_compiled(...)`` task and how it was compiled;
+    other objects pass through. A from_compiled task is compiled again the same way at the stage's end."""
+    compiled = isinstance(task, torch._dynamo.eval_frame.OptimizedModule)
+    context = task.dynamo_ctx if compiled else compiler_context(task)
+    if context is None:
         return task, option
     if option is not None:
         raise ConfigError(
             "the task was passed through torch.compile and Trainer(compile=...) is set too: compile in one "
             "place only (pass the plain task, or drop the Trainer option)."
         )
-    return task._orig_mod, Compiler(context=task.dynamo_ctx)
+    if compiled:
+        return task._orig_mod, Compiler(context=context)
+    plain = to_uncompiled(task)
+    return plain, Compiler(context=context, restore=functools.partial(compile_methods, plain, context))
 
 
 def apply(task: torch.nn.Module, compiler: Compiler) -> Callable[[], None]:
@@ -146,6 +155,8 @@ def apply(task: torch.nn.Module, compiler: Compiler) -> Callable[[], None]:
                 task.__dict__.pop(name, None)
             else:
                 task.__dict__[name] = old
+        if compiler.restore is not None:
+            compiler.restore()
 
     return undo
 

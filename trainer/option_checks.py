@@ -203,6 +203,15 @@ def check_duration(name: str, value: Any) -> None:
         raise OptionError(name, f"{name} must be a usable duration: {e}") from None
 
 
+def check_clip_val(name: str, value: Any) -> None:
+    """gradient_clip_val: a finite number >= 0 or None; a value that is no number is a TypeError (Lightning's)."""
+    if value is None or finite_at_least_0(value):
+        return
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    kind = OptionError if number else OptionTypeError
+    raise kind(name, f"{name} must be a number >= 0 (finite) or None, got {value!r}")
+
+
 def finite_at_least_0(v: Any) -> bool:
     return (is_int(v) and v >= 0) or (isinstance(v, float) and math.isfinite(v) and v >= 0)
 

@@ -13,7 +13,7 @@ import dataclasses
 import inspect
 import os
 import typing
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, MutableSequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
@@ -32,8 +32,10 @@ from trainer.option_checks import (  # noqa: F401 (OptionError is part of this m
     FLAG,
     LIMIT,
     OptionError,
+    OptionTypeError,
     check_accelerator,
     check_callbacks,
+    check_clip_val,
     check_devices,
     check_duration,
     check_logger,
@@ -183,7 +185,7 @@ class TrainerConfig:
     gradient_clip_val: float | None = option(
         None,
         "clip gradients to this value (after unscaling); None: no clipping",
-        must(lambda v: v is None or finite_at_least_0(v), "a number >= 0 (finite) or None"),
+        check_clip_val,
     )
     gradient_clip_algorithm: str | None = option(
         None,
@@ -290,7 +292,9 @@ class TrainerConfig:
     def from_kwargs(cls, **kwargs: Any) -> TrainerConfig:
         """The options `kwargs` names (the others at their defaults); an OptionError if one is wrong."""
         cls.check_names(kwargs)
-        return cls(**kwargs)
+        # a list-like container (omegaconf's ListConfig from Trainer(**OmegaConf.create(...))) as the list it holds
+        return cls(**{k: list(v) if isinstance(v, MutableSequence) and not isinstance(v, list) else v
+                      for k, v in kwargs.items()})  # fmt: skip
 
     @classmethod
     def check_names(cls, names: Iterable[str]) -> None:
@@ -299,7 +303,7 @@ class TrainerConfig:
         for name in names:
             if name not in valid:
                 hint = did_you_mean(str(name), valid)
-                raise OptionError(
+                raise OptionTypeError(  # a TypeError too: Python's for an unknown keyword
                     str(name),
                     f"unknown Trainer option {name!r}{hint} (every option: docs/configuration.md)",
                     hint,
@@ -322,6 +326,7 @@ class TrainerConfig:
             changes.update(check_val_every_n_epoch=1)
             changes.update(limit_train_batches=n, limit_val_batches=n, limit_test_batches=n)
             changes.update(limit_predict_batches=n, logger=False, enable_checkpointing=False)
+            changes.update(fast_dev_run=True if n == 1 else n)  # 1 reads back as True (Lightning's)
         if self.barebones:
             changes.update(logger=False, enable_checkpointing=False, enable_progress_bar=False)
             changes.update(enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=0)

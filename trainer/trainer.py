@@ -70,7 +70,7 @@ class Trainer(TrainerReadback, TrainerLoaders):
         )  # as given ([1, 3], "0,1", 2): trainer.device_ids (trainer/readback.py)
         # devices as a count from here on ("0,1", [0, 1], -1 read against this machine: trainer/devices.py)
         self.config = cfg = dataclasses.replace(cfg, devices=count_devices(cfg.devices, cfg.accelerator))
-        self.default_root_dir = os.path.abspath(cfg.default_root_dir or os.getcwd())
+        self.default_root_dir = os.path.abspath(os.path.expanduser(cfg.default_root_dir or os.getcwd()))
         set_torch_flags(cfg.deterministic, cfg.benchmark)  # as Lightning does when a Trainer is built
         # (an option passed as None is Lightning's default: not "given", so it conflicts with nothing)
         passed = {name for name, value in options.items() if value is not None}
@@ -177,13 +177,13 @@ class Trainer(TrainerReadback, TrainerLoaders):
         )
 
     def predict(self, task: Task | None = None, dataloaders: Any = None, datamodule: DataModule | None = None,
-                return_predictions: bool = True, ckpt_path: str | None = None, weights_only: bool | None = None,
+                return_predictions: bool | None = None, ckpt_path: str | None = None, weights_only: bool | None = None,
                 *, model: Task | None = None) -> Any:  # fmt: skip
         """Return predict_step's outputs, one list per loader (flattened when there is one loader)."""
         out = self._evaluate(
             "predict", _one(task, model), dataloaders, ckpt_path, datamodule, False, weights_only
         )
-        return out if return_predictions else None
+        return None if return_predictions is False else out  # None: Lightning's default, the predictions
 
     def _evaluate(self, stage: str, task: Task | None, loaders: Any, ckpt_path: str | None,
                   dm: DataModule | None, verbose: bool, weights_only: bool | None) -> Any:  # fmt: skip

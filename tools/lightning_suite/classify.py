@@ -26,8 +26,9 @@ _INTERNAL_LINE = re.compile(r"\._[a-z]\w*|\b\w*_loop\b|_connector\b|\bbatch_prog
 _PATCH = re.compile(
     r"""(?:patch(?:\.object)?|monkeypatch\.setattr)\(\s*["'](lightning\.(?:pytorch|fabric)[\w.]*)["']"""
 )
-# `import lightning.pytorch.x as m; monkeypatch.setattr(m, "_RICH_AVAILABLE", False)`: a Lightning module's internal
-_MONKEYPATCH_INTERNAL = re.compile(r"""monkeypatch\.setattr\(\s*(\w+)\s*,\s*["'](_\w+)["']""")
+# `import lightning.pytorch.x as m; monkeypatch.setattr(m, "_RICH_AVAILABLE", False)` (or the module spelled out:
+# `monkeypatch.setattr(lightning.pytorch.loops.fit_loop, "_request_dataloader", ...)`): a Lightning module's internal
+_MONKEYPATCH_INTERNAL = re.compile(r"""monkeypatch\.setattr\(\s*([\w.]+)\s*,\s*["'](_\w+)["']""")
 _IMPORT_AS = re.compile(r"import (lightning\.(?:pytorch|fabric)[\w.]*) as (\w+)")
 
 
@@ -175,6 +176,8 @@ def failure(item: Any, excinfo: Any) -> tuple[str, str]:
     for owner, attr in _MONKEYPATCH_INTERNAL.findall(source):
         if owner in lightning_modules:
             return "internal", f"patches Lightning private {lightning_modules[owner]}.{attr}"
+        if re.fullmatch(r"lightning\.(?:pytorch|fabric)[\w.]*", owner):  # the module spelled out
+            return "internal", f"patches Lightning private {owner}.{attr}"
     for target in targets:
         module, names = _split_target(target)
         if names and _foreign([*module.split("."), names[0]]):

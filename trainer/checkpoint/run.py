@@ -16,7 +16,7 @@ from strategies.checkpoint.directory import _existing, _read_meta
 from strategies.checkpoint.io import checkpoint_io, load, saved_names
 from strategies.large.init import has_meta
 from strategies.large.weights import defer, expect
-from tandem_core.errors import CheckpointError, ConfigError
+from tandem_core.errors import CheckpointError, ConfigError, NoTaskToSaveError
 from tandem_core.fileio import wait_written
 from tandem_core.hooks import overrides
 from trainer.checkpoint.find import class_name, run_id
@@ -35,7 +35,7 @@ def save(t: Trainer, path: str, weights_only: bool = False) -> None:
     contributes its own part and returns once the checkpoint is complete."""
     task, comm, io = t.task, t.strategy.comm, checkpoint_io(t.strategy)
     if task is None:
-        raise CheckpointError("save_checkpoint needs a task: call it during or after fit().")
+        raise NoTaskToSaveError("save_checkpoint needs a task: call it during or after fit().")
     states = io.collect(task, None if weights_only else t.optimizers)
     if weights_only:
         ranks = None

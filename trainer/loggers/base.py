@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 from typing import Any
@@ -191,6 +192,14 @@ class Logger:
     def finalize(self, status: str) -> None:
         """Called once at the end of a run with 'success' or 'failed'."""
         self.save()
+
+
+def as_params(params: Any) -> dict[str, Any]:
+    """log_hyperparams' `params` as a dict: a mapping, an argparse Namespace (its attributes) or None (Lightning's
+    loggers take all three)."""
+    if params is None:
+        return {}
+    return dict(vars(params)) if isinstance(params, argparse.Namespace) else dict(params)
 
 
 def add_prefix(metrics: dict[str, Any], prefix: str, sep: str = "-") -> dict[str, Any]:

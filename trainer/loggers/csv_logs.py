@@ -9,7 +9,7 @@ import os
 from typing import Any
 
 from tandem_core.fileio import atomic_write
-from trainer.loggers.base import Logger, add_prefix, write_hparams_yaml
+from trainer.loggers.base import Logger, add_prefix, as_params, write_hparams_yaml
 
 
 class ExperimentWriter:
@@ -107,7 +107,7 @@ class CSVLogger(Logger):
         self, params: dict[str, Any] | None = None, metrics: dict[str, float] | None = None
     ) -> None:
         """Write hparams.yaml (every call's hyperparameters together, as Lightning's)."""
-        self.experiment.log_hparams(dict(params or {}))
+        self.experiment.log_hparams(as_params(params))
 
     def save(self) -> None:
         """Append the new rows; rewrite the file when a column was added."""

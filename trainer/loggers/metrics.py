@@ -41,9 +41,8 @@ class _Entry:
     # the arguments of the last self.log that reached it (MetricStore.log's fast path)
     call: tuple[Any, ...] = ()
     step_key: str = ""  # the key of its step value: the name, or with on_epoch too, the "_step" fork
-    special: bool = (
-        False  # its step value is not the logged tensor: reduced (sync_dist) or copied (CUDA graphs)
-    )
+    # whether its step value is not the logged tensor: reduced (sync_dist) or copied (CUDA graphs)
+    special: bool = False
     train: bool = False  # logged in training (whose step values callbacks and trainer.logged_metrics see)
 
     def __post_init__(self) -> None:
@@ -77,9 +76,8 @@ class MetricStore:
         self._batch: Any = None
         self._batch_size = 1
         self._sized = -1  # the batch (_batch_no) whose size _batch_size is
-        self._batch_no = (
-            0  # counts set_batch calls; step values are written only in the batch that logged them
-        )
+        # counts set_batch calls; step values are written only in the batch that logged them
+        self._batch_no = 0
         # inside the training batches (else None): the step values logged for loggers since trainer.logged_metrics
         # last took them (trainer/loggers/logged.py reads them back when asked, not at every step)
         self.pending: dict[str, torch.Tensor] | None = None
@@ -104,6 +102,13 @@ class MetricStore:
         self.stage = stage
         self._stages[stage] = self._entries = {}
         self._opened = None
+
+    def drop_all(self) -> None:
+        """A new stage starts: every value logged before is dropped (as Lightning resets its metrics then)."""
+        for entries in self._stages.values():
+            entries.clear()
+        self.callback_metrics.clear()
+        self._bar_kept.clear()
 
     def open_run(self, stage: str) -> None:
         """A run of `stage` starts (fit's on_train_start follows): what it logs joins the first epoch."""
@@ -189,8 +194,7 @@ class MetricStore:
             self._accumulate(entry, value, batch_size)
 
     def _step_value(self, entry: _Entry, value: torch.Tensor) -> torch.Tensor:
-        """A step value that is not the logged tensor itself: reduced over the ranks (sync_dist), or a copy
-        (CUDA graphs: the next replay overwrites the step's outputs)."""
+        """A step value other than the logged tensor: reduced (sync_dist), or a copy (CUDA graphs' replays)."""
         if entry.sync_dist:
             value = self._sync(value, entry.reduce_fx, entry.group)
         return value.clone() if self.keep_copies else value

@@ -11,7 +11,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from tandem_core.errors import ConfigError, require
-from trainer.loggers.base import Logger, add_prefix, flatten
+from trainer.loggers.base import Logger, add_prefix, as_params, flatten
 from trainer.loggers.trackers import ModelUploads, NoOpExperiment, is_rank_zero
 
 _STATUS = {"success": "FINISHED", "finished": "FINISHED", "failed": "FAILED"}
@@ -146,7 +146,7 @@ class MLFlowLogger(Logger):
         from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
 
         client = self.experiment
-        wanted = {k: str(v)[:MAX_PARAM_VAL_LENGTH] for k, v in flatten(dict(params)).items()}
+        wanted = {k: str(v)[:MAX_PARAM_VAL_LENGTH] for k, v in flatten(as_params(params)).items()}
         logged = client.get_run(self.run_id).data.params  # a resumed run has them already
         changed = {k: (logged[k], v) for k, v in wanted.items() if k in logged and logged[k] != v}
         if changed:

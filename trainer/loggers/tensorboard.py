@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from trainer.loggers.base import Logger, add_prefix, flatten, write_hparams_yaml
+from trainer.loggers.base import Logger, add_prefix, as_params, flatten, write_hparams_yaml
 
 
 class TensorBoardLogger(Logger):
@@ -102,7 +102,7 @@ class TensorBoardLogger(Logger):
         params are only remembered. The Trainer calls this at the start of each stage. TensorBoard's reader
         keeps the first HParams summary of a run (later ones are ignored), so the tab's columns are those
         of the first call; each column shows the last value of the scalar of that name."""
-        params = dict(params or {})
+        params = as_params(params)
         self._hparams.update(flatten(params))
         self._params = {**(self._params or {}), **params}
         if metrics is None:

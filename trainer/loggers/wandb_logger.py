@@ -7,7 +7,7 @@ import warnings
 from typing import Any
 
 from tandem_core.errors import ConfigError, require
-from trainer.loggers.base import Logger, add_prefix, yaml_safe
+from trainer.loggers.base import Logger, add_prefix, as_params, yaml_safe
 from trainer.loggers.trackers import ModelUploads, NoOpExperiment, is_rank_zero
 
 STEP_KEY = "trainer/global_step"  # the x axis of every metric (Lightning's)
@@ -155,7 +155,7 @@ class WandbLogger(Logger):
 
     def log_hyperparams(self, params: dict[str, Any], metrics: dict[str, float] | None = None) -> None:
         if is_rank_zero():
-            self.experiment.config.update(yaml_safe(dict(params)), allow_val_change=True)
+            self.experiment.config.update(yaml_safe(as_params(params)), allow_val_change=True)
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         if not is_rank_zero():

@@ -23,7 +23,10 @@ def num_batches(loader: Any, limit: int | float) -> int | float:
         return loader.num_batches()
     try:
         n: int | float = len(loader)
-    except TypeError:
+    except (
+        TypeError,
+        NotImplementedError,
+    ):  # no length, or one that says it has none (as Lightning reads it)
         n = float("inf")
     if isinstance(limit, bool) or limit < 0:
         raise ConfigError(f"limit_*_batches must be an int >= 0 or a float in [0, 1], got {limit!r}.")

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from strategies.base import batch_mover
+from tandem_core.rank_zero import rank_zero_info
 from trainer.checkpoint.run import check_window_saves
 from trainer.compiler import mark_step
 from trainer.loggers.logged import close_batches, open_batches
@@ -26,7 +27,13 @@ from trainer.loop.optim import step_schedulers
 from trainer.loop.signals import stop_checker
 from trainer.loop.stepper import batch_stepper, none_batch, stepper
 from trainer.loop.transfer import to_device
-from trainer.loop.val_schedule import should_validate, time_due, val_check_batches, val_check_seconds
+from trainer.loop.val_schedule import (
+    load_val,
+    should_validate,
+    time_due,
+    val_check_batches,
+    val_check_seconds,
+)
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -271,7 +278,7 @@ def _next_log(step: int, every: int) -> float:
 def validate(t: Trainer, done: int, k: int, final: bool = False) -> None:
     """A validation inside fit; the task's gradients are released first unless a window is open (the epoch's
     last batch closes its window even when it holds fewer than k batches: `final`, as Lightning)."""
-    t.session.load("val")  # type: ignore[union-attr]
+    load_val(t)  # (again when reload_dataloaders_every_n_epochs says so)
     if t.task.automatic_optimization is False or final or done % k == 0:  # type: ignore[union-attr]
         if "on_validation_model_zero_grad" in t.hooks.custom:
             run_as(t, "on_validation_model_zero_grad", t.task.on_validation_model_zero_grad)  # type: ignore[union-attr]
@@ -292,4 +299,10 @@ def stop_requested(t: Trainer) -> bool:
     min_ok = (cfg.min_epochs is None or state.epoch >= cfg.min_epochs) and (
         cfg.min_steps is None or state.global_step >= cfg.min_steps
     )
+    if state.should_stop and not min_ok and not t.session.min_noted:  # type: ignore[union-attr]
+        t.session.min_noted = True  # type: ignore[union-attr]
+        rank_zero_info(
+            f"A stop was requested, but min_epochs={cfg.min_epochs} or min_steps={cfg.min_steps} is not reached "
+            "yet: training goes on until both are."
+        )
     return state.should_stop and min_ok

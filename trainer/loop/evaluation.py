@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tandem_core.rank_zero import rank_zero_warn
 from trainer.compiler import mark_step
+from trainer.loggers.logged import forget
 from trainer.loggers.reporting import finalize_loggers, log_metrics, log_stage_start
 from trainer.loop.combined import batches
 from trainer.loop.data import set_epoch
@@ -29,7 +31,8 @@ def evaluate(t: Trainer, stage: str) -> Any:
     """validate(), test() or predict(): one pass over that stage's loaders. As Lightning: the task's
     zero_grad() first; with limit_*_batches=0 (or loaders without batches) no loader hook runs at all."""
     log_stage_start(t)  # hyperparameters and graph: as Lightning, before the stage runs
-    t.metric_store.callback_metrics.clear()  # this stage's metrics only, not an earlier fit's
+    t.metric_store.drop_all()  # this stage's metrics only, not an earlier stage's (as Lightning)
+    forget(t)
     t.task.zero_grad()  # type: ignore[union-attr]
     phase = {"validate": "val"}.get(stage, stage)
     if getattr(t.config, f"limit_{'val' if phase == 'val' else phase}_batches") == 0:
@@ -96,7 +99,7 @@ def _run_eval(t: Trainer, phase: str, limit: int | None) -> Any:
             with strategy.autocast(), t.profile(step_name):
                 out = strategy.step(task, step_name, batch, batch_idx, dl_idx if multi else None)
             if phase == "predict":
-                outputs.append(out)
+                outputs.append(_prediction(out))
             hooks.call(f"on_{prefix}_batch_end", out, batch, batch_idx, *extra)
             if phase != "predict" and not t.state.sanity_checking:  # step values go to the loggers, at
                 seen = t.session.eval_batches  # type: ignore[union-attr]  # the batches this loader ran
@@ -123,6 +126,13 @@ def _run_eval(t: Trainer, phase: str, limit: int | None) -> Any:
     if phase == "predict":
         return predictions[0] if len(predictions) == 1 else predictions
     return results
+
+
+def _prediction(out: Any) -> Any:
+    """A predict_step's output; None (a forgotten return) is kept, with Lightning's warning."""
+    if out is None:
+        rank_zero_warn("predict_step returned None: if that is on purpose, ignore this warning")
+    return out
 
 
 def _to_eval(t: Trainer, prefix: str) -> list[tuple[torch.nn.Module, bool]]:
@@ -189,7 +199,7 @@ def _iter_pass(
             break
         dl_idx = feed.dataloader_idx
         if phase == "predict":
-            outputs[dl_idx].append(out)
+            outputs[dl_idx].append(_prediction(out))
         hooks.call(f"on_{prefix}_batch_end", out, feed.batch, feed.batch_idx, *((dl_idx,) if multi else ()))
         if phase != "predict" and not t.state.sanity_checking:
             seen = t.session.eval_batches  # type: ignore[union-attr]

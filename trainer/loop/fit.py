@@ -15,8 +15,14 @@ from trainer.loggers.logged import forget
 from trainer.loggers.reporting import finalize_loggers, log_stage_start
 from trainer.loop.epoch import EpochRun, max_steps_reached, stop_requested
 from trainer.loop.evaluation import run_eval
-from trainer.loop.fit_gate import loads_train, skips_training, warn_if_no_steps
+from trainer.loop.fit_gate import (
+    loads_train,
+    skips_training,
+    warn_if_epoch_shorter_than_logging,
+    warn_if_no_steps,
+)
 from trainer.loop.stepper import eval_modules_message
+from trainer.loop.val_schedule import load_val, should_validate
 from trainer.seed import get_rng_state, set_rng_state
 from trainer.utilities.enums import PossibleUserWarning
 
@@ -29,6 +35,8 @@ def fit(t: Trainer) -> None:
     cfg, state, hooks, session, task = t.config, t.state, t.hooks, t.session, t.task
     assert session is not None and task is not None
     state.resume_cut_epoch()  # fit again on the same trainer: the epoch it stopped inside goes on
+    t.metric_store.drop_all()  # an earlier stage's metrics are not this fit's (as Lightning)
+    forget(t)
     hooks.call("on_fit_start")
     log_stage_start(t)  # hyperparameters and graph: as Lightning, before the training state is restored
     if session.restoring is not None:  # as Lightning: optimizer and loop states after on_fit_start
@@ -48,7 +56,7 @@ def fit(t: Trainer) -> None:
         state.epoch -= ended
         state.sanity_checking = True
         hooks.call("on_sanity_check_start")
-        session.load("val")
+        load_val(t)
         run_eval(t, "val", limit=None if cfg.num_sanity_val_steps == -1 else cfg.num_sanity_val_steps)
         hooks.call("on_sanity_check_end")
         state.sanity_checking = False
@@ -59,6 +67,7 @@ def fit(t: Trainer) -> None:
         set_rng_state(rng)
     if loads_train(t):  # (limit_train_batches=0: never asked for, as Lightning)
         session.load("train")
+        warn_if_epoch_shorter_than_logging(t)
     if skips_training(t, _done(t)):  # as Lightning: over before its first batch, no training hooks run
         warn_if_no_steps(t)
         state.count_cut_epoch()
@@ -66,8 +75,8 @@ def fit(t: Trainer) -> None:
         finalize_loggers(t, "success")
         return
     session.last_val_time = time.monotonic()  # a time-based val_check_interval counts from here (Lightning's)
-    if session.val_enabled:  # Lightning asks for both before training starts
-        session.load("val")
+    if should_validate(t):  # Lightning asks for both before training starts when its first epoch validates
+        load_val(t)
     if state.resume_rng is not None and state.batch_in_epoch == 0:  # resuming at an epoch boundary
         set_rng_state(state.resume_rng)
         state.resume_rng = None
@@ -78,7 +87,7 @@ def fit(t: Trainer) -> None:
     while not _done(t):
         if cfg.reload_dataloaders_every_n_epochs and state.epoch and not state.batch_in_epoch:
             if state.epoch % cfg.reload_dataloaders_every_n_epochs == 0:
-                session.reload()  # *_dataloader() are asked again
+                session.reload("train")  # train_dataloader() is asked again (validation's: load_val)
         train_epoch(t)
     state.count_cut_epoch()
     hooks.call("on_train_end")

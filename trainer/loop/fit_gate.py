@@ -8,6 +8,8 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING
 
+from trainer.utilities.enums import PossibleUserWarning
+
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
@@ -34,3 +36,16 @@ def warn_if_no_steps(t: Trainer) -> None:
     )  # fmt: skip
     if reason is not None and t.is_global_zero:
         warnings.warn(f"fit() will take no optimizer step: {reason}.", UserWarning, stacklevel=3)
+
+
+def warn_if_epoch_shorter_than_logging(t: Trainer) -> None:
+    """Lightning's warning when an epoch's training batches are fewer than `log_every_n_steps` (with a logger,
+    outside fast_dev_run): such an epoch may log no step value at all."""
+    n, every = t.num_training_batches, t.config.log_every_n_steps
+    if t.loggers and n < every and not t.config.fast_dev_run and t.is_global_zero:
+        warnings.warn(
+            f"The number of training batches ({n}) is smaller than the logging interval "
+            f"Trainer(log_every_n_steps={every}): lower log_every_n_steps to log steps within each epoch.",
+            PossibleUserWarning,
+            stacklevel=3,
+        )

@@ -14,7 +14,7 @@ import torch
 from strategies.data.indices import track_indices
 from strategies.data.reinit import recording_init_args
 from strategies.memory.plan import check_fits
-from tandem_core.errors import NoDataError, TaskError
+from tandem_core.errors import NoDataError, TaskError, TaskTypeError
 from tandem_core.hooks import overrides
 from trainer import checkpoint
 from trainer.compiler import RecompileWatch, unwrap_compiled
@@ -58,7 +58,7 @@ class Session:
         task = task if task is not None else trainer.task
         task, self.compiler = unwrap_compiled(task, trainer.compiler)  # fit(torch.compile(task)) as Lightning
         if not isinstance(task, Task):
-            raise TaskError(f"{stage}() needs a trainer.Task, got {type(task).__name__}.")
+            raise TaskTypeError(f"{stage}() needs a trainer.Task, got {type(task).__name__}.")
         self.task = task
         self.dm = dm or trainer.datamodule
         self.signals = StopSignals(trainer, fit=stage == "fit")
@@ -68,9 +68,9 @@ class Session:
         self.restoring: checkpoint.Restoring | None = None
         self.train_iterator: Any = None  # the last epoch's, kept until the next starts (its workers end then)
         self.eval_batches: dict[tuple[str, int], int] = {}  # (phase, loader) -> batches run since it loaded
-        self.last_val_time = (
-            0.0  # time.monotonic() of the last validation in fit (a time-based val_check_interval)
-        )
+        # time.monotonic() of fit's last validation (a time-based val_check_interval); the epoch it last asked
+        # for its validation loaders at (loop/val_schedule.py); whether it said a stop waits for min_epochs/steps
+        self.last_val_time, self.val_loaded_epoch, self.min_noted = 0.0, float("-inf"), False
 
     def __enter__(self) -> Session:
         t, task, stage = self.t, self.task, self.stage
@@ -79,9 +79,7 @@ class Session:
         if stage == "fit":
             resolve_max_epochs(t)  # an unset max_epochs becomes 1000 or -1 now, as in Lightning
         task._trainer = t
-        if (
-            task.hparams
-        ):  # as Lightning at each stage's start: values that cannot be pickled are dropped, said
+        if task.hparams:  # as Lightning at each stage's start: unpicklable values are dropped, said
             clean_namespace(task.hparams)
         if self.dm is not None:
             self.dm.trainer = t
@@ -193,11 +191,11 @@ class Session:
                 self._load_eval(phase)
         return t.loaders[phase]
 
-    def reload(self) -> None:
-        """Ask the task's or datamodule's *_dataloader() again (reload_dataloaders_every_n_epochs)."""
-        loaded = list(self.t.loaders)
-        self.t.loaders, self.t.loader_sizes, self.t.loader_iterables = {}, {}, {}
-        for phase in loaded:
+    def reload(self, *phases: str) -> None:
+        """Ask the task's or datamodule's *_dataloader() again for `phases` (all those loaded when none given)."""
+        for phase in phases or list(self.t.loaders):
+            for held in (self.t.loaders, self.t.loader_sizes, self.t.loader_iterables):
+                held.pop(phase, None)
             self.load(phase)
 
     def _check_data(self) -> None:
@@ -293,6 +291,7 @@ class Session:
                 t.hooks.call("on_exception", error)
                 if self.dm is not None and overrides(self.dm, "on_exception"):
                     self.dm.on_exception(error)
+                t.strategy.on_exception(error)
                 finalize_loggers(t, "failed")
         finally:
             if self.signals is not None:

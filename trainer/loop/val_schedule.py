@@ -73,3 +73,17 @@ def val_check_batch(t: Trainer) -> int | float | None:
     if n == float("inf"):
         return float("inf") if v == 1.0 else None
     return max(1, int(n * v))
+
+
+def load_val(t: Trainer) -> None:
+    """Fit's validation loaders, asked for when Lightning asks: when first needed (the sanity check, the start
+    of training when its first epoch validates, a validation), and again at a validation
+    `reload_dataloaders_every_n_epochs` epochs or more after the last load. A load in the sanity check counts
+    as one only when its epoch validates (as Lightning's)."""
+    session, n, epoch = t.session, t.config.reload_dataloaders_every_n_epochs, t.state.epoch
+    assert session is not None
+    if "val" in t.loaders and not (n and epoch - session.val_loaded_epoch >= n):
+        return
+    session.reload("val")
+    if not t.state.sanity_checking or should_validate(t):
+        session.val_loaded_epoch = epoch

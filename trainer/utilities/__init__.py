@@ -14,6 +14,7 @@ from tandem_core.rank_zero import (
 )
 from trainer.task.hparams import AttributeDict
 from trainer.utilities.combined_loader import CombinedLoader
+from trainer.utilities.compile import from_compiled, to_uncompiled
 from trainer.utilities.data import (
     has_len_all_ranks,
     is_picklable,
@@ -41,6 +42,7 @@ __all__ = [
     "is_shared_filesystem",
     "TandemDeprecationWarning",
     "find_shared_parameters",
+    "from_compiled",
     "grad_norm",
     "has_len_all_ranks",
     "is_overridden",
@@ -54,4 +56,5 @@ __all__ = [
     "rank_zero_warn",
     "set_shared_parameters",
     "suggested_max_num_workers",
+    "to_uncompiled",
 ]
