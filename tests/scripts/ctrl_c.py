@@ -219,9 +219,13 @@ def main(argv: list[str]) -> None:
     os.environ.setdefault("CTRL_C_GROUP", str(os.getpgid(0)))
     if framework == "tandem":
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    # Tandem's launcher: a process of its own that starts the workers (each has RANK) and runs no hook
+    launcher = framework == "tandem" and devices > 1 and "RANK" not in os.environ
     trainer, task, data, record, ended = build(framework, stage, at, mode, devices, out)
 
     def write() -> None:  # at exit, however the run ends (SystemExit, an interrupt, a normal end)
+        if launcher:  # (its empty record must not replace rank 0's)
+            return
         rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
         with open(os.path.join(out, f"hooks-rank{rank}.json"), "w") as f:
             json.dump({"record": record, **ended}, f)
@@ -231,7 +235,8 @@ def main(argv: list[str]) -> None:
         getattr(trainer, stage)(task, datamodule=data)
     except SystemExit as e:
         ended["exit"] = e.code
-        print(f"rank {trainer.global_rank} exits with {e.code}", file=sys.stderr, flush=True)
+        who = "the launcher" if launcher else f"rank {trainer.global_rank}"
+        print(f"{who} exits with {e.code}", file=sys.stderr, flush=True)
         raise
 
 
