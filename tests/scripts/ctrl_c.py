@@ -227,8 +227,10 @@ def main(argv: list[str]) -> None:
         if launcher:  # (its empty record must not replace rank 0's)
             return
         rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
-        with open(os.path.join(out, f"hooks-rank{rank}.json"), "w") as f:
+        path = os.path.join(out, f"hooks-rank{rank}.json")
+        with open(path + ".part", "w") as f:  # whole or absent: Lightning's rank 0 SIGKILLs the other ranks
             json.dump({"record": record, **ended}, f)
+        os.replace(path + ".part", path)
 
     atexit.register(write)
     try:
