@@ -104,6 +104,14 @@ class Comm:
         later (the host never waits for the device: docs/concepts.md, "Stopping together")."""
         return int(flag)
 
+    def settle_stop(self, flag: int) -> int:
+        """Called by every rank at the same points, the end of a pass of agreements (a training epoch's
+        batches, an evaluation's): the stop agreement completed now, this rank's `flag` included. Under several
+        processes it posts `flag` once more and waits for every answer still in flight (one round-trip per
+        pass, never per step); the largest. No stop requested on any rank before this call is left unanswered
+        when the stage ends."""
+        return int(flag)
+
     def settle(self) -> None:
         """Finish any agreement still in flight (before the group is used for anything else or closed)."""
 
@@ -256,6 +264,11 @@ class ProcessGroupComm(Comm):
         stops = self._agreement("stop", "stop-request all-reduce")
         stops.post(int(flag))
         return stops.take() if stops.ready else 0
+
+    def settle_stop(self, flag: int) -> int:
+        stops = self._agreement("stop", "stop-request all-reduce")
+        stops.post(int(flag))
+        return max(stops.drain())
 
     def _agreement(self, name: str, op: str) -> Pipelined:
         found = self._agreements.get(name)

@@ -8,7 +8,8 @@ python ctrl_c.py FRAMEWORK STAGE AT MODE DEVICES OUT
     AT         the batch whose on_<stage>_batch_end sends SIGINT, counted from 0 over the stage (in fit over both
                epochs); -1: none, an uninterrupted run
     MODE       inside: the process sends SIGINT to itself (os.kill(os.getpid(), SIGINT)), on every rank;
-               group: rank 0 sends SIGINT to the process group the job was started in (a terminal's Ctrl-C)
+               group: rank 0 sends SIGINT to the process group the job was started in (a terminal's Ctrl-C);
+               under Tandem it then waits until the signal has reached it (see `_arrives`)
     DEVICES    1, or 2 (ddp on two CPU processes)
     OUT        a directory: each rank writes hooks-rank<R>.json (its record, its exit) when it exits
 
@@ -22,6 +23,7 @@ import json
 import os
 import signal
 import sys
+import time
 from typing import Any
 
 import torch
@@ -71,6 +73,17 @@ class Squares(Dataset):
         return self.x[i]
 
 
+def _arrives(trainer: Any) -> None:
+    """Wait (at most 30 s) until the SIGINT sent to the group has reached this process. Under Tandem's launcher
+    the group holds the launcher, not the workers (torch starts them in sessions of their own), and the
+    launcher passes the SIGINT on a moment later; waiting for it here makes it arrive during this batch, as a
+    terminal's Ctrl-C reaches Lightning's rank 0 (in the group) inside this hook. The other rank gets it
+    whenever the launcher's SIGINT reaches it: before or after the ranks have agreed to stop."""
+    deadline = time.monotonic() + 30
+    while trainer.state.stop_signal is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
 def build(framework: str, stage: str, at: int, mode: str, devices: int, out: str) -> tuple[Any, ...]:
     """(trainer, task, datamodule, record, ended) of the framework: `record` collects the hooks, `ended` what
     the run saw when it stopped; checkpoints go under `out`."""
@@ -105,6 +118,8 @@ def build(framework: str, stage: str, at: int, mode: str, devices: int, out: str
                     os.kill(os.getpid(), signal.SIGINT)
                 elif trainer.global_rank == 0:
                     os.killpg(int(os.environ["CTRL_C_GROUP"]), signal.SIGINT)
+                    if framework == "tandem":  # (Lightning's rank 0 is in the group: interrupted right here)
+                        _arrives(trainer)
 
         fn.__name__ = name
         return fn
@@ -204,19 +219,26 @@ def main(argv: list[str]) -> None:
     os.environ.setdefault("CTRL_C_GROUP", str(os.getpgid(0)))
     if framework == "tandem":
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    # Tandem's launcher: a process of its own that starts the workers (each has RANK) and runs no hook
+    launcher = framework == "tandem" and devices > 1 and "RANK" not in os.environ
     trainer, task, data, record, ended = build(framework, stage, at, mode, devices, out)
 
     def write() -> None:  # at exit, however the run ends (SystemExit, an interrupt, a normal end)
+        if launcher:  # (its empty record must not replace rank 0's)
+            return
         rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
-        with open(os.path.join(out, f"hooks-rank{rank}.json"), "w") as f:
+        path = os.path.join(out, f"hooks-rank{rank}.json")
+        with open(path + ".part", "w") as f:  # whole or absent: Lightning's rank 0 SIGKILLs the other ranks
             json.dump({"record": record, **ended}, f)
+        os.replace(path + ".part", path)
 
     atexit.register(write)
     try:
         getattr(trainer, stage)(task, datamodule=data)
     except SystemExit as e:
         ended["exit"] = e.code
-        print(f"rank {trainer.global_rank} exits with {e.code}", file=sys.stderr, flush=True)
+        who = "the launcher" if launcher else f"rank {trainer.global_rank}"
+        print(f"{who} exits with {e.code}", file=sys.stderr, flush=True)
         raise
 
 

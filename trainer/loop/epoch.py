@@ -24,7 +24,7 @@ from trainer.loop.feeds import epoch_iterator, feed, map_style
 from trainer.loop.hooks import run_as
 from trainer.loop.loader_iter import check_world_size, takes_loader_iter, training_feed
 from trainer.loop.optim import step_schedulers
-from trainer.loop.signals import stop_checker
+from trainer.loop.signals import settle_stop, stop_checker
 from trainer.loop.stepper import batch_stepper, none_batch, stepper
 from trainer.loop.transfer import to_device
 from trainer.loop.val_schedule import (
@@ -232,6 +232,8 @@ class EpochRun:
     def end(self) -> None:
         """The epoch's end: its validation when due, on_train_epoch_end, the epoch's metrics and schedulers."""
         t, state, hooks = self.t, self.state, self.t.hooks
+        # a stop requested in the epoch's last steps: every rank stops here, after its last batch
+        settle_stop(t)
         self.batches.close()  # (a feed left early settles what it has in flight)
         close_batches(t)
         state.epoch_finished = self.cut or self.out_of_data

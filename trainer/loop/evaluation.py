@@ -16,7 +16,7 @@ from trainer.loop.combined import batches
 from trainer.loop.data import set_epoch
 from trainer.loop.hooks import run_as
 from trainer.loop.loader_iter import eval_feed, takes_loader_iter
-from trainer.loop.signals import check_stop, stop_checker
+from trainer.loop.signals import check_stop, settle_stop, stop_checker
 from trainer.loop.signatures import check_dataloader_idx
 from trainer.loop.transfer import to_device
 from trainer.seed import get_rng_state
@@ -73,6 +73,7 @@ def _run_eval(t: Trainer, phase: str, limit: int | None) -> Any:
     multi = len(loaders) > 1
     # the ranks agree on a stop request (a signal) after each batch that every rank has
     agree = _common_batches(t, sizes, limit) if not t.state.sanity_checking else 0
+    agreeing = agree > 0
     # a stop inside fit's validation checkpoints the moment it started
     start_rng = get_rng_state() if agree and t.state.entry == "fit" else None
     store.fx = step_name  # self.log's rules inside an evaluation batch (trainer/loggers/log_rules.py)
@@ -110,6 +111,8 @@ def _run_eval(t: Trainer, phase: str, limit: int | None) -> Any:
                 agree -= 1
                 agree_stop(start_rng)
         predictions.append(outputs)
+    if agreeing:  # a stop requested in the last batches: every rank stops here, after its last batch
+        settle_stop(t, start_rng)
     store.dataloader_suffix = ""
     store.fx = None
     loaders = t.loaders.get(phase, [])

@@ -26,9 +26,11 @@ if TYPE_CHECKING:
 
 _monotonic = time.monotonic
 GRACE_PER_GAP = 4 + LAG  # ... plus this many times the longest gap measured between two stop agreements
-# what a rank contributes to the stop agreement (a MAX over ranks): a requeue only when no rank got another
-# stop signal (SIGTERM from scancel or preemption must not requeue a job SLURM is ending)
-NO_STOP, REQUEUE, STOP = 0, 1, 2
+# what a rank contributes to the stop agreement (a MAX over ranks), which every rank then acts on whichever
+# signal it got itself (or none yet): a requeue only when no rank got another stop signal (SIGTERM from scancel
+# or preemption must not requeue a job SLURM is ending); a Ctrl-C (KeyboardInterrupt, exit 130) unless some rank
+# got SIGTERM (exit 143)
+NO_STOP, REQUEUE, INTERRUPT, TERMINATE = 0, 1, 2, 3
 
 
 def check_stop(t: Trainer, val_start_rng: dict[str, Any] | None = None) -> None:
@@ -54,14 +56,33 @@ def stop_checker(t: Trainer) -> Callable[..., None]:
         if state.stop_signal is None and alone:  # one process and no signal: nothing to agree on
             return
         signals = t.session.signals if t.session is not None else None
-        mine = NO_STOP if state.stop_signal is None else signals.code(state.stop_signal) if signals else STOP
+        mine = NO_STOP if state.stop_signal is None else _request(signals, state.stop_signal)
         agreed = comm.agree_stop(mine)
         if agreed:
-            if agreed == REQUEUE and signals is not None:
-                signals.requeue_pending = True
-            stop_on_signal(t, val_start_rng)
+            stop_on_signal(t, val_start_rng, agreed)
 
     return check
+
+
+def settle_stop(t: Trainer, val_start_rng: dict[str, Any] | None = None) -> None:
+    """The end of a pass of stop agreements (a training epoch's batches; an evaluation's batches that every rank
+    has), on every rank: under several processes the agreement is completed here (this rank's request posted
+    once more, every answer in flight awaited: one round-trip per pass, none per step), so a stop requested on
+    any rank before this point is acted on by every rank, here at the latest, and never left for after the
+    stage. One process has acted at each step boundary already."""
+    comm = t.strategy.comm
+    if comm.agrees_alone:
+        return
+    signals = t.session.signals if t.session is not None else None
+    signum = t.state.stop_signal
+    agreed = comm.settle_stop(NO_STOP if signum is None else _request(signals, signum))
+    if agreed:
+        stop_on_signal(t, val_start_rng, agreed)
+
+
+def _request(signals: StopSignals | None, signum: int) -> int:
+    """This rank's part of the stop agreement for the signal it received."""
+    return signals.code(signum) if signals is not None else TERMINATE
 
 
 class StopSignals:
@@ -83,7 +104,9 @@ class StopSignals:
 
     def code(self, signum: int) -> int:
         """This rank's part of the stop agreement for a received signal."""
-        return REQUEUE if signum == self.requeue_signal else STOP
+        if signum == self.requeue_signal:
+            return REQUEUE
+        return INTERRUPT if signum == signal.SIGINT else TERMINATE
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -105,8 +128,10 @@ class StopSignals:
             self._requeue()
         elif self.stopped is not None and self.trainer.world_size > 1:
             # every rank stops at the same step; the launcher's agent sends SIGTERM to the ranks still exiting
-            # when the first one is gone: each rank ends its own way (its hooks, its exit status), not by it
+            # when the first one is gone, and a Ctrl-C passed on by the launcher may reach a rank only after the
+            # agreement stopped it: each rank ends its own way (its hooks, its exit status), not by them
             self.previous.pop(signal.SIGTERM, None)
+            self.previous.pop(signal.SIGINT, None)
         for signum, previous in self.previous.items():
             signal.signal(signum, previous)
         self.previous = {}
@@ -126,6 +151,14 @@ class StopSignals:
 
     def _handle(self, signum: int, frame: Any) -> None:
         state, rank = self.trainer.state, self.trainer.global_rank
+        if state.stop_signal is None and self.stopped is not None:
+            # the first signal this rank gets, after the ranks' agreement already stopped it (another rank got
+            # one first): it is on its way out, as asked; a further Ctrl-C still stops it at once
+            state.stop_signal = signum
+            _say(
+                f"[tandem] rank {rank} received {signal.Signals(signum).name}; already stopping with the other ranks"
+            )
+            return
         if state.stop_signal is not None:
             if signum == signal.SIGINT:  # a second Ctrl-C: stop now
                 raise KeyboardInterrupt
@@ -184,13 +217,16 @@ def _stuck_exit(rank: int, signum: int, grace: float) -> None:
     os._exit(128 + int(signum))
 
 
-def stop_on_signal(t: Trainer, val_start_rng: dict[str, Any] | None = None) -> None:
-    """SIGINT/SIGTERM (or the requeue signal) reached a rank: in fit every rank saves one checkpoint together;
-    then each raises KeyboardInterrupt for SIGINT (the hooks' on_exception get it, as in Lightning; the stage
-    then exits 130, see `exit_code`), SystemExit(128 + signal) for the others."""
+def stop_on_signal(t: Trainer, val_start_rng: dict[str, Any] | None = None, agreed: int = TERMINATE) -> None:
+    """The ranks agreed on a stop (`agreed`: the largest request, see NO_STOP...): in fit every rank saves one
+    checkpoint together; then each raises KeyboardInterrupt for a Ctrl-C (the hooks' on_exception get it, as in
+    Lightning; the stage then exits 130, see `exit_code`), SystemExit(128 + signal) for the others; every rank
+    alike, also one that has not received the signal itself (yet)."""
     signals = t.session.signals if t.session is not None else None
-    requeue = signals is not None and signals.requeue_pending
-    signum = signals.requeue_signal if requeue else t.state.stop_signal or signal.SIGTERM
+    requeue = signals is not None and agreed == REQUEUE
+    if requeue:
+        signals.requeue_pending = True  # type: ignore[union-attr]
+    signum = signals.requeue_signal if requeue else signal.SIGINT if agreed == INTERRUPT else signal.SIGTERM
     fit = t.state.entry == "fit"
     where = "" if fit else f"; {t.state.entry} stopped, nothing to save"
     if fit and t.config.enable_checkpointing:
