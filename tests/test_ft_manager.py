@@ -61,6 +61,8 @@ def test_torchft_missing_names_the_extra(monkeypatch):
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "torchft" else real(name, *a)
     )
+    # not installed means not imported either: an earlier test of this process may have imported it
+    monkeypatch.delitem(sys.modules, "torchft", raising=False)
     with pytest.raises(MissingExtraError, match=r"pip install 'tandem-trainer\[fault-tolerance\]'"):
         require_torchft()
 

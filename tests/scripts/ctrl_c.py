@@ -87,6 +87,10 @@ def _arrives(trainer: Any) -> None:
 def build(framework: str, stage: str, at: int, mode: str, devices: int, out: str) -> tuple[Any, ...]:
     """(trainer, task, datamodule, record, ended) of the framework: `record` collects the hooks, `ended` what
     the run saw when it stopped; checkpoints go under `out`."""
+    # A process started in the background of a non-interactive shell (`cmd &`, as a CI step or nohup may start the
+    # tests) inherits SIGINT ignored, and Python then leaves it ignored: Lightning, which relies on Python's
+    # handler, would never see the Ctrl-C. The comparison is about a Ctrl-C that reaches the process.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if framework == "lightning":
         import pytorch_lightning as pl
 
