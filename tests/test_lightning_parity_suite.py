@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 import torch
+from helpers.lightning_pair import QUIET
+from helpers.lightning_pair import pair_trainer as _trainer
 from torch.utils.data import DataLoader
 
 pl = pytest.importorskip("pytorch_lightning")
@@ -16,14 +18,6 @@ from pytorch_lightning.demos import boring_classes as plb  # noqa: E402
 
 from trainer import Trainer, demos  # noqa: E402
 from trainer.seed import seed_everything  # noqa: E402
-
-QUIET = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
-
-
-def _trainer(lightning: bool, tmp_path: Any, **kwargs: Any) -> Any:
-    cls = pl.Trainer if lightning else Trainer
-    extra = {"accelerator": "cpu"} if lightning else {}
-    return cls(default_root_dir=tmp_path / str(lightning), **{**QUIET, **extra, **kwargs})
 
 
 def _one_element_loss_fit(lightning: bool, tmp_path: Any) -> tuple[list[Any], list[torch.Tensor]]:

@@ -6,19 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from helpers.lightning_pair import pair_trainer as _trainer
 
 pl = pytest.importorskip("pytorch_lightning")
 from pytorch_lightning.demos import boring_classes as plb  # noqa: E402
 
-from trainer import Trainer, demos  # noqa: E402
-
-QUIET = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
-
-
-def _trainer(lightning: bool, tmp_path: Any, **kwargs: Any) -> Any:
-    cls = pl.Trainer if lightning else Trainer
-    extra = {"accelerator": "cpu"} if lightning else {}
-    return cls(default_root_dir=tmp_path / str(lightning), **{**QUIET, **extra, **kwargs})
+from trainer import demos  # noqa: E402
 
 
 def _interrupted_fit(lightning: bool, tmp_path: Any) -> tuple[type, bool, str, str, list[str]]:
