@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -24,6 +24,7 @@ from strategies.large.init import has_meta, init_context, materialize, misplaced
 from strategies.large.weights import covered, load_pending
 from strategies.precision import Precision
 from tandem_core.errors import ConfigError
+from tandem_core.hooks import default
 
 if TYPE_CHECKING:
     from strategies.checkpoint.io import CheckpointIO
@@ -208,6 +209,17 @@ class Strategy:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what state_dict returned."""
         self.precision.load_state_dict(state.get("precision", {}))
+
+    @property
+    def lightning_restore_optimizer(self) -> bool:
+        """Whether a resume restores the optimizers' states (Lightning's switch; a subclass that restores them
+        itself returns False). The schedulers' states are restored either way."""
+        return True
+
+    @default
+    def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
+        """A resume's optimizer states (Lightning's hook). By default the checkpoint-IO plugin loads them in the
+        strategy's own form (sharded states included); a subclass that defines this loads them its own way."""
 
     def _own_checkpoint_io(self, form: Any) -> None:
         """A strategy that writes its checkpoints its own way (sharded states, gathered files) sets its `form`;

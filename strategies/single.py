@@ -11,7 +11,8 @@ from strategies.precision import Precision
 
 
 class SingleDeviceStrategy(Strategy):
-    """Run on one device. Example: ``Trainer(strategy="single", accelerator="cpu")``."""
+    """Run on one device. Example: ``Trainer(strategy="single", accelerator="cpu")``, or Lightning's form with the
+    device first: ``SingleDeviceStrategy(torch.device("cuda", 1))``."""
 
     name = "single"
 
@@ -24,6 +25,9 @@ class SingleDeviceStrategy(Strategy):
         precision_plugin: Precision | None = None,
         checkpoint_io: Any = None,
     ) -> None:
+        if isinstance(accelerator, torch.device) or (isinstance(accelerator, str) and ":" in accelerator):
+            # Lightning's first argument is the device: SingleDeviceStrategy(torch.device("cpu")), ("cuda:1")
+            accelerator, device = None, accelerator
         if isinstance(device, (str, torch.device)):  # Lightning's form: device="cpu", torch.device("cuda", 1)
             device = torch.device(device)
             if accelerator is None:

@@ -48,11 +48,13 @@ def test_trainer_signature_and_docstring_come_from_the_options():
 
     from callbacks import Callback
     from strategies import Strategy
+    from strategies.plugins import plugin_type
     from trainer.loggers import Logger
     from trainer.profiler import Profiler
 
     names = {"Strategy": Strategy, "Logger": Logger, "Callback": Callback, "timedelta": datetime.timedelta}
     names["Profiler"] = Profiler
+    names["Plugin"] = plugin_type()  # the plugin kinds (a LightningCLI config builds one by class_path)
     hints = typing.get_type_hints(TrainerConfig, localns=names)
     assert all(p.annotation == hints[n] for n, p in params.items())
     assert {n: f.type for n, f in fields.items()}["strategy"] == "str | Strategy"  # the text the docs show

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from trainer.loggers import Logger
     from trainer.profilers.base import Profiler
 
+    Plugin = Any  # (the Union of the plugin kinds, strategies/plugins.py:plugin_type, given to signature())
+
 from trainer.option_checks import (  # noqa: F401 (OptionError is part of this module's interface)
     FLAG,
     LIMIT,
@@ -266,7 +268,7 @@ class TrainerConfig:
         "Lightning's model-hub upload; only None (Tandem has no model registry)",
         check_model_registry,
     )
-    plugins: Any = option(
+    plugins: Plugin | list[Plugin] | None = option(
         None,
         "None, or Lightning's plugins (trainer.plugins): a precision plugin, a cluster environment, a checkpoint IO (AsyncCheckpointIO(), ...), "
         "a layer sync; one of each kind at most",
@@ -352,7 +354,7 @@ class TrainerConfig:
     def signature(cls, first: str | None = None, names: dict[str, Any] | None = None) -> inspect.Signature:
         """Keyword-only parameters with defaults and annotations; `first` ("self") puts a positional
         parameter in front, as ``Trainer.__init__.__signature__`` needs. With `names` (the classes the
-        annotations name: Strategy, Logger, Callback, timedelta) the annotations are types, not text, so
+        annotations name: Strategy, Logger, Callback, Profiler, Plugin, timedelta) the annotations are types, not text, so
         that tools reading the signature (LightningCLI's jsonargparse) know what each option takes."""
         types = typing.get_type_hints(cls, localns=names) if names is not None else {}
         params = [

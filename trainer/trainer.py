@@ -16,6 +16,7 @@ from callbacks.base import Callback
 from strategies import resolve_strategy
 from strategies.accelerators import by_name as accelerator_name
 from strategies.base import Strategy
+from strategies.plugins import plugin_type
 from tandem_core.errors import ConfigError
 from tandem_core.optim import SchedulerConfig
 from tandem_core.views import view
@@ -103,6 +104,7 @@ class Trainer(TrainerReadback, TrainerLoaders):
             "Logger": Logger,
             "Callback": Callback,
             "Profiler": Profiler,
+            "Plugin": plugin_type(),  # a precision plugin, checkpoint IO, cluster environment or layer sync
             "timedelta": datetime.timedelta,
         },  # fmt: skip
     )

@@ -101,7 +101,12 @@ TANDEM: dict[str, dict[str, str]] = {
         "*": "trainer.plugins"
     },  # precision/, environments/, layer_sync: every name in trainer.plugins
     "profilers": {"*": "trainer.profilers"},
-    "tuner": {"Tuner": "trainer.tuner"},
+    "tuner": {
+        "Tuner": "trainer.tuner",
+        # patched by the tests (`patch("lightning.pytorch.tuner.batch_size_scaling.is_oom_error")`): where Tandem's
+        # batch-size search looks it up
+        "batch_size_scaling.is_oom_error": "trainer.tuner.batch_size",
+    },
     "cli": {"*": "trainer.cli"},
     "demos": {"*": "trainer.demos"},
     "utilities": {

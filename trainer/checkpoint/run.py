@@ -167,7 +167,14 @@ def restore(t: Trainer, restoring: Restoring) -> None:
     path, ckpt, task = restoring.path, restoring.ckpt, t.task
     assert task is not None
     if resumable(ckpt):
-        checkpoint_io(t.strategy).restore(path, task, t.optimizers, ckpt, weights=False)
+        # Lightning's strategy hooks: `lightning_restore_optimizer` False skips the optimizers' states, an own
+        # `load_optimizer_state_dict` loads them instead of the checkpoint-IO plugin
+        s = t.strategy
+        own = s.lightning_restore_optimizer and overrides(s, "load_optimizer_state_dict")
+        optimizers = t.optimizers if s.lightning_restore_optimizer and not own else None
+        checkpoint_io(s).restore(path, task, optimizers, ckpt, weights=False)
+        if own:
+            s.load_optimizer_state_dict(ckpt)
         restore_training(t, ckpt)
     t.print(f"Restored from {path} (epoch {t.current_epoch}, step {t.global_step})")
 

@@ -13,7 +13,7 @@ from strategies.data.reinit import rebuild, rebuildable
 from tandem_core.errors import CheckpointError, ConfigError
 from trainer.loop.data import SkipBatchSampler, num_batches
 from trainer.seed import set_rng_state
-from trainer.utilities.combined_loader import CombinedLoader, _Walk, sized_len, stateful
+from trainer.utilities.combined_loader import CombinedLoader, _is_leaf, _Walk, sized_len, stateful
 
 if TYPE_CHECKING:
     from trainer.loop.state import LoopState
@@ -56,6 +56,21 @@ def flatten_eval(loaders: Any, phase: str) -> list[Any]:
             return [loaders]
         return list(loaders.flattened)
     return list(CombinedLoader(loaders, "sequential").flattened)
+
+
+def one_loader(evals: Any) -> bool:
+    """Evaluation data that is one loader: not a list or tuple, or one holding only numbers and strings (as
+    Lightning, `trainer.test(task, [0])` is one loader of one batch, not a loader per element)."""
+    return not isinstance(evals, (list, tuple)) or (len(evals) > 0 and _is_leaf(evals))
+
+
+def eval_list(evals: Any, phase: str) -> list[Any]:
+    """The evaluation loaders given to validate/test/predict (or returned by `<phase>_dataloader`) as a list, one
+    per dataloader_idx: a collection flattened, one loader as itself, a list of iterables (lists of batches) as
+    its elements."""
+    if is_collection(evals):
+        return flatten_eval(evals, phase)
+    return [evals] if one_loader(evals) else list(evals)
 
 
 def prepare_eval(combined: CombinedLoader, prepare: Callable[[Any], Any], limit: int | float) -> int | float:

@@ -21,7 +21,7 @@ from trainer.compiler import RecompileWatch, unwrap_compiled
 from trainer.compiler import apply as apply_compiler
 from trainer.loggers import agree_versions
 from trainer.loggers.reporting import finalize_loggers
-from trainer.loop.combined import combine_train, flatten_eval, is_collection, prepare_eval, stateful
+from trainer.loop.combined import combine_train, eval_list, is_collection, one_loader, prepare_eval, stateful
 from trainer.loop.data import num_batches, shutdown_workers, with_worker_seeding
 from trainer.loop.hooks import Hooks, run_as
 from trainer.loop.optim import check_optimizers, parse_optimizers
@@ -240,10 +240,8 @@ class Session:
             raise NoDataError(f"{phase}_dataloader() returned None; return a DataLoader.")
         if evals is None:
             loaders = []
-        elif is_collection(evals):  # loaders in a dict, list or nested: flattened, each a dataloader_idx
-            loaders = flatten_eval(evals, phase)
-        else:  # one loader, or a list of iterables that are not loaders (lists of batches)
-            loaders = list(evals) if isinstance(evals, (list, tuple)) else [evals]
+        else:  # loaders in a dict, list or nested: flattened, each a dataloader_idx (loop/combined.py)
+            loaders = eval_list(evals, phase)
         if len(loaders) == 1 and isinstance(loaders[0], CombinedLoader):  # combined batches, as one loader
             limit = getattr(self.t.config, LIMIT[phase])
             n = prepare_eval(loaders[0], functools.partial(self._prepare, phase), limit)
@@ -370,7 +368,7 @@ def _as_given(evals: Any, prepared: list[Any]) -> Any:
         combined = CombinedLoader(evals, "sequential")
         combined.flattened = prepared
         return combined.iterables
-    return prepared if isinstance(evals, (list, tuple)) else prepared[0]
+    return prepared[0] if one_loader(evals) else prepared
 
 
 def _unshuffled(loader: Any, phase: str) -> Any:
