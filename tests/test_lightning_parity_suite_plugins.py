@@ -210,3 +210,38 @@ def test_a_lightning_checkpoint_is_refused_and_its_weights_load_by_hand(tmp_path
     resumed = _trainer(False, tmp_path, max_steps=2)
     resumed.fit(demos.BoringModel(), ckpt_path=tandem_file)
     assert resumed.global_step == 2
+
+
+def _other_rank(lightning: bool, tmp_path: Any) -> list[Any]:
+    """loggers/test_all.py::test_logger_initialization's check on rank 1 (of a ddp_spawn run there), with the rank
+    set where both frameworks read it: `logger.experiment` is a DummyExperiment whose calls return None, and the
+    file loggers write nothing on that rank."""
+    if lightning:
+        from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
+        from pytorch_lightning.loggers.logger import DummyExperiment
+        from pytorch_lightning.utilities.rank_zero import rank_zero_only
+    else:
+        from tandem_core.rank_zero import rank_zero_only
+        from trainer.loggers import CSVLogger, DummyExperiment, TensorBoardLogger
+    out: list[Any] = []
+    rank_zero_only.rank = 1
+    try:
+        for cls in (TensorBoardLogger, CSVLogger):
+            logger = cls(save_dir=str(tmp_path), name="run", version=0)
+            experiment = logger.experiment
+            out.append(
+                (cls.__name__, isinstance(experiment, DummyExperiment), experiment.something(foo="bar"))
+            )
+            logger.log_hyperparams({"lr": 0.1})
+            logger.log_metrics({"loss": 1.0}, step=0)
+            logger.save()
+            logger.finalize("success")
+    finally:
+        rank_zero_only.rank = 0
+    out.append(("files", sorted(os.listdir(tmp_path)) if os.path.isdir(tmp_path) else []))
+    return out
+
+
+def test_loggers_on_other_ranks_give_a_dummy_experiment_as_lightnings(tmp_path):
+    ours, theirs = _other_rank(False, tmp_path / "t"), _other_rank(True, tmp_path / "l")
+    assert ours == theirs == [("TensorBoardLogger", True, None), ("CSVLogger", True, None), ("files", [])]

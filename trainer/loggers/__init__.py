@@ -2,7 +2,7 @@
 
 from trainer.loggers.base import Logger, agree_versions, align_versions, claim_version
 from trainer.loggers.csv_logs import CSVLogger
-from trainer.loggers.dummy import DummyLogger
+from trainer.loggers.dummy import DummyExperiment, DummyLogger, rank_zero_experiment
 from trainer.loggers.mlflow_logger import MLFlowLogger
 from trainer.loggers.refused import CometLogger, LitLogger, NeptuneLogger  # importable; refused when built
 from trainer.loggers.tensorboard import TensorBoardLogger
@@ -13,6 +13,7 @@ __all__ = [
     "CometLogger",
     "LitLogger",
     "NeptuneLogger",
+    "DummyExperiment",
     "DummyLogger",
     "Logger",
     "MLFlowLogger",
@@ -21,4 +22,5 @@ __all__ = [
     "agree_versions",
     "align_versions",
     "claim_version",
+    "rank_zero_experiment",
 ]

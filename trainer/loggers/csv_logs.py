@@ -9,7 +9,9 @@ import os
 from typing import Any
 
 from tandem_core.fileio import atomic_write
+from tandem_core.rank_zero import rank_zero_only
 from trainer.loggers.base import Logger, add_prefix, as_params, write_hparams_yaml
+from trainer.loggers.dummy import rank_zero_experiment
 
 
 class ExperimentWriter:
@@ -80,8 +82,10 @@ class CSVLogger(Logger):
         self._experiment: ExperimentWriter | None = None
 
     @property
+    @rank_zero_experiment
     def experiment(self) -> ExperimentWriter:
-        """The writer of metrics.csv and hparams.yaml (Lightning's ExperimentWriter)."""
+        """The writer of metrics.csv and hparams.yaml (Lightning's ExperimentWriter); on ranks other than 0 a
+        DummyExperiment (Lightning's)."""
         if self._experiment is None:
             self._experiment = ExperimentWriter(self)
         return self._experiment
@@ -98,17 +102,20 @@ class CSVLogger(Logger):
         self.rows.append({**values, "step": step})  # one row per call, as Lightning's
         return step
 
+    @rank_zero_only
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         step = self._add_row(add_prefix(metrics, self.prefix), step)
         if (step + 1) % self.flush_logs_every_n_steps == 0:  # Lightning's rule
             self.save()
 
+    @rank_zero_only
     def log_hyperparams(
         self, params: dict[str, Any] | None = None, metrics: dict[str, float] | None = None
     ) -> None:
         """Write hparams.yaml (every call's hyperparameters together, as Lightning's)."""
         self.experiment.log_hparams(as_params(params))
 
+    @rank_zero_only
     def save(self) -> None:
         """Append the new rows; rewrite the file when a column was added."""
         path = self.metrics_file

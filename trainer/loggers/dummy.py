@@ -3,8 +3,11 @@ can be handed instead of a real logger so that ``self.logger.experiment.add_imag
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
+from tandem_core.rank_zero import rank_zero_only
 from trainer.loggers.base import Logger
 
 
@@ -23,6 +26,19 @@ class DummyExperiment:
 
     def __setitem__(self, idx: int, value: Any) -> None:
         pass
+
+
+def rank_zero_experiment(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """Lightning's decorator for a logger's `experiment` getter: on ranks other than 0 it gives a DummyExperiment,
+    so that code run on every rank (``self.logger.experiment.add_image(...)``) creates and writes nothing there."""
+
+    @functools.wraps(fn)
+    def experiment(self: Any) -> Any:
+        if rank_zero_only.rank > 0:
+            return DummyExperiment()
+        return fn(self)
+
+    return experiment
 
 
 class DummyLogger(Logger):

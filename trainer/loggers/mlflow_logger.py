@@ -12,7 +12,8 @@ from urllib.parse import urlparse
 
 from tandem_core.errors import ConfigError, require
 from trainer.loggers.base import Logger, add_prefix, as_params, flatten
-from trainer.loggers.trackers import ModelUploads, NoOpExperiment, is_rank_zero
+from trainer.loggers.dummy import DummyExperiment
+from trainer.loggers.trackers import ModelUploads, is_rank_zero
 
 _STATUS = {"success": "FINISHED", "finished": "FINISHED", "failed": "FAILED"}
 _BAD_KEY_CHARS = re.compile(r"[^a-zA-Z0-9_/. -]+")
@@ -111,7 +112,7 @@ class MLFlowLogger(Logger):
         """The ``MlflowClient`` (``self.logger.experiment.log_text(self.logger.run_id, ...)``); a
         do-nothing object on other ranks."""
         if not is_rank_zero():
-            return NoOpExperiment()
+            return DummyExperiment()
         if self._client is not None:
             return self._client
         client = _client(self._tracking_uri)

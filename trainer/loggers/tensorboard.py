@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from tandem_core.rank_zero import rank_zero_only
 from trainer.loggers.base import Logger, add_prefix, as_params, flatten, write_hparams_yaml
+from trainer.loggers.dummy import rank_zero_experiment
 
 
 class TensorBoardLogger(Logger):
@@ -59,9 +61,10 @@ class TensorBoardLogger(Logger):
         return os.path.expanduser(os.path.expandvars(log_dir))
 
     @property
+    @rank_zero_experiment
     def experiment(self) -> Any:
         """torch's SummaryWriter, created on first use (importing tensorboard is slow); it writes each event
-        in this thread (trainer/loggers/event_file.py)."""
+        in this thread (trainer/loggers/event_file.py). On ranks other than 0 a DummyExperiment (Lightning's)."""
         if self._writer is None:
             from trainer.loggers.event_file import SummaryWriter
 
@@ -91,9 +94,15 @@ class TensorBoardLogger(Logger):
         values = [
             value(tag=name, simple_value=float(x)) for name, x in add_prefix(metrics, self.prefix).items()
         ]
-        if values:
-            self.experiment._get_file_writer().add_summary(Summary(value=values), step)
+        if not values:
+            return
+        # the open writer directly (no rank lookup per step); on ranks other than 0 the experiment is a
+        # DummyExperiment, whose file writer is None: nothing is written there (Lightning's rank-zero-only)
+        writer = (self._writer if self._writer is not None else self.experiment)._get_file_writer()
+        if writer is not None:
+            writer.add_summary(Summary(value=values), step)
 
+    @rank_zero_only
     def log_hyperparams(
         self, params: dict[str, Any] | None = None, metrics: dict[str, float] | None = None
     ) -> None:
@@ -118,6 +127,7 @@ class TensorBoardLogger(Logger):
         for summary in hparams(self._hparams, add_prefix(metrics, self.prefix)):
             writer.add_summary(summary)
 
+    @rank_zero_only
     def save(self) -> None:
         """Flush the events; the first save after hyperparameters were logged also writes hparams.yaml
         beside them, as Lightning's TensorBoardLogger (an existing one, an earlier start's, is kept)."""
@@ -143,6 +153,7 @@ class TensorBoardLogger(Logger):
             self._writer.close()
             self._writer = None
 
+    @rank_zero_only
     def log_graph(self, model: Any, input_array: Any = None) -> None:
         """With log_graph=True, trace `model` on `input_array` (default: its example_input_array) into the
         Graphs tab; a warning when there is nothing to trace it on (as Lightning)."""

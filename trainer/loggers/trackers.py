@@ -1,5 +1,5 @@
-"""What the experiment-tracker loggers (W&B, MLflow) share: the do-nothing experiment of ranks other than 0,
-and Lightning's `log_model` rule for uploading a ModelCheckpoint's files as artifacts."""
+"""What the experiment-tracker loggers (W&B, MLflow) share: which rank is rank 0 (the others get Lightning's
+DummyExperiment, trainer/loggers/dummy.py), and Lightning's `log_model` rule for uploading a ModelCheckpoint's files as artifacts."""
 
 from __future__ import annotations
 
@@ -14,22 +14,6 @@ from tandem_core.rank_zero import _global_rank
 
 def is_rank_zero() -> bool:
     return _global_rank() == 0
-
-
-class NoOpExperiment:
-    """`logger.experiment` on ranks other than 0 (Lightning's DummyExperiment): every call does nothing."""
-
-    def _nothing(self, *args: Any, **kwargs: Any) -> NoOpExperiment:
-        return self
-
-    def __getattr__(self, name: str) -> Any:
-        return self._nothing
-
-    def __getitem__(self, key: Any) -> NoOpExperiment:
-        return self
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        pass
 
 
 def check_log_model(value: Any) -> bool | str:

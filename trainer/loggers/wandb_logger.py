@@ -8,7 +8,8 @@ from typing import Any
 
 from tandem_core.errors import ConfigError, require
 from trainer.loggers.base import Logger, add_prefix, as_params, yaml_safe
-from trainer.loggers.trackers import ModelUploads, NoOpExperiment, is_rank_zero
+from trainer.loggers.dummy import DummyExperiment
+from trainer.loggers.trackers import ModelUploads, is_rank_zero
 
 STEP_KEY = "trainer/global_step"  # the x axis of every metric (Lightning's)
 
@@ -90,7 +91,7 @@ class WandbLogger(Logger):
     @property
     def version(self) -> str | None:  # type: ignore[override]
         """The run id; on rank 0 the run is started when first asked (every rank gets rank 0's)."""
-        if self._experiment is not None and not isinstance(self._experiment, NoOpExperiment):
+        if self._experiment is not None and not isinstance(self._experiment, DummyExperiment):
             return self._experiment.id
         if self._version is None and is_rank_zero():
             return self.experiment.id
@@ -112,7 +113,7 @@ class WandbLogger(Logger):
         if self._experiment is not None:
             return self._experiment
         if not is_rank_zero():
-            return NoOpExperiment()
+            return DummyExperiment()
         import wandb
 
         if wandb.run is not None:
@@ -142,7 +143,7 @@ class WandbLogger(Logger):
         the same run (resume="allow") when its `experiment` is first read."""
         state = self.__dict__.copy()
         live = state.get("_experiment")
-        if live is not None and not isinstance(live, NoOpExperiment):
+        if live is not None and not isinstance(live, DummyExperiment):
             state["_init"] = {**self._init, "id": getattr(live, "id", None) or self._init["id"]}
         state["_experiment"] = None
         return state
