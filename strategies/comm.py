@@ -16,6 +16,7 @@ import torch
 
 from strategies.agreement import Pipelined
 from strategies.comm_device import barrier, to_comm
+from strategies.wire import Packed
 from tandem_core.errors import DistributedError, check_choice
 
 REDUCE_OPS = ("sum", "mean", "max", "min")
@@ -228,15 +229,15 @@ class ProcessGroupComm(Comm):
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         import torch.distributed as dist
 
-        box = [obj]
+        box: list[Any] = [Packed(obj)]  # (tensors as bytes: strategies/wire.py)
         self.run("broadcast", dist.broadcast_object_list, box, src)
-        return box[0]
+        return obj if isinstance(box[0], Packed) else box[0]  # (the source keeps its own object)
 
     def gather_object(self, obj: Any) -> list[Any]:
         import torch.distributed as dist
 
         out: list[Any] = [None] * self.world_size
-        self.run("object all-gather", dist.all_gather_object, out, obj)
+        self.run("object all-gather", dist.all_gather_object, out, Packed(obj))
         return out
 
     def barrier(self, name: str | None = None) -> None:

@@ -266,7 +266,8 @@ def _take_over(t: Trainer, task: Task | None, reports: dict[int, tuple[str, Any]
             dirpath, state = results["callbacks"][cb.state_key]
             if dirpath is not None and hasattr(cb, "dirpath"):
                 cb.dirpath = dirpath
-            cb.load_state_dict(state)
+            if state:  # (as Lightning loads callback states: an empty or None state has nothing to restore)
+                cb.load_state_dict(state)
     for lg, version in zip(t.loggers, results["versions"]):
         lg._version = version
     return results["value"]

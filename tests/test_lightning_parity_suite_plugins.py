@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 pl = pytest.importorskip("pytorch_lightning")
 from pytorch_lightning.demos import boring_classes as plb  # noqa: E402
 
+import callbacks as tandem_callbacks  # noqa: E402
 from strategies import SingleDeviceStrategy  # noqa: E402
 from tandem_core.errors import CheckpointError  # noqa: E402
 from trainer import Task, Trainer, Tuner, demos  # noqa: E402
@@ -245,3 +246,70 @@ def _other_rank(lightning: bool, tmp_path: Any) -> list[Any]:
 def test_loggers_on_other_ranks_give_a_dummy_experiment_as_lightnings(tmp_path):
     ours, theirs = _other_rank(False, tmp_path / "t"), _other_rank(True, tmp_path / "l")
     assert ours == theirs == [("TensorBoardLogger", True, None), ("CSVLogger", True, None), ("files", [])]
+
+
+def _counting(base: type) -> type:
+    class Counting(base):  # type: ignore[misc,valid-type]
+        """checkpointing/test_model_checkpoint.py::ModelCheckpointTestInvocations: per rank, the torch.save calls
+        from training's start and the state_dict calls, written to <dirpath>/counts-<rank>.json at its end."""
+
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            from unittest.mock import Mock
+
+            self.state_dicts = 0
+            torch.save = Mock(wraps=torch.save)
+
+        def state_dict(self) -> None:  # type: ignore[override]
+            self.state_dicts += 1
+            super().state_dict()  # (and returns None, as the Lightning test's: nothing to load back)
+
+        def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+            super().on_train_end(trainer, pl_module)
+            counts = [torch.save.call_count, self.state_dicts, bool(self.best_model_path)]
+            torch.save = torch.save._mock_wraps
+            with open(os.path.join(self.dirpath, f"counts-{trainer.global_rank}.json"), "w") as f:
+                json.dump(counts, f)
+
+    return Counting
+
+
+def _log_in_two(base: type) -> type:
+    class LogInTwo(base):  # type: ignore[misc,valid-type]
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            out = super().training_step(batch, batch_idx)
+            self.log("early_stop_on", out["loss"])
+            return out
+
+    return LogInTwo
+
+
+def _named(cls: type, name: str) -> type:
+    cls.__name__ = cls.__qualname__ = name  # module level: ddp_spawn's workers unpickle them by this name
+    return cls
+
+
+PLCounting = _named(_counting(pl.callbacks.ModelCheckpoint), "PLCounting")
+TandemCounting = _named(_counting(tandem_callbacks.ModelCheckpoint), "TandemCounting")
+PLLogInTwo = _named(_log_in_two(plb.BoringModel), "PLLogInTwo")
+TandemLogInTwo = _named(_log_in_two(demos.BoringModel), "TandemLogInTwo")
+
+
+def _spawned_saves(lightning: bool, tmp_path: Any) -> list[Any]:
+    dirpath = str(tmp_path / "ckpts")
+    callback = (PLCounting if lightning else TandemCounting)(
+        dirpath=dirpath, monitor="early_stop_on", save_top_k=-1
+    )
+    trainer = _trainer(lightning, tmp_path, strategy="ddp_spawn", devices=2, max_epochs=4, enable_checkpointing=True,
+                       callbacks=[callback], limit_train_batches=4, limit_val_batches=2)  # fmt: skip
+    trainer.fit((PLLogInTwo if lightning else TandemLogInTwo)())
+    return [json.load(open(os.path.join(dirpath, f"counts-{r}.json"))) for r in (0, 1)]
+
+
+@pytest.mark.slow
+def test_spawned_checkpoints_are_saved_once_per_epoch_on_rank_zero_only_as_lightnings(tmp_path):
+    """checkpointing/test_model_checkpoint.py::test_model_checkpoint_no_extraneous_invocations (ddp_spawn x2, 4
+    epochs): rank 0 calls torch.save once per checkpoint, rank 1 never (the ranks' states a checkpoint gathers
+    travel as bytes, strategies/wire.py), and every rank's callback gives its state at each save. A callback
+    whose state_dict returns None is not loaded back (the spawned run's end, as Lightning's resume rule)."""
+    ours, theirs = _spawned_saves(False, tmp_path / "t"), _spawned_saves(True, tmp_path / "l")
+    assert ours == theirs == [[4, 4, True], [0, 4, True]]

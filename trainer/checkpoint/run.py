@@ -142,7 +142,7 @@ def restore_callbacks(t: Trainer, ckpt: dict[str, Any], stage: str) -> None:
     if resumable(ckpt):
         states = ckpt.get("callbacks", {})
         for cb in t.callbacks:
-            if cb.state_key in states:
+            if states.get(cb.state_key):  # (Lightning's rule: an empty or None state is not loaded)
                 cb.load_state_dict(states[cb.state_key])
         lost = [k for k, v in states.items() if v and k not in {cb.state_key for cb in t.callbacks}]
         if lost and stage == "fit" and t.is_global_zero:  # (Lightning warns too)
