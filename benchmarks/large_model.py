@@ -250,10 +250,10 @@ def rung(contender: str, layers: int, d: int, limit_s: float) -> dict:
             hwm_gib=[r["hwm"] / 2**30 for r in got["ranks"]],
         )
     else:
+        # a worker's own error, not torchrun's ChildFailedError that wraps it
         lines = [ln for ln in err.splitlines() if re.search(r"\w+(Error|Exception): ", ln)]
-        out.update(
-            trained=False, why=why or (lines[-1][-300:] if lines else f"exit status {proc.returncode}")
-        )
+        own = [ln for ln in lines if "ChildFailedError" not in ln] or lines
+        out.update(trained=False, why=why or (own[0][-300:] if own else f"exit status {proc.returncode}"))
     return out
 
 
