@@ -182,7 +182,17 @@ def test_five_kills_a_cut_link_the_lighthouse_and_both_groups_in_one_run(lab, tm
         assert newest - 2 <= restored[node] <= killed[node], (node, restored, killed, newest)
     for node in (0, 1):
         job.wait_step(node, max(killed) + 3, timeout=90)
-    print(f"both groups killed at steps {killed}: resumed from their checkpoints at steps {restored}")
+    # both train again: one of them took the other's state at its first quorum (a starting group counts as
+    # behind every live group, whatever count of committed steps its checkpoint holds), never both their own
+    took = [n for n in (0, 1) if REJOINED in job.output(n)[offsets[n] :]]
+    assert took, "both groups trained on from their own checkpoints: two histories"
+    said = re.findall(
+        r"rejoined from a live replica group at global step (\d+)", job.output(took[0])[offsets[took[0]] :]
+    )
+    print(
+        f"both groups killed at steps {killed}: resumed from their checkpoints at steps {restored}; group "
+        f"{took[0]} then took group {1 - took[0]}'s state at its first quorum (global step {said[0]})"
+    )
     stop = max(job.last(n).gs for n in (0, 1)) + 10  # type: ignore[union-attr]
     job.stop_at(stop)
     codes = job.wait(timeout=120)
