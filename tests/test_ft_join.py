@@ -1,15 +1,20 @@
-"""A replica group's first quorum (strategies/fault_tolerance/replicas.py, Replicas.join): which group's state
-wins when groups that went back to their own checkpoints meet a live group or each other.
+"""A replica group's first quorum (strategies/fault_tolerance/replicas.py Replicas.join, trainer/checkpoint/
+live.py): which group's state wins when groups that went back to their own checkpoints meet a live group or each
+other, and that the state handed over is the one the sender trains from.
 
-torchft heals a group only when the count of committed steps it reports is below the quorum's highest; equal
-counts are taken for equal states. After every group was killed at once, each resumed from its own checkpoint;
-the group back first trained on alone and could reach, with other weights and at another global step, exactly
-the count the other group's checkpoint held: torchft then healed neither, and the two trained on apart while
-averaging their gradients (the lab test's failure: "the groups' weights or RNG differ at global steps [176,
-...]"). Here the quorum is torchft's rule (src/manager.rs compute_quorum_results, restated in
-`heal_source`) over the counts the groups report, the groups meet at a barrier as their requests meet at the
-lighthouse, and the ordering of the race is forced: no sleeps, no lighthouse process. The same race against a
-real torchft lighthouse and managers: the slow test at the end."""
+The lab test's failure ("the groups' weights or RNG differ at global steps [176, ...]", reproduced in the lab:
+both groups killed at step 199 resumed from their checkpoints at steps 175 and 75, met in one first quorum,
+and group 1 took group 0's state): a group resumed from its checkpoint file holds that checkpoint's RNG
+unapplied until its loop starts, and sent the RNG of the moment instead; the taker's dropout then drew other
+masks from the first step on (`test_a_group_resumed_from_its_checkpoint_hands_over_the_state_it_trains_from`).
+
+A second way to two histories, found by reading torchft: it heals a group only when the count of committed
+steps it reports is below the quorum's highest, and takes equal counts for equal states. After both groups
+restarted, the one back first trains alone and can reach, with other weights, exactly the count the other's
+checkpoint holds: torchft then heals neither. Here the quorum is torchft's rule (src/manager.rs
+compute_quorum_results, restated in `heal_source`) over the counts the groups report, the groups meet at a
+barrier as their requests meet at the lighthouse, and the ordering of the race is forced: no sleeps, no
+lighthouse process. The same race against torchft's own lighthouse and managers: the slow test at the end."""
 
 from __future__ import annotations
 
@@ -261,6 +266,56 @@ def test_a_group_alone_keeps_its_checkpoint_and_after_a_failed_heal_stays_below_
     r2.manager.fail_heal = False  # type: ignore[union-attr]
     with pytest.raises(FaultToleranceError, match="replica group 0 fell behind the live groups"):
         _meet(Lighthouse(2), _step(r2), _step(r1))
+
+
+class _Source:
+    """A strategy's `replicas` whose first quorum sends this group's state (what Replicas._send hands torchft
+    when a joining group takes it), as the transport carries it: a copy read back as plain data."""
+
+    sent: dict[str, Any] | None = None
+
+    def join(self, live: Any) -> None:
+        buf = io.BytesIO()
+        torch.save(to_local(live.snapshot(in_loop=False)), buf)
+        self.sent = torch.load(io.BytesIO(buf.getvalue()), weights_only=True)
+
+
+@pytest.mark.filterwarnings("ignore:the checkpoint holds the state of callbacks")
+def test_a_group_resumed_from_its_checkpoint_hands_over_the_state_it_trains_from(tmp_path):
+    """Both groups killed at once, both back in one first quorum: the group that keeps its checkpoint's state
+    sends it before its loop starts, when the checkpoint's RNG (and a window's gradients, a combined loader's
+    position) are read but applied only as the loop starts. The joining group must train on exactly as the
+    sender (dropout draws from the RNG every step): before the fix it took the sender's RNG of that moment."""
+    from callbacks import ModelCheckpoint
+    from tests.conftest import FAST
+    from tests.test_ft_replicas import _Join, _Net
+    from trainer import Trainer, seed_everything
+
+    seed_everything(0)
+    reference = _Net()
+    last = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=13, save_last=True, save_top_k=0)
+    Trainer(max_epochs=3, deterministic=True, callbacks=[last], **{**FAST, "enable_checkpointing": True}).fit(
+        reference
+    )  # last.ckpt: step 26
+    seed_everything(1)  # a restarted process: another RNG until the checkpoint's is applied
+    sender, source = _Net(), _Source()
+    trainer = Trainer(max_epochs=3, deterministic=True, **FAST)
+    trainer.strategy.replicas = source  # type: ignore[attr-defined]
+    trainer.fit(sender, ckpt_path=str(tmp_path / "last.ckpt"))
+    assert source.sent is not None and source.sent["global_step"] == 26
+    seed_everything(5)
+    joining = _Net()
+    trainer = Trainer(max_epochs=3, deterministic=True, **FAST)
+    trainer.strategy.replicas = _Join(source.sent)  # type: ignore[attr-defined]
+    starts: list[tuple[int, int]] = []
+    joining.on_train_batch_start = lambda batch, i: starts.append((trainer.global_step, i))  # type: ignore[method-assign]
+    trainer.fit(joining)
+    assert starts[0] == (26, 6) and trainer.global_step == 30
+    for (n, ref), s, j in zip(
+        reference.state_dict().items(), sender.state_dict().values(), joining.state_dict().values()
+    ):
+        assert torch.equal(ref, s), n  # (the sender resumed exactly)
+        assert torch.equal(s, j), n
 
 
 needs_torchft = pytest.mark.skipif(
