@@ -372,3 +372,74 @@ def _fit_in_a_thread(lightning: bool, tmp_path: Any) -> tuple[Any, ...]:
 
 def test_a_trainer_runs_in_another_thread_as_lightnings(tmp_path):
     assert _fit_in_a_thread(False, tmp_path) == _fit_in_a_thread(True, tmp_path) == (2, True)
+
+
+def _eval_sampler(lightning: bool, tmp_path: Any, custom: bool) -> tuple[Any, ...]:
+    """test_data_connector.py::test_replace_distributed_sampler: what an evaluation loader holds under ddp."""
+    from torch.utils.data import BatchSampler, DistributedSampler, SequentialSampler
+
+    class Batches(BatchSampler):
+        pass
+
+    seen: list[tuple[Any, ...]] = []
+
+    class Task(_boring(lightning)):  # type: ignore[misc,valid-type]
+        def test_dataloader(self) -> Any:
+            data = plb.RandomDataset(32, 16)
+            if custom:
+                return DataLoader(
+                    data, batch_sampler=Batches(SequentialSampler(data), batch_size=1, drop_last=True)
+                )
+            return DataLoader(data, batch_size=2, drop_last=True)
+
+        def on_test_start(self) -> None:
+            loader = self.trainer.test_dataloaders
+            batches = loader.batch_sampler
+            seen.append((type(batches).__name__, loader.batch_size, batches.batch_size, batches.drop_last,
+                         isinstance(batches.sampler, DistributedSampler)))  # fmt: skip
+
+    _trainer(lightning, tmp_path, strategy="ddp", devices=1, limit_test_batches=2).test(Task(), verbose=False)
+    return seen[0]
+
+
+@pytest.mark.parametrize("custom", [True, False])
+def test_an_evaluation_loader_under_ddp_holds_a_distributed_sampler_as_lightnings(tmp_path, custom):
+    ours = _eval_sampler(False, tmp_path, custom)
+    assert ours == _eval_sampler(True, tmp_path, custom)
+    assert ours[-1] is True
+
+
+def _mock_logger_dir(lightning: bool, tmp_path: Any) -> tuple[Any, ...]:
+    """test_distributed_logging.py::test_first_logger_call_in_subprocess: a logger that is not a Logger (a mock):
+    nothing called or written before setup, the graph drawn once, checkpoints under <save_dir>/<name>/<version>."""
+    from unittest.mock import Mock
+
+    Callback = pl.Callback if lightning else __import__("callbacks").Callback
+    root = tmp_path / str(lightning)
+    root.mkdir()
+    seen: list[Any] = []
+
+    class Observer(Callback):  # type: ignore[misc,valid-type]
+        def setup(self, trainer: Any, module: Any, stage: Any) -> None:
+            seen.append((len(trainer.logger.method_calls), os.listdir(root)))
+
+        def on_train_start(self, trainer: Any, module: Any) -> None:
+            seen.append(trainer.logger.log_graph.call_count)
+
+    logger = Mock()
+    logger.version, logger.name, logger.save_dir = "0", "name", str(root)
+    t = _trainer(
+        lightning, tmp_path, logger=logger, callbacks=[Observer()], enable_checkpointing=True, **SHORT
+    )
+    t.fit(_boring(lightning)())
+    return (
+        *seen,
+        os.path.relpath(t.checkpoint_callback.dirpath, root),
+        sorted(os.listdir(root / "name" / "0")),
+    )
+
+
+def test_checkpoints_of_a_run_whose_logger_is_a_mock_go_where_lightnings_go(tmp_path):
+    ours = _mock_logger_dir(False, tmp_path)
+    assert ours == _mock_logger_dir(True, tmp_path)
+    assert ours[-2] == os.path.join("name", "0", "checkpoints")
