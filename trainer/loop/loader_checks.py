@@ -38,8 +38,14 @@ def _origin(session: Session, phase: str) -> str:
         arg = _ARG[phase] if session.stage == "fit" else "dataloaders"
         return f"An invalid dataloader was passed to `Trainer.{session.stage}({arg}=...)`"
     name = f"{phase}_dataloader"
-    owner = next(o for o in (session.dm, session.task) if o is not None and callable(getattr(o, name, None)))
+    owner = next(o for o in (session.dm, session.task) if _defines(o, name))
     return f"An invalid dataloader was returned from `{type(owner).__name__}.{name}()`"
+
+
+def _defines(owner: Any, name: str) -> bool:
+    """Whether `owner` has its own `name` method (not Tandem's default, which only raises)."""
+    fn = getattr(owner, name, None) if owner is not None else None
+    return callable(fn) and not getattr(fn, "_tandem_default", False)
 
 
 def _check_workers(t: Any, loader: DataLoader, name: str) -> None:
