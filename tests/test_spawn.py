@@ -109,6 +109,6 @@ def test_ddp_spawn_trains_as_one_process_and_brings_the_results_back(tmp_path):
     assert set(t.callback_metrics) >= {"train_loss", "val_loss"}
     # the logger was called on rank 0 only (Lightning calls a logger on every rank)
     assert sorted(p.name for p in tmp_path.glob("rank*.txt")) == ["rank0.txt"]
-    assert "train_loss" in (tmp_path / "rank0.txt").read_text()
+    assert "val_loss" in (tmp_path / "rank0.txt").read_text()
     out = t.validate(task, DataLoader(data(8), batch_size=4), verbose=False)  # spawned again, its result back
     assert out[0]["val_loss"] == pytest.approx(float(t.callback_metrics["val_loss"]), rel=1e-6)
