@@ -19,7 +19,8 @@ cost to the steps it overlaps is included; the wait for the last write at the en
 ("end wait"). The other measure of the stall is the time the training thread is blocked in each save call
 ("blocked": the whole write when synchronous, the host copy when async), from a timing wrapper around
 ModelCheckpoint's write; the first async save also allocates the host buffers the later ones copy into, so it
-is shown apart. Each background write's wall time and the CPU time its thread used are recorded too (the
+is shown apart. Under fsdp every rank is timed ("slowest rank": per save, the longest any rank was in the call; a
+sharded save is collective, so the slowest rank sets the pace); the other columns are rank 0's. Each background write's wall time and the CPU time its thread used are recorded too (the
 writer's demand on the cores that training also uses).
 
 A second table gives the time of one training step (median over every round), by what the checkpoint plugin
@@ -35,6 +36,7 @@ Prints a table and writes benchmarks/results/async_checkpoint.json. Run it alone
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import shutil
@@ -168,6 +170,9 @@ def _child(contender: str, steps: int, every: int, out: str, workdir: str, width
         }
         with open(out, "w") as f:
             json.dump(result, f)
+    else:  # every other rank's time in each save call (a sharded save blocks every rank; the slowest sets the pace)
+        with open(f"{out}.rank{trainer.global_rank}", "w") as f:
+            json.dump({"in_call_s": clock.saves, "in_call_cpu_s": clock.save_cpu}, f)
 
 
 def _run(contender: str, args: argparse.Namespace) -> dict:
@@ -187,7 +192,14 @@ def _run(contender: str, args: argparse.Namespace) -> dict:
     try:
         subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "2"})
         with open(out) as f:
-            return json.load(f)
+            result = json.load(f)
+        ranks = sorted(glob.glob(f"{out}.rank*"), key=lambda name: int(name.rsplit("rank", 1)[1]))
+        if ranks:  # rank 0's calls, then each other rank's
+            result["in_call_s_ranks"] = [result["in_call_s"]]
+            for name in ranks:
+                with open(name) as f:
+                    result["in_call_s_ranks"].append(json.load(f)["in_call_s"])
+        return result
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -247,15 +259,21 @@ def main() -> None:
     rows = []
     for group in groups:
         base = statistics.median(x["train_s"] for x in runs[group[0]])
-        stalls, blocked = {}, {}
+        stalls, blocked, blocked_slowest = {}, {}, {}
         for contender in group[1:]:
             per = [(x["train_s"] - base) / x["saves"] for x in runs[contender]]
             first = [x["in_call_s"][0] for x in runs[contender]]
             later = [s for x in runs[contender] for s in x["in_call_s"][1:]]
             every_call = [s for x in runs[contender] for s in x["in_call_s"]]
+            # per save, the longest any rank was blocked in it (one process: rank 0's own)
+            slowest = [
+                list(map(max, zip(*x.get("in_call_s_ranks", [x["in_call_s"]])))) for x in runs[contender]
+            ]
+            slowest_later = [s for calls in slowest for s in calls[1:]]
             written = [w for x in runs[contender] for w in x.get("writes_s", [])]
             stalls[contender] = statistics.median(per)
             blocked[contender] = statistics.median(later or every_call)
+            blocked_slowest[contender] = statistics.median(slowest_later or [s for c in slowest for s in c])
             rows.append(
                 {
                     "contender": contender,
@@ -263,6 +281,9 @@ def main() -> None:
                     "per_round": per,
                     "in_call_first_s": statistics.median(first),
                     "in_call_later_s": statistics.median(later) if later else None,
+                    "in_call_later_slowest_rank_s": statistics.median(slowest_later)
+                    if slowest_later
+                    else None,
                     "in_call_cpu_s": statistics.median(
                         c for x in runs[contender] for c in x["in_call_cpu_s"]
                     ),
@@ -279,6 +300,9 @@ def main() -> None:
                     "contender": f"{contender} / {sync}",
                     "ratio": stalls[contender] / stalls[sync] if stalls[sync] > 0 else None,
                     "blocked_ratio": blocked[contender] / blocked[sync] if blocked[sync] > 0 else None,
+                    "blocked_slowest_rank_ratio": blocked_slowest[contender] / blocked_slowest[sync]
+                    if blocked_slowest[sync] > 0
+                    else None,
                 }
             )
     params = runs[groups[0][0]][0]["params"]
@@ -287,7 +311,7 @@ def main() -> None:
     )
     print(
         f"{'contender':<24}{'stall/ckpt s':>14}{'blocked 1st s':>15}{'blocked later s':>17}"
-        f"{'write wall s':>14}{'write cpu s':>13}{'end wait s':>12}"
+        f"{'slowest rank s':>16}{'write wall s':>14}{'write cpu s':>13}{'end wait s':>12}"
     )
 
     def cell(v: float | None, width: int) -> str:
@@ -297,12 +321,14 @@ def main() -> None:
         if "ratio" in row:
             print(
                 f"{row['contender']:<24}{cell(row['ratio'], 14)}{cell(row['blocked_ratio'], 15)}"
-                "   (ratios: end-to-end stall, blocked in the call)"
+                f"{cell(row['blocked_slowest_rank_ratio'], 17)}"
+                "   (ratios: end-to-end stall, blocked in the call, its slowest rank)"
             )
             continue
         print(
             f"{row['contender']:<24}{cell(row['stall_per_checkpoint_s'], 14)}{cell(row['in_call_first_s'], 15)}"
-            f"{cell(row['in_call_later_s'], 17)}{cell(row['write_wall_s'], 14)}{cell(row['write_cpu_s'], 13)}"
+            f"{cell(row['in_call_later_s'], 17)}{cell(row['in_call_later_slowest_rank_s'], 16)}"
+            f"{cell(row['write_wall_s'], 14)}{cell(row['write_cpu_s'], 13)}"
             f"{cell(row['end_wait_s'], 12)}"
         )
     steps = _step_table(groups, runs)
