@@ -223,6 +223,11 @@ def main() -> None:
     p.add_argument(
         "--tables", default=None, help="only print and write the tables of the runs in this results file"
     )
+    p.add_argument(
+        "--more",
+        action="store_true",
+        help="add --rounds rounds to this run's results file (order alternating on)",
+    )
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)
     p.add_argument("--workdir", default=None, help=argparse.SUPPRESS)
@@ -247,9 +252,14 @@ def main() -> None:
         groups = [g for g in groups if len(g) > 1 and g[0] in runs]
         result, rounds = args.tables, 0
         args = argparse.Namespace(
-            **{**saved["args"], "tables": None, "rounds_done": max(map(len, runs.values()))}
+            **{**saved["args"], "tables": None, "more": False, "rounds_done": max(map(len, runs.values()))}
         )
-    for r in range(rounds):
+    first = 0
+    if args.more and os.path.exists(result):  # the rounds this file holds, then --rounds more
+        with open(result) as f:
+            runs = json.load(f)["runs"]
+        first = min(len(runs.get(c, [])) for group in groups for c in group)
+    for r in range(first, first + rounds):
         for group in groups:
             for contender in group if r % 2 == 0 else reversed(group):
                 runs.setdefault(contender, []).append(_run(contender, args))
@@ -259,7 +269,7 @@ def main() -> None:
     rows = []
     for group in groups:
         base = statistics.median(x["train_s"] for x in runs[group[0]])
-        stalls, blocked, blocked_slowest = {}, {}, {}
+        stalls, blocked, blocked_slowest, stalls_within = {}, {}, {}, {}
         for contender in group[1:]:
             per = [(x["train_s"] - base) / x["saves"] for x in runs[contender]]
             first = [x["in_call_s"][0] for x in runs[contender]]
@@ -271,6 +281,12 @@ def main() -> None:
             ]
             slowest_later = [s for calls in slowest for s in calls[1:]]
             written = [w for x in runs[contender] for w in x.get("writes_s", [])]
+            # the saves' cost to the steps of the same run: each step that ended with a save call or ran while a
+            # write was in flight, minus that run's median clean step (the machine's load drifts between runs)
+            within = [_within_run(x) for x in runs[contender]]
+            within = [w for w in within if w is not None]
+            if within:
+                stalls_within[contender] = statistics.median(within)
             stalls[contender] = statistics.median(per)
             blocked[contender] = statistics.median(later or every_call)
             blocked_slowest[contender] = statistics.median(slowest_later or [s for c in slowest for s in c])
@@ -279,6 +295,8 @@ def main() -> None:
                     "contender": contender,
                     "stall_per_checkpoint_s": statistics.median(per),
                     "per_round": per,
+                    "stall_within_run_s": stalls_within.get(contender),
+                    "within_run_per_round": within,
                     "in_call_first_s": statistics.median(first),
                     "in_call_later_s": statistics.median(later) if later else None,
                     "in_call_later_slowest_rank_s": statistics.median(slowest_later)
@@ -300,6 +318,9 @@ def main() -> None:
                     "contender": f"{contender} / {sync}",
                     "ratio": stalls[contender] / stalls[sync] if stalls[sync] > 0 else None,
                     "blocked_ratio": blocked[contender] / blocked[sync] if blocked[sync] > 0 else None,
+                    "within_run_ratio": stalls_within[contender] / stalls_within[sync]
+                    if stalls_within.get(sync, 0) > 0 and contender in stalls_within
+                    else None,
                     "blocked_slowest_rank_ratio": blocked_slowest[contender] / blocked_slowest[sync]
                     if blocked_slowest[sync] > 0
                     else None,
@@ -310,7 +331,7 @@ def main() -> None:
         f"\nmodel: {params} parameters, {params * 4 / 1e6:.0f} MB fp32; AdamW; {args.steps} steps, every {args.every}"
     )
     print(
-        f"{'contender':<24}{'stall/ckpt s':>14}{'blocked 1st s':>15}{'blocked later s':>17}"
+        f"{'contender':<24}{'stall/ckpt s':>14}{'in run s':>10}{'blocked 1st s':>15}{'blocked later s':>17}"
         f"{'slowest rank s':>16}{'write wall s':>14}{'write cpu s':>13}{'end wait s':>12}"
     )
 
@@ -320,13 +341,15 @@ def main() -> None:
     for row in rows:
         if "ratio" in row:
             print(
-                f"{row['contender']:<24}{cell(row['ratio'], 14)}{cell(row['blocked_ratio'], 15)}"
+                f"{row['contender']:<24}{cell(row['ratio'], 14)}{cell(row['within_run_ratio'], 10)}"
+                f"{cell(row['blocked_ratio'], 15)}"
                 f"{cell(row['blocked_slowest_rank_ratio'], 17)}"
-                "   (ratios: end-to-end stall, blocked in the call, its slowest rank)"
+                "   (ratios: end-to-end stall, in the run's steps, blocked in the call, its slowest rank)"
             )
             continue
         print(
-            f"{row['contender']:<24}{cell(row['stall_per_checkpoint_s'], 14)}{cell(row['in_call_first_s'], 15)}"
+            f"{row['contender']:<24}{cell(row['stall_per_checkpoint_s'], 14)}{cell(row['stall_within_run_s'], 10)}"
+            f"{cell(row['in_call_first_s'], 15)}"
             f"{cell(row['in_call_later_s'], 17)}{cell(row['in_call_later_slowest_rank_s'], 16)}"
             f"{cell(row['write_wall_s'], 14)}{cell(row['write_cpu_s'], 13)}"
             f"{cell(row['end_wait_s'], 12)}"
@@ -336,6 +359,17 @@ def main() -> None:
         json.dump(
             {"args": vars(args), "runs": runs, "rows": rows, "steps": steps, "params": params}, f, indent=1
         )
+
+
+def _within_run(run: dict) -> float | None:
+    """Per save, the time the steps with a save call or a write in flight took beyond the run's median clean step."""
+    clean = [t for t, kind in zip(run["step_s"], run["step_kinds"]) if kind == "clean"]
+    if not clean or not run["saves"]:
+        return None
+    base = statistics.median(clean)
+    return (
+        sum(t - base for t, kind in zip(run["step_s"], run["step_kinds"]) if kind != "clean") / run["saves"]
+    )
 
 
 def _step_table(groups: list[list[str]], runs: dict[str, list[dict]]) -> list[dict]:
