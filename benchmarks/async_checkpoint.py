@@ -269,7 +269,7 @@ def main() -> None:
     rows = []
     for group in groups:
         base = statistics.median(x["train_s"] for x in runs[group[0]])
-        stalls, blocked, blocked_slowest, stalls_within = {}, {}, {}, {}
+        stalls, blocked, blocked_slowest, stalls_within, later_within = {}, {}, {}, {}, {}
         for contender in group[1:]:
             per = [(x["train_s"] - base) / x["saves"] for x in runs[contender]]
             first = [x["in_call_s"][0] for x in runs[contender]]
@@ -283,10 +283,13 @@ def main() -> None:
             written = [w for x in runs[contender] for w in x.get("writes_s", [])]
             # the saves' cost to the steps of the same run: each step that ended with a save call or ran while a
             # write was in flight, minus that run's median clean step (the machine's load drifts between runs)
-            within = [_within_run(x) for x in runs[contender]]
-            within = [w for w in within if w is not None]
+            extras = [e for e in map(_within_run, runs[contender]) if e]
+            within = [sum(e) / x["saves"] for e, x in zip(extras, runs[contender])]
+            within_later = [t for e in extras for t in e[1:]]  # (the first save also allocates the host copy)
             if within:
                 stalls_within[contender] = statistics.median(within)
+            if within_later:
+                later_within[contender] = statistics.median(within_later)
             stalls[contender] = statistics.median(per)
             blocked[contender] = statistics.median(later or every_call)
             blocked_slowest[contender] = statistics.median(slowest_later or [s for c in slowest for s in c])
@@ -297,6 +300,8 @@ def main() -> None:
                     "per_round": per,
                     "stall_within_run_s": stalls_within.get(contender),
                     "within_run_per_round": within,
+                    "stall_within_run_later_s": later_within.get(contender),
+                    "within_run_per_save": extras,
                     "in_call_first_s": statistics.median(first),
                     "in_call_later_s": statistics.median(later) if later else None,
                     "in_call_later_slowest_rank_s": statistics.median(slowest_later)
@@ -321,6 +326,9 @@ def main() -> None:
                     "within_run_ratio": stalls_within[contender] / stalls_within[sync]
                     if stalls_within.get(sync, 0) > 0 and contender in stalls_within
                     else None,
+                    "within_run_later_ratio": later_within[contender] / later_within[sync]
+                    if later_within.get(sync, 0) > 0 and contender in later_within
+                    else None,
                     "blocked_slowest_rank_ratio": blocked_slowest[contender] / blocked_slowest[sync]
                     if blocked_slowest[sync] > 0
                     else None,
@@ -331,7 +339,7 @@ def main() -> None:
         f"\nmodel: {params} parameters, {params * 4 / 1e6:.0f} MB fp32; AdamW; {args.steps} steps, every {args.every}"
     )
     print(
-        f"{'contender':<24}{'stall/ckpt s':>14}{'in run s':>10}{'blocked 1st s':>15}{'blocked later s':>17}"
+        f"{'contender':<24}{'stall/ckpt s':>14}{'in run s':>10}{'later s':>9}{'blocked 1st s':>15}{'blocked later s':>17}"
         f"{'slowest rank s':>16}{'write wall s':>14}{'write cpu s':>13}{'end wait s':>12}"
     )
 
@@ -342,13 +350,15 @@ def main() -> None:
         if "ratio" in row:
             print(
                 f"{row['contender']:<24}{cell(row['ratio'], 14)}{cell(row['within_run_ratio'], 10)}"
+                f"{cell(row['within_run_later_ratio'], 9)}"
                 f"{cell(row['blocked_ratio'], 15)}"
                 f"{cell(row['blocked_slowest_rank_ratio'], 17)}"
-                "   (ratios: end-to-end stall, in the run's steps, blocked in the call, its slowest rank)"
+                "   (ratios: end-to-end, in the run's steps (all, later saves), blocked in the call, slowest rank)"
             )
             continue
         print(
             f"{row['contender']:<24}{cell(row['stall_per_checkpoint_s'], 14)}{cell(row['stall_within_run_s'], 10)}"
+            f"{cell(row['stall_within_run_later_s'], 9)}"
             f"{cell(row['in_call_first_s'], 15)}"
             f"{cell(row['in_call_later_s'], 17)}{cell(row['in_call_later_slowest_rank_s'], 16)}"
             f"{cell(row['write_wall_s'], 14)}{cell(row['write_cpu_s'], 13)}"
@@ -361,15 +371,19 @@ def main() -> None:
         )
 
 
-def _within_run(run: dict) -> float | None:
-    """Per save, the time the steps with a save call or a write in flight took beyond the run's median clean step."""
+def _within_run(run: dict) -> list[float] | None:
+    """Per save, the time its steps took beyond the run's median clean step: the step that ended with the save call
+    and the steps during which its write was still in flight."""
     clean = [t for t, kind in zip(run["step_s"], run["step_kinds"]) if kind == "clean"]
     if not clean or not run["saves"]:
         return None
-    base = statistics.median(clean)
-    return (
-        sum(t - base for t, kind in zip(run["step_s"], run["step_kinds"]) if kind != "clean") / run["saves"]
-    )
+    base, extra = statistics.median(clean), []
+    for t, kind in zip(run["step_s"], run["step_kinds"]):
+        if kind == "save":
+            extra.append(t - base)
+        elif kind == "in flight" and extra:
+            extra[-1] += t - base
+    return extra
 
 
 def _step_table(groups: list[list[str]], runs: dict[str, list[dict]]) -> list[dict]:
