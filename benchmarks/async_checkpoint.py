@@ -19,7 +19,9 @@ cost to the steps it overlaps is included; the wait for the last write at the en
 ("end wait"). The other measure of the stall is the time the training thread is blocked in each save call
 ("blocked": the whole write when synchronous, the host copy when async), from a timing wrapper around
 ModelCheckpoint's write; the first async save also allocates the host buffers the later ones copy into, so it
-is shown apart. Under fsdp every rank is timed ("slowest rank": per save, the longest any rank was in the call; a
+is shown apart. Third, within each run ("in run"): the steps that ended with a save call or ran while its write
+was in flight, minus the run's median step without either, per save (all saves, and the later ones), which does not
+depend on another run's load. Under fsdp every rank is timed ("slowest rank": per save, the longest any rank was in the call; a
 sharded save is collective, so the slowest rank sets the pace); the other columns are rank 0's. Each background write's wall time and the CPU time its thread used are recorded too (the
 writer's demand on the cores that training also uses).
 
@@ -29,8 +31,9 @@ async), a step during which a background write was in flight ("in flight"), and 
 
 Prints a table and writes benchmarks/results/async_checkpoint.json. Run it alone (under the shared lock):
     python benchmarks/async_checkpoint.py [--rounds 2] [--steps 13] [--every 3] [--fsdp [--no-single]] [--width N]
-        [--variants async,async_nice0]
-(the file's name says which: async_checkpoint[_fsdp][_only][_widthN].json; it is rewritten after every run).
+        [--variants async,async_nice0] [--more]
+(the file's name says which: async_checkpoint[_fsdp][_only][_widthN].json; it is rewritten after every run; --more
+adds --rounds rounds to the rounds that file holds, the order alternating on; --tables FILE recomputes the tables).
 """
 
 from __future__ import annotations
