@@ -86,6 +86,7 @@ def main() -> None:
             "peak_vs_none": peaks[name] / peaks["none"],
             "step_s": statistics.median(times[name]),
             "time_vs_none": statistics.median(times[name]) / statistics.median(times["none"]),
+            "step_s_rounds": times[name],  # each round's time, the contenders interleaved
         }
         for name in models
     }

@@ -19,7 +19,10 @@ cost to the steps it overlaps is included; the wait for the last write at the en
 ("end wait"). The other measure of the stall is the time the training thread is blocked in each save call
 ("blocked": the whole write when synchronous, the host copy when async), from a timing wrapper around
 ModelCheckpoint's write; the first async save also allocates the host buffers the later ones copy into, so it
-is shown apart. Each background write's wall time and the CPU time its thread used are recorded too (the
+is shown apart. Third, within each run ("in run"): the steps that ended with a save call or ran while its write
+was in flight, minus the run's median step without either, per save (all saves, and the later ones), which does not
+depend on another run's load. Under fsdp every rank is timed ("slowest rank": per save, the longest any rank was in the call; a
+sharded save is collective, so the slowest rank sets the pace); the other columns are rank 0's. Each background write's wall time and the CPU time its thread used are recorded too (the
 writer's demand on the cores that training also uses).
 
 A second table gives the time of one training step (median over every round), by what the checkpoint plugin
@@ -28,13 +31,15 @@ async), a step during which a background write was in flight ("in flight"), and 
 
 Prints a table and writes benchmarks/results/async_checkpoint.json. Run it alone (under the shared lock):
     python benchmarks/async_checkpoint.py [--rounds 2] [--steps 13] [--every 3] [--fsdp [--no-single]] [--width N]
-        [--variants async,async_nice0]
-(the file's name says which: async_checkpoint[_fsdp][_only][_widthN].json; it is rewritten after every run).
+        [--variants async,async_nice0] [--more]
+(the file's name says which: async_checkpoint[_fsdp][_only][_widthN].json; it is rewritten after every run; --more
+adds --rounds rounds to the rounds that file holds, the order alternating on; --tables FILE recomputes the tables).
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import shutil
@@ -168,6 +173,9 @@ def _child(contender: str, steps: int, every: int, out: str, workdir: str, width
         }
         with open(out, "w") as f:
             json.dump(result, f)
+    else:  # every other rank's time in each save call (a sharded save blocks every rank; the slowest sets the pace)
+        with open(f"{out}.rank{trainer.global_rank}", "w") as f:
+            json.dump({"in_call_s": clock.saves, "in_call_cpu_s": clock.save_cpu}, f)
 
 
 def _run(contender: str, args: argparse.Namespace) -> dict:
@@ -187,7 +195,14 @@ def _run(contender: str, args: argparse.Namespace) -> dict:
     try:
         subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "2"})
         with open(out) as f:
-            return json.load(f)
+            result = json.load(f)
+        ranks = sorted(glob.glob(f"{out}.rank*"), key=lambda name: int(name.rsplit("rank", 1)[1]))
+        if ranks:  # rank 0's calls, then each other rank's
+            result["in_call_s_ranks"] = [result["in_call_s"]]
+            for name in ranks:
+                with open(name) as f:
+                    result["in_call_s_ranks"].append(json.load(f)["in_call_s"])
+        return result
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -210,6 +225,11 @@ def main() -> None:
     p.add_argument("--dir", default=None, help="where checkpoints are written (default: the system's temp)")
     p.add_argument(
         "--tables", default=None, help="only print and write the tables of the runs in this results file"
+    )
+    p.add_argument(
+        "--more",
+        action="store_true",
+        help="add --rounds rounds to this run's results file (order alternating on)",
     )
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)
@@ -235,9 +255,14 @@ def main() -> None:
         groups = [g for g in groups if len(g) > 1 and g[0] in runs]
         result, rounds = args.tables, 0
         args = argparse.Namespace(
-            **{**saved["args"], "tables": None, "rounds_done": max(map(len, runs.values()))}
+            **{**saved["args"], "tables": None, "more": False, "rounds_done": max(map(len, runs.values()))}
         )
-    for r in range(rounds):
+    first = 0
+    if args.more and os.path.exists(result):  # the rounds this file holds, then --rounds more
+        with open(result) as f:
+            runs = json.load(f)["runs"]
+        first = min(len(runs.get(c, [])) for group in groups for c in group)
+    for r in range(first, first + rounds):
         for group in groups:
             for contender in group if r % 2 == 0 else reversed(group):
                 runs.setdefault(contender, []).append(_run(contender, args))
@@ -247,22 +272,44 @@ def main() -> None:
     rows = []
     for group in groups:
         base = statistics.median(x["train_s"] for x in runs[group[0]])
-        stalls, blocked = {}, {}
+        stalls, blocked, blocked_slowest, stalls_within, later_within = {}, {}, {}, {}, {}
         for contender in group[1:]:
             per = [(x["train_s"] - base) / x["saves"] for x in runs[contender]]
             first = [x["in_call_s"][0] for x in runs[contender]]
             later = [s for x in runs[contender] for s in x["in_call_s"][1:]]
             every_call = [s for x in runs[contender] for s in x["in_call_s"]]
+            # per save, the longest any rank was blocked in it (one process: rank 0's own)
+            slowest = [
+                list(map(max, zip(*x.get("in_call_s_ranks", [x["in_call_s"]])))) for x in runs[contender]
+            ]
+            slowest_later = [s for calls in slowest for s in calls[1:]]
             written = [w for x in runs[contender] for w in x.get("writes_s", [])]
+            # the saves' cost to the steps of the same run: each step that ended with a save call or ran while a
+            # write was in flight, minus that run's median clean step (the machine's load drifts between runs)
+            extras = [e for e in map(_within_run, runs[contender]) if e]
+            within = [sum(e) / x["saves"] for e, x in zip(extras, runs[contender])]
+            within_later = [t for e in extras for t in e[1:]]  # (the first save also allocates the host copy)
+            if within:
+                stalls_within[contender] = statistics.median(within)
+            if within_later:
+                later_within[contender] = statistics.median(within_later)
             stalls[contender] = statistics.median(per)
             blocked[contender] = statistics.median(later or every_call)
+            blocked_slowest[contender] = statistics.median(slowest_later or [s for c in slowest for s in c])
             rows.append(
                 {
                     "contender": contender,
                     "stall_per_checkpoint_s": statistics.median(per),
                     "per_round": per,
+                    "stall_within_run_s": stalls_within.get(contender),
+                    "within_run_per_round": within,
+                    "stall_within_run_later_s": later_within.get(contender),
+                    "within_run_per_save": extras,
                     "in_call_first_s": statistics.median(first),
                     "in_call_later_s": statistics.median(later) if later else None,
+                    "in_call_later_slowest_rank_s": statistics.median(slowest_later)
+                    if slowest_later
+                    else None,
                     "in_call_cpu_s": statistics.median(
                         c for x in runs[contender] for c in x["in_call_cpu_s"]
                     ),
@@ -279,6 +326,15 @@ def main() -> None:
                     "contender": f"{contender} / {sync}",
                     "ratio": stalls[contender] / stalls[sync] if stalls[sync] > 0 else None,
                     "blocked_ratio": blocked[contender] / blocked[sync] if blocked[sync] > 0 else None,
+                    "within_run_ratio": stalls_within[contender] / stalls_within[sync]
+                    if stalls_within.get(sync, 0) > 0 and contender in stalls_within
+                    else None,
+                    "within_run_later_ratio": later_within[contender] / later_within[sync]
+                    if later_within.get(sync, 0) > 0 and contender in later_within
+                    else None,
+                    "blocked_slowest_rank_ratio": blocked_slowest[contender] / blocked_slowest[sync]
+                    if blocked_slowest[sync] > 0
+                    else None,
                 }
             )
     params = runs[groups[0][0]][0]["params"]
@@ -286,8 +342,8 @@ def main() -> None:
         f"\nmodel: {params} parameters, {params * 4 / 1e6:.0f} MB fp32; AdamW; {args.steps} steps, every {args.every}"
     )
     print(
-        f"{'contender':<24}{'stall/ckpt s':>14}{'blocked 1st s':>15}{'blocked later s':>17}"
-        f"{'write wall s':>14}{'write cpu s':>13}{'end wait s':>12}"
+        f"{'contender':<24}{'stall/ckpt s':>14}{'in run s':>10}{'later s':>9}{'blocked 1st s':>15}{'blocked later s':>17}"
+        f"{'slowest rank s':>16}{'write wall s':>14}{'write cpu s':>13}{'end wait s':>12}"
     )
 
     def cell(v: float | None, width: int) -> str:
@@ -296,13 +352,19 @@ def main() -> None:
     for row in rows:
         if "ratio" in row:
             print(
-                f"{row['contender']:<24}{cell(row['ratio'], 14)}{cell(row['blocked_ratio'], 15)}"
-                "   (ratios: end-to-end stall, blocked in the call)"
+                f"{row['contender']:<24}{cell(row['ratio'], 14)}{cell(row['within_run_ratio'], 10)}"
+                f"{cell(row['within_run_later_ratio'], 9)}"
+                f"{cell(row['blocked_ratio'], 15)}"
+                f"{cell(row['blocked_slowest_rank_ratio'], 17)}"
+                "   (ratios: end-to-end, in the run's steps (all, later saves), blocked in the call, slowest rank)"
             )
             continue
         print(
-            f"{row['contender']:<24}{cell(row['stall_per_checkpoint_s'], 14)}{cell(row['in_call_first_s'], 15)}"
-            f"{cell(row['in_call_later_s'], 17)}{cell(row['write_wall_s'], 14)}{cell(row['write_cpu_s'], 13)}"
+            f"{row['contender']:<24}{cell(row['stall_per_checkpoint_s'], 14)}{cell(row['stall_within_run_s'], 10)}"
+            f"{cell(row['stall_within_run_later_s'], 9)}"
+            f"{cell(row['in_call_first_s'], 15)}"
+            f"{cell(row['in_call_later_s'], 17)}{cell(row['in_call_later_slowest_rank_s'], 16)}"
+            f"{cell(row['write_wall_s'], 14)}{cell(row['write_cpu_s'], 13)}"
             f"{cell(row['end_wait_s'], 12)}"
         )
     steps = _step_table(groups, runs)
@@ -310,6 +372,21 @@ def main() -> None:
         json.dump(
             {"args": vars(args), "runs": runs, "rows": rows, "steps": steps, "params": params}, f, indent=1
         )
+
+
+def _within_run(run: dict) -> list[float] | None:
+    """Per save, the time its steps took beyond the run's median clean step: the step that ended with the save call
+    and the steps during which its write was still in flight."""
+    clean = [t for t, kind in zip(run["step_s"], run["step_kinds"]) if kind == "clean"]
+    if not clean or not run["saves"]:
+        return None
+    base, extra = statistics.median(clean), []
+    for t, kind in zip(run["step_s"], run["step_kinds"]):
+        if kind == "save":
+            extra.append(t - base)
+        elif kind == "in flight" and extra:
+            extra[-1] += t - base
+    return extra
 
 
 def _step_table(groups: list[list[str]], runs: dict[str, list[dict]]) -> list[dict]:

@@ -16,7 +16,8 @@ over its budget counts as not trained.
     python benchmarks/large_model.py --report        # the table of all, benchmarks/results/large_model.json
     python benchmarks/large_model.py --quick         # tiny rungs (checks that every contender runs)
 
-Contenders: tandem ddp, ddp_zero1, fsdp, model_parallel (TP 2 x FSDP 2), pipeline (4 stages, 1F1B);
+Contenders: tandem ddp, ddp_zero1, fsdp (its default units), fsdp_blocks (wrap=[Block]: one unit a block, as the
+Lightning contender shards it), model_parallel (TP 2 x FSDP 2), pipeline (4 stages, 1F1B);
 lightning ddp, model_parallel as FSDP2 (data_parallel_size=4: fully_shard in configure_model; Lightning's
 FSDPStrategy needs a GPU), model_parallel (TP 2 x FSDP 2). Lightning has no ZeRO-1 and no pipeline strategy.
 """
@@ -45,6 +46,7 @@ CONTENDERS = {  # name -> bytes per parameter the node holds (weights, grads, Ad
     "tandem:fsdp": 16,
     "tandem:model_parallel": 16,
     "tandem:pipeline": 16,
+    "tandem:fsdp_blocks": 16,
     "lightning:ddp": 16 * WORLD,
     "lightning:model_parallel_fsdp": 16,
     "lightning:model_parallel": 16,
@@ -87,14 +89,19 @@ def worker(contender: str, layers: int, d: int, out: str) -> None:
     )
     start = time.time()
     if framework == "tandem":
+        from strategies.fsdp import FSDPStrategy
         from strategies.model_parallel import ModelParallelStrategy
         from strategies.pipeline import PipelineStrategy
-        from tests.helpers.plan_models import GPT
+        from tests.helpers.plan_models import GPT, Block
         from trainer import Trainer
 
-        strategy = {"model_parallel": lambda: ModelParallelStrategy(2, 2), "pipeline": PipelineStrategy}.get(
-            name, lambda: name
-        )()
+        strategy = {
+            "model_parallel": lambda: ModelParallelStrategy(2, 2),
+            "pipeline": PipelineStrategy,
+            "fsdp_blocks": lambda: FSDPStrategy(
+                wrap=[Block]
+            ),  # one unit a block, as Lightning's configure_model
+        }.get(name, lambda: name)()
         trainer = Trainer(strategy=strategy, devices=WORLD, accelerator="cpu", max_steps=2, **quiet)
         with trainer.init_module(empty_init=True):
             model = GPT(d=d, heads=HEADS, layers=layers, vocab=VOCAB)
@@ -250,10 +257,10 @@ def rung(contender: str, layers: int, d: int, limit_s: float) -> dict:
             hwm_gib=[r["hwm"] / 2**30 for r in got["ranks"]],
         )
     else:
+        # a worker's own error, not torchrun's ChildFailedError that wraps it
         lines = [ln for ln in err.splitlines() if re.search(r"\w+(Error|Exception): ", ln)]
-        out.update(
-            trained=False, why=why or (lines[-1][-300:] if lines else f"exit status {proc.returncode}")
-        )
+        own = [ln for ln in lines if "ChildFailedError" not in ln] or lines
+        out.update(trained=False, why=why or (own[0][-300:] if own else f"exit status {proc.returncode}"))
     return out
 
 

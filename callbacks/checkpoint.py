@@ -170,7 +170,7 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
                 "but an exception stops only the one it happens in; use save_last=True or stop with SIGTERM."
             )
         if self.dirpath is None:
-            found = getattr(trainer.loggers[0], "log_dir", None) if trainer.loggers else None
+            found = _logger_dir(trainer.loggers[0], trainer.default_root_dir) if trainer.loggers else None
             base = found if found is not None else trainer.default_root_dir  # <save_dir>/<name>/<version>
             self.dirpath = os.path.abspath(rank_zero_decides(trainer, os.path.join(base, "checkpoints")))
         # earlier starts of this experiment wrote into its other version_N directories
@@ -381,3 +381,15 @@ class ModelCheckpoint(checkpoint_state.BestKYaml, Checkpoint):
 # The signature's annotations as objects rather than strings (this module's `from __future__ import
 # annotations`), as Lightning's are: argument parsers built from it (jsonargparse, the CLI) read them.
 ModelCheckpoint.__init__.__annotations__.update(get_type_hints(ModelCheckpoint.__init__))
+
+
+def _logger_dir(logger: Any, root: str) -> str | None:
+    """The first logger's directory: its `log_dir`; for a logger that has no such path (one of another library,
+    a mock), Lightning's ``<save_dir or root>/<name>/<version>`` (`version_N` for a number)."""
+    found = getattr(logger, "log_dir", None)
+    if found is None or isinstance(found, (str, os.PathLike)):
+        return found
+    save_dir, version = getattr(logger, "save_dir", None), getattr(logger, "version", None)
+    save_dir = save_dir if isinstance(save_dir, (str, os.PathLike)) else root
+    version = version if isinstance(version, str) else f"version_{version}"
+    return os.path.join(save_dir, str(getattr(logger, "name", "")), version)

@@ -22,12 +22,16 @@ from torch.utils.data import (
 from strategies.data.reinit import LoaderError, rebatch, reinstantiate
 
 
-class ShardSampler(Sampler[int]):
+class ShardSampler(DistributedSampler):
     """Evaluation sampler: rank r takes every world_size-th index from r, no padding and no repeats,
-    so metrics over all ranks count each sample exactly once (ranks may get one batch more or less)."""
+    so metrics over all ranks count each sample exactly once (ranks may get one batch more or less).
+    A DistributedSampler (as the one Lightning puts in an evaluation loader, which pads with repeats instead),
+    so that code asking `isinstance(sampler, DistributedSampler)` learns the loader is sharded."""
 
     def __init__(self, length: int, rank: int, world_size: int) -> None:
+        super().__init__(range(length), num_replicas=world_size, rank=rank, shuffle=False)  # type: ignore[arg-type]
         self.indices = range(rank, length, world_size)
+        self.num_samples, self.total_size = len(self.indices), length
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.indices)

@@ -211,11 +211,11 @@ class Data(DataModule):
         self.calls.append("prepare_data")
 
     def setup(self, stage):
-        self.calls.append(f"setup:{stage}")
+        self.calls.append(f"setup:{stage.value}")  # a TrainerFn, as Lightning passes
         self.train, self.val = tensors(16), tensors(8)
 
     def teardown(self, stage):
-        self.calls.append(f"teardown:{stage}")
+        self.calls.append(f"teardown:{stage.value}")
 
     def train_dataloader(self):
         return DataLoader(self.train, batch_size=4, shuffle=True)

@@ -141,3 +141,31 @@ def test_a_last_directory_that_is_no_checkpoint_is_an_error_not_a_fresh_start(tm
     os.makedirs(tmp_path / "ckpts" / "last.ckpt")
     with pytest.raises(CheckpointError, match=r"ckpts/last\.ckpt/tandem\.pt' does not exist"):
         fit(tmp_path, 2, resume="auto")
+
+
+def test_a_deletion_cut_short_never_leaves_part_of_a_directory_under_a_checkpoint_name(tmp_path, monkeypatch):
+    """Top-k deletes an older sharded checkpoint while training goes on; a kill during the deletion (here its
+    rmtree failing after the first file) leaves the remains under a temporary name, never under the
+    checkpoint's, and a copy a crash had moved aside is gone first (reading it never falls back to one)."""
+    from strategies.checkpoint import directory
+    from strategies.checkpoint.io import TorchCheckpointIO
+
+    ckpt = tmp_path / "epoch=1-step=5.ckpt"
+    for d in (ckpt, tmp_path / "epoch=1-step=5.ckpt.old-0123456789ab"):
+        d.mkdir()
+        for f in ("__0_0.distcp", "__1_0.distcp", ".metadata", "tandem.pt"):
+            (d / f).write_bytes(b"x")
+
+    def killed(path, *args, **kwargs):  # the kill: one file deleted, then the process is gone
+        os.remove(os.path.join(path, sorted(os.listdir(path))[0]))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(directory.shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        TorchCheckpointIO().remove_checkpoint(str(ckpt))
+    left = sorted(os.listdir(tmp_path))
+    assert [n for n in left if not n.startswith("epoch=1-step=5.ckpt.tmp-")] == ["epoch=1-step=5.ckpt"]
+    assert sorted(os.listdir(ckpt)) == [".metadata", "__0_0.distcp", "__1_0.distcp", "tandem.pt"]  # whole
+    monkeypatch.undo()
+    TorchCheckpointIO().remove_checkpoint(str(ckpt))
+    assert all(n.startswith("epoch=1-step=5.ckpt.tmp-") for n in os.listdir(tmp_path))

@@ -79,7 +79,26 @@ def _swap_in(tmp: str, path: str) -> None:
     finally:
         os.close(fd)
     if old is not None:
-        shutil.rmtree(old) if os.path.isdir(old) else os.remove(old)
+        _delete(old, path)
+
+
+def discard(path: str) -> None:
+    """Delete a checkpoint (a file, or a directory of shards) so that a kill midway never leaves part of a
+    directory under a checkpoint's name. Copies a crash left moved aside (`path`.old-*) go first, so that
+    reading a deleted checkpoint never falls back to an older copy."""
+    for p in [*glob.glob(glob.escape(path) + ".old-*"), path]:
+        _delete(p, path)
+
+
+def _delete(p: str, name: str) -> None:
+    """Delete `p`, a file or a copy of checkpoint `name`: a directory renamed to a temporary name of `name`
+    first (which the next save of `name` clears) and deleted from there."""
+    if os.path.isdir(p) and not os.path.islink(p):
+        gone = f"{name}.tmp-{uuid.uuid4().hex[:12]}"
+        os.rename(p, gone)
+        shutil.rmtree(gone)
+    elif os.path.lexists(p):
+        os.remove(p)
 
 
 def _existing(path: str) -> str:

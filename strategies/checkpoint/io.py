@@ -23,7 +23,6 @@ a user's own ``CheckpointIO`` (plugins=[...]) takes over the file operations of 
 from __future__ import annotations
 
 import os
-import shutil
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +35,7 @@ from strategies.checkpoint.directory import (
     _read_meta,
     _saved_weights,
     dir_payload,
+    discard,
     read_dir,
     restore_dir,
     sharded_states,
@@ -138,10 +138,8 @@ class TorchCheckpointIO(CheckpointIO):
         """Delete the checkpoint file, or a directory checkpoint with its shards."""
         if self.file_io is not None and not os.path.isdir(path):
             self.file_io.remove_checkpoint(path)
-        elif os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)
-        elif os.path.lexists(path):
-            os.remove(path)
+        else:
+            discard(path)
 
     # ----- the form ------------------------------------------------------------------------------------
 

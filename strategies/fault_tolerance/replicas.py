@@ -19,6 +19,16 @@ from tandem_core.errors import ConfigError, FaultToleranceError
 if TYPE_CHECKING:
     from strategies.fault_tolerance.manager import ReplicaManager
 
+#: below any count of committed steps a live group reports (torchft counts them from 0)
+_STARTING = -(2**62)
+
+
+def starting_step(committed: int, group: int, groups: int) -> int:
+    """The step a group reports at its first quorum (see Replicas.join): below every live group's, and among
+    groups that are starting too, ordered by the committed steps their checkpoints hold, then by the lower
+    group index, so that no two starting groups report the same."""
+    return _STARTING + committed * groups + (groups - 1 - group)
+
 
 class LiveState(Protocol):
     """What the trainer gives (trainer/checkpoint/live.py): the run's state as a checkpoint dict in memory."""
@@ -56,6 +66,7 @@ class Replicas:
         self.live: LiveState | None = None
         self.costs = Costs()
         self._loaded: dict[str, Any] | None = None  # the manager's state from a checkpoint, until it exists
+        self._own: dict[str, Any] | None = None  # this group's own manager state while it joins (see join)
         self._open = False  # a quorum was joined for the step under way
         self._decision: bool | None = None  # this step's commit (several optimizers: asked once)
         self._in_loop = False
@@ -102,9 +113,20 @@ class Replicas:
                 self._send,
                 self._take,
             )
-        if self._loaded is not None:  # resumed from this group's own checkpoint
-            self.manager.load_state_dict(self._loaded)
-            self._loaded = None
+        # torchft heals a group only when its count of committed steps is below the quorum's highest: it
+        # takes equal counts for equal states. A group starting from its own checkpoint (or from scratch) can
+        # break that: after every group restarted at once, each went back to its own checkpoint, and the one
+        # back first, training alone, reaches the other's count with other weights at another global step. So
+        # until its first quorum is over a starting group reports a count below every live group's: it takes
+        # a live group's state whatever its checkpoint holds; in a quorum of starting groups only, the one
+        # whose checkpoint holds the most committed steps (the lowest group index on a tie) keeps its state
+        # and every rank of the others takes it.
+        own = self._loaded if self._loaded is not None else self.manager.state_dict()
+        self._loaded, self._own = None, dict(own)
+        r = self.resolve()
+        self.manager.load_state_dict(
+            {**own, "step": starting_step(int(own["step"]), r.replica_group, r.replica_groups)}
+        )
         self._in_loop = False
         self._quorum()
         self._in_loop = True
@@ -163,6 +185,9 @@ class Replicas:
         assert self.manager is not None and self.live is not None
         started = time.perf_counter()
         self.manager.quorum()
+        if self._own is not None and self.manager.errored is None:  # joined, keeping its own state:
+            self.manager.load_state_dict(self._own)  # its own count again (a failed heal keeps it below)
+            self._own = None
         if self._in_loop:  # (the first quorum waits for the groups to start: not a per-step cost)
             self.overhead_s += time.perf_counter() - started
             self._steps += 1
@@ -213,18 +238,26 @@ class Replicas:
                 "restarts it (torchrun --max-restarts), and it rejoins from a live peer at the start of fit"
             )
         started = time.monotonic()
+        self._own = None  # the live group's count comes with its state (the strategy's state restores it)
         self.live.restore(ckpt, full=not self._in_loop, load_states=self._load_states)
         took, size = time.monotonic() - started, self.manager.transport.received / 1e6  # type: ignore[union-attr]
         if theirs_at["global_step"] == 0 and not self._in_loop:  # the first quorum of the job (init sync)
             self._say(f"took a live replica group's initial weights and state ({size:.1f} MB) before step 1")
             return
         where = "rejoined" if not self._in_loop else "healed in place"
+        back = ours_at["global_step"] - theirs_at["global_step"]
         self._say(
             f"{where} from a live replica group at global step {theirs_at['global_step']} (epoch "
             f"{theirs_at['epoch']}, batch {theirs_at['batch_in_epoch']} of the epoch): weights, optimizer, "
             f"loop position, RNG and the loader's position taken over ({size:.1f} MB, applied in "
             f"{took:.2f}s); so far {self.costs.degraded} steps ran without some group, skipping "
             f"{self.costs.skipped_batches} batches of the missing groups' shares"
+            + (
+                f"; this group's own checkpoint was {back} step(s) further, in a history the live group "
+                "does not share: those steps are dropped"
+                if back > 0
+                else ""
+            )
         )
 
     def _load_states(self, ckpt: dict[str, Any]) -> None:
@@ -250,7 +283,10 @@ class Replicas:
 
     # ----- checkpoints and the end -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        manager = self.manager.state_dict() if self.manager is not None else self._loaded
+        if self._own is not None:  # joining: the count it reports to the lighthouse is not its own
+            manager: dict[str, Any] | None = dict(self._own)
+        else:
+            manager = self.manager.state_dict() if self.manager is not None else self._loaded
         return {"manager": manager, "costs": asdict(self.costs)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -277,7 +313,7 @@ class Replicas:
             f"{c.rejoins} rejoin(s) from a live peer{per_step}"
         )
         self.manager.shutdown()
-        self.manager, self.live, self._open, self._in_loop = None, None, False, False
+        self.manager, self.live, self._open, self._in_loop, self._own = None, None, False, False, None
 
     def _say(self, text: str) -> None:
         if self.strategy.comm.rank == 0:

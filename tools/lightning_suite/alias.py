@@ -151,6 +151,8 @@ TANDEM_FABRIC: dict[str, dict[str, str]] = {
         "PossibleUserWarning": "trainer.utilities.enums",
         "TrainingSpikeException": "callbacks.spike",
         "LightningDeprecationWarning": "tandem_core.rank_zero:TandemDeprecationWarning",
+        # the `os` whose CPU count Tandem's suggested_max_num_workers reads (the standard library's, patched there)
+        "data.os": "trainer.utilities.data",
         **_ERRORS,
     },
 }

@@ -108,6 +108,8 @@ def _warns(expected: Any = Warning, *args: Any, match: Any = None, **kwargs: Any
 
 _ORIGINAL_WARNS = pytest.warns
 _ORIGINAL_DEPRECATED_CALL = pytest.deprecated_call
+# a test parametrized by these functions gets its id from their names (`test_x[2-warns]`), as under Lightning
+_raises.__name__, _warns.__name__, _deprecated_call.__name__ = "raises", "warns", "deprecated_call"
 if MODE == "tandem":
     pytest.raises = _raises  # type: ignore[assignment]
     pytest.warns = _warns  # type: ignore[assignment]

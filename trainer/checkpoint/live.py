@@ -55,11 +55,23 @@ class LiveState:
             "state_dict": self.task.state_dict(),
             "optimizer_states": [o.state_dict() for o in t.optimizers],
         }
-        own = t.state.rank_state(None)  # (each rank sends its own)
-        if in_loop and t.state.batch_in_epoch == 0 and t.state.epoch_start_rng is not None:
+        s = t.state
+        own = s.rank_state(None)  # (each rank sends its own)
+        if not in_loop:
+            # before fit's loop, what a resume from this group's own checkpoint read is not applied yet: the
+            # RNG (set as the loop starts), the window's gradients (after zero_grad), a combined loader's
+            # position. This group trains from those, so they are what it hands over, not the RNG of now
+            pending = {
+                "rng": s.resume_rng,
+                "window_grads": s.window_grads,
+                "combined": s.resume_combined,
+                "loader_states": s.resume_loader_states,
+            }
+            own.update({k: v for k, v in pending.items() if v is not None})
+        elif s.batch_in_epoch == 0 and s.epoch_start_rng is not None:
             # the epoch's first step: its loader was iterated already, which draws from the RNG; the joining
             # group iterates it again after taking the RNG, so it takes the RNG of before that draw
-            own["rng"] = t.state.epoch_start_rng
+            own["rng"] = s.epoch_start_rng
         return contents(t, states, [own])
 
     def position(self) -> dict[str, int]:

@@ -90,3 +90,11 @@ def epoch_only(name: str, fx: str, on_step: bool, on_epoch: bool) -> str:
         "starts a run or starts or ends an epoch records epoch aggregates only; pass on_step=False, "
         "on_epoch=True (the defaults there)."
     )
+
+
+def no_logger(name: str) -> str:
+    """Lightning's warning for self.log(..., logger=True) in a stage that has no logger."""
+    return (
+        f"You called `self.log({name!r}, ..., logger=True)` but have no logger configured; the value is not "
+        "written anywhere. Pass Trainer(logger=...) to write it, or drop `logger=True`."
+    )

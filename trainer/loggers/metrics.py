@@ -10,7 +10,9 @@ import torch
 
 from strategies.batch import batch_size_of, is_metric
 from tandem_core.errors import TaskError, check_choice
-from trainer.loggers.log_rules import RULES, Rule, epoch_only, refusal
+from tandem_core.rank_zero import rank_zero_warn
+from trainer.loggers.floats import to_floats
+from trainer.loggers.log_rules import RULES, Rule, epoch_only, no_logger, refusal
 
 REDUCE_FX = ("mean", "sum", "max", "min")
 _Tensor = torch.Tensor
@@ -83,6 +85,7 @@ class MetricStore:
         self.pending: dict[str, torch.Tensor] | None = None
         self.keep_copies = False  # CUDA graphs: keep copies of step values, which the next replay overwrites
         self.barebones = False  # Trainer(barebones=True): self.log is refused
+        self.no_logger = False  # the stage runs without a logger (set when it starts: loggers/reporting.py)
 
     @property
     def entries(self) -> dict[str, _Entry]:
@@ -225,6 +228,8 @@ class MetricStore:
             raise TaskError(
                 f"self.log({name!r}, ...) with Trainer(barebones=True): barebones logs nothing; remove it."
             )
+        if logger and self.no_logger:  # as Lightning (whose warning is per call; here per name and epoch)
+            rank_zero_warn(no_logger(name))
         rule = self._rule
         if rule is None:
             raise TaskError(refusal(name, fx))
@@ -323,6 +328,8 @@ class MetricStore:
         to_log: dict[str, torch.Tensor] = {}
         for e in self.entries.values():
             if not e.on_epoch:
+                if e.metric is not None:  # as Lightning: a logged Metric's state ends with the epoch
+                    e.metric.reset()
                 continue
             if e.metric is not None:
                 value = e.metric.compute()  # torchmetrics synchronises across ranks itself
@@ -379,21 +386,3 @@ class MetricStore:
     def progress_bar_metrics(self) -> dict[str, float]:
         """progress_bar_tensors() as floats (this synchronizes with the device: call it only when drawing)."""
         return to_floats(self.progress_bar_tensors())
-
-
-def to_floats(metrics: dict[str, Any]) -> dict[str, float]:
-    """Convert tensors to floats with one device-to-host copy per device instead of one per value."""
-    out: dict[str, float] = {}
-    by_device: dict[torch.device, list[str]] = {}
-    for k, v in metrics.items():
-        if isinstance(v, torch.Tensor) and v.numel() == 1:
-            by_device.setdefault(v.device, []).append(k)
-        else:
-            out[k] = float(v)
-    for keys in by_device.values():
-        if len(keys) == 1:
-            out[keys[0]] = metrics[keys[0]].item()
-        else:
-            stacked = torch.stack([metrics[k].detach().reshape(()).double() for k in keys])
-            out.update(zip(keys, stacked.tolist()))
-    return {k: out[k] for k in metrics}

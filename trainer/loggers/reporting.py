@@ -74,6 +74,7 @@ def log_stage_start(t: Trainer) -> None:
     """At the start of every stage (fit: after on_fit_start, before the training state is restored), as
     Lightning with enable_autolog_hparams: each logger gets log_hyperparams(stage_hparams), draws the task's
     graph where it can (TensorBoardLogger(log_graph=True)), and saves, so that a run killed later has them."""
+    t.metric_store.no_logger = not t.loggers  # self.log(..., logger=True) then warns, as Lightning
     if not t.loggers or not t.config.enable_autolog_hparams or t.task is None:
         return
     params = stage_hparams(t)  # every rank: a conflict fails them all

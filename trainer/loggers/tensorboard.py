@@ -104,10 +104,10 @@ class TensorBoardLogger(Logger):
 
     @rank_zero_only
     def log_hyperparams(
-        self, params: dict[str, Any] | None = None, metrics: dict[str, float] | None = None
+        self, params: dict[str, Any] | None = None, metrics: Any = None, step: int | None = None
     ) -> None:
         """Lightning's: `params` (with those given before) go to the HParams tab with `metrics`, each also
-        written as a scalar at step 0; without metrics, ``hp_metric=-1`` when `default_hp_metric`, else the
+        written as a scalar at `step` (None: 0); without metrics (one number: the hp_metric), ``hp_metric=-1`` when `default_hp_metric`, else the
         params are only remembered. The Trainer calls this at the start of each stage. TensorBoard's reader
         keeps the first HParams summary of a run (later ones are ignored), so the tab's columns are those
         of the first call; each column shows the last value of the scalar of that name."""
@@ -115,12 +115,14 @@ class TensorBoardLogger(Logger):
         self._hparams.update(flatten(params))
         self._params = {**(self._params or {}), **params}
         if metrics is None:
-            metrics = {"hp_metric": -1.0} if self.default_hp_metric else {}
+            metrics = {"hp_metric": -1} if self.default_hp_metric else {}
+        elif not isinstance(metrics, dict):  # one number: the hp_metric (Lightning's)
+            metrics = {"hp_metric": metrics}
         if not metrics:
             return
         from torch.utils.tensorboard.summary import hparams
 
-        self.log_metrics(metrics, 0)
+        self.log_metrics(metrics, step)  # (None: TensorBoard's step 0)
         # Written into this run's own event file (SummaryWriter.add_hparams would start a sub-run), under
         # the scalars' own (prefixed) names, so that the tab finds their values.
         writer = self.experiment._get_file_writer()

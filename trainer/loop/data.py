@@ -4,14 +4,15 @@ a loader with another sampler is strategies/data/reinit.py)."""
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator
 from itertools import islice
 from typing import Any
 
-from torch.utils.data import BatchSampler, Sampler
+from torch.utils.data import BatchSampler, Sampler, SequentialSampler
 
 from strategies.data.reinit import rebuild, rebuildable
-from tandem_core.errors import ConfigError
+from tandem_core.errors import ConfigError, TaskError
 from trainer.seed import worker_init_fn
 from trainer.utilities.combined_loader import CombinedLoader
 
@@ -115,3 +116,24 @@ def shutdown_workers(loaders: list[Any]) -> None:
             if it is not None and callable(getattr(it, "_shutdown_workers", None)):
                 it._shutdown_workers()
                 dl._iterator = None
+
+
+def unshuffled(loader: Any, phase: str) -> Any:
+    """The loader with its samples in order (overfit_batches): a loader whose sampler is not sequential is rebuilt
+    with a SequentialSampler, with a warning (Lightning's); one that cannot be rebuilt is refused."""
+    sampler = getattr(loader, "sampler", None)
+    if sampler is None or isinstance(sampler, SequentialSampler):
+        return loader
+    kind = type(sampler).__name__
+    if not rebuildable(loader):
+        raise TaskError(
+            f"overfit_batches needs the {phase} loader's samples in order, but its {kind} cannot be replaced "
+            "(the DataLoader cannot be rebuilt); pass a DataLoader with shuffle=False."
+        )
+    warnings.warn(
+        f"overfit_batches was requested but the {phase} loader draws its samples with a {kind}: it now reads "
+        "them in order (a SequentialSampler), so every epoch sees the same batches.",
+        UserWarning,
+        stacklevel=2,
+    )
+    return rebuild(loader, sampler=SequentialSampler(loader.dataset))

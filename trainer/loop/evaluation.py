@@ -11,7 +11,7 @@ import torch
 from tandem_core.rank_zero import rank_zero_warn
 from trainer.compiler import mark_step
 from trainer.loggers.logged import forget
-from trainer.loggers.reporting import finalize_loggers, log_metrics, log_stage_start
+from trainer.loggers.reporting import log_metrics, log_stage_start
 from trainer.loop.combined import batches
 from trainer.loop.data import set_epoch
 from trainer.loop.hooks import run_as
@@ -40,8 +40,6 @@ def evaluate(t: Trainer, stage: str) -> Any:
     else:
         t.session.load(phase)  # type: ignore[union-attr]
         out = run_eval(t, phase) if sum(t.loader_sizes.get(phase, [])) else []
-    if stage != "predict":
-        finalize_loggers(t, "success")
     return out
 
 

@@ -12,7 +12,7 @@ from tandem_core.rank_zero import rank_zero_warn
 from trainer import checkpoint
 from trainer.checkpoint.live import LiveState
 from trainer.loggers.logged import forget
-from trainer.loggers.reporting import finalize_loggers, log_stage_start
+from trainer.loggers.reporting import log_stage_start
 from trainer.loop.epoch import EpochRun, max_steps_reached, stop_requested
 from trainer.loop.evaluation import run_eval
 from trainer.loop.fit_gate import (
@@ -72,7 +72,6 @@ def fit(t: Trainer) -> None:
         warn_if_no_steps(t)
         state.count_cut_epoch()
         hooks.call("on_fit_end")
-        finalize_loggers(t, "success")
         return
     session.last_val_time = time.monotonic()  # a time-based val_check_interval counts from here (Lightning's)
     if should_validate(t):  # Lightning asks for both before training starts when its first epoch validates
@@ -92,7 +91,6 @@ def fit(t: Trainer) -> None:
     state.count_cut_epoch()
     hooks.call("on_train_end")
     hooks.call("on_fit_end")
-    finalize_loggers(t, "success")
 
 
 def train_epoch(t: Trainer) -> None:

@@ -22,15 +22,16 @@ from trainer.compiler import apply as apply_compiler
 from trainer.loggers import agree_versions
 from trainer.loggers.reporting import finalize_loggers
 from trainer.loop.combined import combine_train, eval_list, is_collection, one_loader, prepare_eval, stateful
-from trainer.loop.data import num_batches, shutdown_workers, with_worker_seeding
+from trainer.loop.data import num_batches, shutdown_workers, unshuffled, with_worker_seeding
 from trainer.loop.hooks import Hooks, run_as
+from trainer.loop.loader_checks import check_loader
 from trainer.loop.optim import check_optimizers, parse_optimizers
 from trainer.loop.signals import StopSignals, exit_code
 from trainer.loop.task_optimizer import TaskOptimizer
 from trainer.loop.transfer import transfer_owners
 from trainer.option_notes import resolve_max_epochs
 from trainer.profiler import action_key
-from trainer.states import TrainerStatus
+from trainer.states import TrainerFn, TrainerStatus
 from trainer.task.base import Task
 from trainer.utilities.combined_loader import CombinedLoader
 from trainer.utilities.parsing import clean_namespace
@@ -117,8 +118,8 @@ class Session:
             t.strategy.comm.barrier("prepare_data")
         if dm is not None:
             with t.profile(action_key(dm, "setup")):
-                dm.setup(stage=stage)  # by keyword, as Lightning calls it
-        t.hooks.call("setup", stage=stage)
+                dm.setup(stage=TrainerFn(stage))  # by keyword, and a TrainerFn, as Lightning calls it
+        t.hooks.call("setup", stage=TrainerFn(stage))
         if "configure_model" in t.hooks.custom:  # under the strategy's init context, as in Lightning
             with t.strategy.tensor_init_context():
                 run_as(t, "configure_model", task.configure_model)
@@ -254,8 +255,9 @@ class Session:
     def _prepare(self, phase: str, loader: Any) -> Any:
         """One loader made ready for `phase`: unshuffled for overfit_batches, sharded, its workers seeded."""
         t = self.t
+        check_loader(self, phase, loader)  # iterable (a TypeError naming its origin), its workers (warnings)
         if t.config.overfit_batches and (phase == "train" or (phase == "val" and self.stage == "fit")):
-            loader = _unshuffled(loader, phase)  # the same first batches every epoch: in order, as Lightning
+            loader = unshuffled(loader, phase)  # the same first batches every epoch: in order, as Lightning
         loader = with_worker_seeding(t.strategy.process_dataloader(loader, phase))
         if phase == "predict":  # each batch's sample indices, for prediction writers (as Lightning)
             loader = track_indices(loader)
@@ -309,8 +311,9 @@ class Session:
                 if error is None:  # as Lightning: after an exception only on_exception runs, not teardown
                     if self.dm is not None:
                         with t.profile(action_key(self.dm, "teardown")):
-                            self.dm.teardown(stage=self.stage)
-                    t.hooks.call("teardown", stage=self.stage)
+                            self.dm.teardown(stage=TrainerFn(self.stage))
+                    t.hooks.call("teardown", stage=TrainerFn(self.stage))
+                    finalize_loggers(t, "success")  # as Lightning: after the teardown hooks, in every stage
             finally:
                 if not stopped:
                     t.state.status = TrainerStatus.FINISHED
@@ -369,28 +372,3 @@ def _as_given(evals: Any, prepared: list[Any]) -> Any:
         combined.flattened = prepared
         return combined.iterables
     return prepared[0] if one_loader(evals) else prepared
-
-
-def _unshuffled(loader: Any, phase: str) -> Any:
-    """The loader with its samples in order (overfit_batches): a loader whose sampler is not sequential is rebuilt
-    with a SequentialSampler, with a warning (Lightning's); one that cannot be rebuilt is refused."""
-    from torch.utils.data import SequentialSampler
-
-    from strategies.data.reinit import rebuild, rebuildable
-
-    sampler = getattr(loader, "sampler", None)
-    if sampler is None or isinstance(sampler, SequentialSampler):
-        return loader
-    kind = type(sampler).__name__
-    if not rebuildable(loader):
-        raise TaskError(
-            f"overfit_batches needs the {phase} loader's samples in order, but its {kind} cannot be replaced "
-            "(the DataLoader cannot be rebuilt); pass a DataLoader with shuffle=False."
-        )
-    warnings.warn(
-        f"overfit_batches was requested but the {phase} loader draws its samples with a {kind}: it now reads "
-        "them in order (a SequentialSampler), so every epoch sees the same batches.",
-        UserWarning,
-        stacklevel=2,
-    )
-    return rebuild(loader, sampler=SequentialSampler(loader.dataset))

@@ -150,6 +150,12 @@ class StopSignals:
         print(f"[tandem] {said}", file=sys.stderr, flush=True)
 
     def _handle(self, signum: int, frame: Any) -> None:
+        self._stop(signum)
+        previous = self.previous.get(signum) if signum == signal.SIGTERM else None
+        if callable(previous):  # as Lightning: a SIGTERM handler installed before the stage runs too
+            previous(signum, frame)
+
+    def _stop(self, signum: int) -> None:
         state, rank = self.trainer.state, self.trainer.global_rank
         if state.stop_signal is None and self.stopped is not None:
             # the first signal this rank gets, after the ranks' agreement already stopped it (another rank got

@@ -198,8 +198,11 @@ class Task(LightningAttributes, TaskDefaults, ExportMixin, torch.nn.Module, Hype
         batch_size: int | None = None,
         rank_zero_only: bool = False,
     ) -> None:
-        """Log every item of a mapping (or a torchmetrics MetricCollection) with the same options."""
-        for name, value in dictionary.items():
+        """Log every item of a mapping (or a torchmetrics MetricCollection) with the same options. As Lightning,
+        a MetricCollection with compute groups hands out its metrics without copying their shared states."""
+        groups = getattr(dictionary, "_enable_compute_groups", None)  # (a MetricCollection's)
+        kwargs = {} if groups is None else {"keep_base": False, "copy_state": not groups}
+        for name, value in dictionary.items(**kwargs):
             self.log(
                 name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, enable_graph, sync_dist,
                 sync_dist_group, add_dataloader_idx, batch_size, None, rank_zero_only,
