@@ -35,6 +35,7 @@ from strategies.fault_tolerance import FaultTolerance
 from strategies.fault_tolerance.replicas import Replicas, starting_step
 from strategies.fault_tolerance.shards import to_local
 from tandem_core.errors import FaultToleranceError
+from tests.helpers.ft_manager import ManagerState
 
 
 def heal_source(steps: dict[str, int], me: str, group_rank: int = 0) -> str | None:
@@ -64,7 +65,7 @@ class Lighthouse:
         self.boxes: dict[str, queue.Queue[Any]] = {}
 
 
-class Manager:
+class Manager(ManagerState):
     """What Replicas asks of ReplicaManager, its quorum decided by `heal_source` among the lighthouse's groups."""
 
     def __init__(self, name: str, step: int = 0) -> None:
@@ -102,15 +103,6 @@ class Manager:
             return False
         self.state["step"] += 1
         return True
-
-    def state_dict(self) -> dict[str, int]:
-        return dict(self.state)
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.state = dict(state)
-
-    def shutdown(self) -> None:
-        pass
 
 
 class Live:

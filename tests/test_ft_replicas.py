@@ -24,11 +24,12 @@ from strategies.fault_tolerance.transport import SafeTransport
 from strategies.reducer import Reducer
 from tandem_core.errors import ConfigError, FaultToleranceError
 from tests.conftest import FAST
+from tests.helpers.ft_manager import ManagerState
 from trainer import Task, Trainer, seed_everything
 from trainer.checkpoint.live import LiveState
 
 
-class FakeManager:
+class FakeManager(ManagerState):
     """What Replicas asks of ReplicaManager; `decisions` are the commits to give, `peer` another group's sum."""
 
     def __init__(self, participants: int = 2, decisions: list[bool] | None = None, peer: Any = None) -> None:
@@ -52,15 +53,6 @@ class FakeManager:
         if self.peer is not None:
             tensor.add_(self.peer(tensor))
         return SimpleNamespace(wait=lambda: True)
-
-    def state_dict(self) -> dict[str, int]:
-        return dict(self.state)
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.state = dict(state)
-
-    def shutdown(self) -> None:
-        pass
 
 
 class FakeLive:
