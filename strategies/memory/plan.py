@@ -104,17 +104,17 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
 
     if optimizer.state:
         return state_bytes(optimizer)
-    # each parameter's local shape and dtype, read before the fake mode (a DTensor's to_local inside it is an
-    # error: its local tensor is a real one)
-    shapes = [
+    # each parameter as this rank holds it (a DTensor's local shard), read before the fake mode: a DTensor's
+    # to_local inside it is an error (its local tensor is a real one)
+    local_params = [
         [(p.to_local() if isinstance(p, DTensor) else p) for p in group["params"]]
         for group in optimizer.param_groups
     ]
     with FakeTensorMode():
         groups = []
-        for group, locals_ in zip(optimizer.param_groups, shapes):
+        for group, held in zip(optimizer.param_groups, local_params):
             twins = []
-            for local in locals_:
+            for local in held:
                 twin = torch.nn.Parameter(torch.empty(local.shape, dtype=local.dtype))
                 twin.grad = torch.empty_like(twin)
                 twins.append(twin)
