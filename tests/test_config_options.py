@@ -12,7 +12,7 @@ from conftest import FAST
 
 from tandem_core.errors import ConfigError
 from trainer import Trainer
-from trainer.options import OptionError, TrainerConfig
+from trainer.options import NONE_IS_DEFAULT, OptionError, TrainerConfig
 
 
 def test_unknown_keyword_names_the_closest_option():
@@ -40,7 +40,10 @@ def test_trainer_signature_and_docstring_come_from_the_options():
     params = inspect.signature(Trainer).parameters
     assert list(params) == TrainerConfig.names()
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params.values())
-    assert {n: p.default for n, p in params.items()} == TrainerConfig.defaults()
+    # the defaults, None where None means the default (Lightning's signature; a LightningCLI config then sets none)
+    none = {n: None for n in NONE_IS_DEFAULT}
+    assert {n: p.default for n, p in params.items()} == {**TrainerConfig.defaults(), **none}
+    assert TrainerConfig(**{n: p.default for n, p in params.items()}) == TrainerConfig()
     fields = {f.name: f for f in dataclasses.fields(TrainerConfig)}
     # the annotations as types (LightningCLI's jsonargparse reads them), resolved from the options' text
     import datetime

@@ -231,3 +231,31 @@ def test_the_subcommand_calls_the_trainer_method_with_the_task(tmp_path, monkeyp
     test.assert_called_once_with(
         cli.trainer, task=cli.model, datamodule=cli.datamodule, ckpt_path="x", verbose=True, weights_only=None
     )
+
+
+@pytest.mark.parametrize(
+    "trainer",
+    [
+        {"plugins": [{"class_path": "{pkg}.plugins.DoublePrecision"}]},  # precision's default is not "given"
+        {"barebones": True},  # nor enable_checkpointing's (barebones turns it off)
+    ],
+)
+def test_the_trainers_defaults_conflict_with_nothing_as_in_lightnings_cli(tmp_path, monkeypatch, trainer):
+    """LightningCLI passes every Trainer option, defaults too: the options whose None means their default are
+    None in the signature (Lightning's), so a precision plugin or barebones in a config is taken by both."""
+    from pytorch_lightning.cli import LightningCLI as PLLightningCLI
+    from pytorch_lightning.demos.boring_classes import BoringModel as PLBoringModel
+
+    monkeypatch.chdir(tmp_path)
+    built = {}
+    for name, cli, model in (
+        ("lightning", PLLightningCLI, PLBoringModel),
+        ("tandem", LightningCLI, BoringModel),
+    ):
+        pkg = "pytorch_lightning" if name == "lightning" else "lightning.pytorch"
+        text = yaml.safe_dump({"trainer": {"max_steps": 1, "logger": False, **trainer}}).replace("{pkg}", pkg)
+        (tmp_path / "c.yaml").write_text(text)
+        made = cli(model, run=False, args=["--config", str(tmp_path / "c.yaml")], save_config_callback=None)
+        built[name] = (type(made.trainer.precision_plugin).__name__, made.trainer.checkpoint_callback is None)
+    assert built["tandem"] == built["lightning"]
+    assert built["tandem"] == (("DoublePrecision", False) if "plugins" in trainer else ("Precision", True))

@@ -352,7 +352,8 @@ class TrainerConfig:
 
     @classmethod
     def signature(cls, first: str | None = None, names: dict[str, Any] | None = None) -> inspect.Signature:
-        """Keyword-only parameters with defaults and annotations; `first` ("self") puts a positional
+        """Keyword-only parameters with defaults (None for NONE_IS_DEFAULT, as Lightning's signature: a tool that
+        passes every default, LightningCLI, then sets none of them) and annotations; `first` ("self") puts a positional
         parameter in front, as ``Trainer.__init__.__signature__`` needs. With `names` (the classes the
         annotations name: Strategy, Logger, Callback, Profiler, Plugin, timedelta) the annotations are types, not text, so
         that tools reading the signature (LightningCLI's jsonargparse) know what each option takes."""
@@ -361,7 +362,7 @@ class TrainerConfig:
             inspect.Parameter(
                 f.name,
                 inspect.Parameter.KEYWORD_ONLY,
-                default=f.default,
+                default=None if f.name in NONE_IS_DEFAULT else f.default,  # Lightning's: None, its default
                 annotation=types.get(f.name, f.type),
             )
             for f in fields(cls)
