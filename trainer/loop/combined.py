@@ -20,16 +20,13 @@ if TYPE_CHECKING:
 
 
 def is_collection(loaders: Any) -> bool:
-    """A CombinedLoader, or a dict/list/tuple of loaders (not one loader, nor a list of batches or numbers). As
-    Lightning, a list of numbers inside the collection is one loader (``{"a": [0, 1], "b": [2, 3]}``: two)."""
+    """A CombinedLoader, or a dict/list/tuple of loaders: any that is not a leaf (one holding only numbers and
+    strings is one loader of those batches, as Lightning's). Each element is then a loader of its own, checked
+    when prepared: a list of tensors is two loaders of their rows, and `[1, object()]` a TypeError naming the
+    first that cannot be iterated, as Lightning's (``{"a": [0, 1], "b": [2, 3]}``: two loaders)."""
     if isinstance(loaders, CombinedLoader):
         return True
-    if not isinstance(loaders, (dict, list, tuple)):
-        return False
-    leaves = CombinedLoader(loaders).flattened
-    return leaves != [loaders] and all(
-        hasattr(x, "__iter__") and not isinstance(x, (torch.Tensor, str)) for x in leaves
-    )
+    return isinstance(loaders, (dict, list, tuple)) and not _is_leaf(loaders)
 
 
 def combine_train(loaders: Any, prepare: Callable[[Any], Any], limit: int | float) -> CombinedLoader:
