@@ -62,7 +62,6 @@ def test_a_list_of_iterables_is_a_collection_of_loaders_as_lightnings(tmp_path, 
 
 def _refused(lightning: bool, tmp_path: Any, data: Any) -> list[str]:
     """The TypeError's words up to the origin, for data passed to fit and returned by train_dataloader."""
-    out = []
     with pytest.raises(TypeError) as passed:
         pair_trainer(lightning, tmp_path, fast_dev_run=1).fit(_recording(lightning), train_dataloaders=data)
     model = _recording(lightning)
