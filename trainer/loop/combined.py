@@ -7,8 +7,6 @@ from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from strategies.data.reinit import rebuild, rebuildable
 from tandem_core.errors import CheckpointError, ConfigError
 from trainer.loop.data import SkipBatchSampler, num_batches
