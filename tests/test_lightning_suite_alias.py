@@ -3,6 +3,8 @@ Tandem lacks is a stand-in that fails on use (a Lightning environment flag is th
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -58,3 +60,51 @@ def test_lightning_mode_gives_lightnings_own_modules():
                        "pytorch_lightning.demos.boring_classes", "rich.progress",
                        "lightning_fabric.utilities.throughput", "True"]  # fmt: skip
     assert "refused" not in got  # Lightning has its loops
+
+
+RELAXED = textwrap.dedent(
+    """
+    import warnings
+    import pytest
+    import torch
+    from lightning.pytorch.utilities.warnings import PossibleUserWarning
+
+    def test_other_words():
+        with pytest.warns(UserWarning, match="resuming"):
+            warnings.warn("other words", UserWarning)
+
+    def test_a_generic_hint():
+        with pytest.warns(UserWarning, match="resuming"):
+            warnings.warn("few workers", PossibleUserWarning)
+
+    def test_a_hint_awaited():
+        with pytest.warns(PossibleUserWarning, match="resuming"):
+            warnings.warn("few workers", PossibleUserWarning)
+
+    def test_torchs_own():
+        with pytest.warns(UserWarning, match="resuming"):
+            warnings.warn_explicit("a warning of torch", UserWarning, torch.nn.functional.__file__, 1)
+    """
+)
+
+
+def test_the_runners_relaxed_warns_takes_other_words_but_no_generic_hint_or_torchs_own(tmp_path):
+    """A relaxed pytest.warns(match=...) passes on a warning of the awaited class in other words, never on a
+    PossibleUserWarning (unless awaited) or a warning from torch's own package: those stand in for nothing."""
+    (tmp_path / "test_relaxed.py").write_text(RELAXED)
+    out, suite = tmp_path / "rows.jsonl", f"{ROOT}/tools/lightning_suite"
+    env = dict(os.environ, LIGHTNING_SUITE_MODE="tandem", LIGHTNING_SUITE_OUT=str(out))
+    env["PYTHONPATH"] = os.pathsep.join([f"{suite}/site", suite, ROOT])
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "plugin", "-o", "addopts=",
+           "--noconftest", "-p", "shims", "test_relaxed.py"]  # fmt: skip
+    subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, timeout=120)
+    rows = {
+        json.loads(line)["nodeid"].split("::")[1]: json.loads(line) for line in out.read_text().splitlines()
+    }
+    got = {name: (row["outcome"], row["relaxed"]) for name, row in rows.items()}
+    assert got == {
+        "test_other_words": ("passed", True),
+        "test_a_generic_hint": ("failed", False),
+        "test_a_hint_awaited": ("passed", True),
+        "test_torchs_own": ("failed", False),
+    }

@@ -224,7 +224,8 @@ def table(
     lines = [
         f"Lightning {tag}'s tests/tests_pytorch, counted over the tests that pass under real Lightning here. "
         "*Tandem*: passing against Tandem through the names-only alias (of which *relaxed*: only the words of a "
-        "`pytest.raises(match=...)` or `pytest.warns(match=...)` differ, the class and moment are Lightning's). "
+        "`pytest.raises(match=...)` or `pytest.warns(match=...)` differ, the class and moment are Lightning's; a "
+        "generic hint (`PossibleUserWarning`) or a warning of torch's own package never stands in for another). "
         "*internal*: the test reads or patches a Lightning private (an underscored name, an object of Lightning's "
         "private loop, progress, fetcher, connector or result classes, a module Lightning does not export); "
         "*mocked*: it checks a public result behind a mock of a Lightning internal that is not private by name "
