@@ -61,11 +61,11 @@ def one_loader(evals: Any) -> bool:
 
 def eval_list(evals: Any, phase: str) -> list[Any]:
     """The evaluation loaders given to validate/test/predict (or returned by `<phase>_dataloader`) as a list, one
-    per dataloader_idx: a collection flattened, one loader as itself, a list of iterables (lists of batches) as
-    its elements."""
+    per dataloader_idx: a collection flattened (a list of iterables gives its elements), one loader as itself, an
+    empty list or tuple as none."""
     if is_collection(evals):
         return flatten_eval(evals, phase)
-    return [evals] if one_loader(evals) else list(evals)
+    return [evals] if one_loader(evals) else []
 
 
 def prepare_eval(combined: CombinedLoader, prepare: Callable[[Any], Any], limit: int | float) -> int | float:
